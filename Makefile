@@ -1,0 +1,43 @@
+# Quick start: `make demo` (set up, run the demo matrix on the simulated engine) and `make test`.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+PYTEST_ARGS ?=
+
+.PHONY: demo test test-fast install install-test install-vllm chromium demo-vllm bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+# core: seconds on a warm pip cache; the real engine is an optional extra (make install-vllm)
+$(VENV)/.core: $(BIN)/python pyproject.toml
+	$(BIN)/pip install -q -e .
+	touch $@
+
+$(VENV)/.test: $(VENV)/.core
+	$(BIN)/pip install -q -e '.[test]'
+	touch $@
+
+install: $(VENV)/.core
+install-test: $(VENV)/.test
+
+# Debian's chromium for the dashboard's browser test (root on CI and dev machines here)
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; }
+
+demo: install
+	$(BIN)/soakmatrix run matrix/examples/demo.yaml --out out/demo
+
+test: install-test chromium
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# what a developer runs between edits: no servers, no clusters, no vLLM
+test-fast: install-test
+	$(BIN)/python -m pytest -m "not slow and not vllm" $(PYTEST_ARGS)
+
+bench: install-test
+	$(BIN)/python -m benchmarks
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info out

@@ -1,0 +1,331 @@
+"""Planning: expand a matrix profile into cells with their argv, GPUs and cost.
+
+Order of decisions: the product (or a t-way covering array) of model x GPU x workload x axes;
+`exclude` entries remove partial matches; `include` entries merge into or add combinations
+(GitHub Actions semantics); then the built-in constraints, each exclusion kept with its reason.
+All of it is pure: vLLM validation is passed in as a function.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+
+from .cells import Cell
+from .flags import ArgvConflict, build_argv, format_value
+from .spec import CELL_KEYS, Matrix, Profile, SpecError
+from .yamlsrc import Problem
+
+GPU_MEMORY_FRACTION = 0.9   # vLLM's default --gpu-memory-utilization
+
+
+@dataclass(frozen=True)
+class PlannedCell:
+    cell: Cell
+    model_path: str
+    serve_args: tuple[str, ...]      # everything after `vllm serve MODEL`
+    env: Mapping[str, str]
+    gpu_count: int
+    ray_label: str
+    soak_s: float
+    startup_s: float
+
+    @property
+    def id(self) -> str:
+        return self.cell.id
+
+    @property
+    def name(self) -> str:
+        return self.cell.name
+
+    @property
+    def command(self) -> list[str]:
+        return ["vllm", "serve", self.model_path, *self.serve_args]
+
+    @property
+    def gpu_hours(self) -> float:
+        return self.gpu_count * (self.startup_s + self.soak_s) / 3600.0
+
+
+@dataclass(frozen=True)
+class Exclusion:
+    combo: Mapping[str, Any]
+    reason: str
+
+
+@dataclass
+class Plan:
+    matrix: Matrix
+    profile: Profile
+    cells: list[PlannedCell]
+    excluded: list[Exclusion]
+    rejected: list[Exclusion] = field(default_factory=list)   # refused by vLLM's own parser
+    validation: str = "not run"
+    product_size: int = 0
+    coverage: str = "full"
+
+    def cost_by_gpu(self) -> dict[str, dict[str, float]]:
+        out: dict[str, dict[str, float]] = {}
+        for pc in self.cells:
+            row = out.setdefault(pc.cell.gpu, {"cells": 0, "gpus": 0, "gpu_hours": 0.0})
+            row["cells"] += 1
+            row["gpus"] += pc.gpu_count
+            row["gpu_hours"] += pc.gpu_hours
+        return out
+
+    @property
+    def gpu_hours(self) -> float:
+        return sum(pc.gpu_hours for pc in self.cells)
+
+    @property
+    def over_budget(self) -> bool:
+        budget = self.profile.budget_gpu_hours
+        return budget is not None and self.gpu_hours > budget + 1e-9
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "matrix": self.matrix.file,
+            "profile": self.profile.name,
+            "coverage": self.coverage,
+            "product_size": self.product_size,
+            "soak_s": self.profile.soak_s,
+            "validation": self.validation,
+            "cells": [{
+                "id": pc.id, "name": pc.name, "model": pc.cell.model, "gpu": pc.cell.gpu,
+                "gpu_count": pc.gpu_count, "ray_label": pc.ray_label, "workload": pc.cell.workload,
+                "flags": pc.cell.flag_dict, "command": pc.command, "env": dict(pc.env),
+                "gpu_hours": round(pc.gpu_hours, 4),
+            } for pc in self.cells],
+            "excluded": [{"combo": _jsonable(e.combo), "reason": e.reason} for e in self.excluded],
+            "rejected": [{"combo": _jsonable(e.combo), "reason": e.reason} for e in self.rejected],
+            "cost": {
+                "by_gpu": {g: {k: round(v, 4) for k, v in row.items()} for g, row in self.cost_by_gpu().items()},
+                "gpu_hours": round(self.gpu_hours, 4),
+                "budget_gpu_hours": self.profile.budget_gpu_hours,
+                "over_budget": self.over_budget,
+            },
+        }
+
+
+def _jsonable(combo: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in combo.items()}
+
+
+# -- constraints ------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Constraint:
+    """A built-in rule: the combination keys it reads, and why a combination breaks it (or None)."""
+
+    name: str
+    keys: tuple[str, ...]
+    check: Callable[[Mapping[str, Any], Matrix], str | None]
+
+
+def _tp(combo: Mapping[str, Any]) -> int:
+    return int(combo.get("tp", 1))
+
+
+def _tp_fits_node(combo, matrix):
+    gpu = matrix.gpus[combo["gpu"]]
+    if _tp(combo) > gpu.count:
+        return f"tp={_tp(combo)} needs more than the {gpu.count} GPU(s) per node of {gpu.name}"
+    return None
+
+
+def _weights_fit(combo, matrix):
+    model, gpu = matrix.models[combo["model"]], matrix.gpus[combo["gpu"]]
+    per_gpu = model.weights_gb / _tp(combo)
+    if per_gpu > gpu.memory_gb * GPU_MEMORY_FRACTION:
+        return (f"{model.name} weights {model.weights_gb:g} GB / tp={_tp(combo)} = {per_gpu:.1f} GB per GPU "
+                f"do not fit {gpu.name}'s {gpu.memory_gb:g} GB x {GPU_MEMORY_FRACTION}")
+    return None
+
+
+def _mtp_needs_head(combo, matrix):
+    model = matrix.models[combo["model"]]
+    if combo.get("mtp", 0) and not model.mtp_head:
+        return f"mtp={combo['mtp']} on {model.name}, which has no MTP head"
+    return None
+
+
+def _expert_parallel_needs_moe(combo, matrix):
+    model = matrix.models[combo["model"]]
+    if combo.get("expert_parallel") and not model.moe:
+        return f"expert_parallel on {model.name}, which is not a mixture-of-experts model"
+    return None
+
+
+def _argv_builds(combo, matrix):
+    flags = {k: v for k, v in combo.items() if k not in CELL_KEYS}
+    try:
+        build_argv(flags, matrix.registry)
+    except ArgvConflict as exc:
+        return f"conflicting flags: {exc}"
+    return None
+
+
+CONSTRAINTS: dict[str, Constraint] = {
+    c.name: c for c in [
+        Constraint("tp_fits_node", ("gpu", "tp"), _tp_fits_node),
+        Constraint("weights_fit", ("model", "gpu", "tp"), _weights_fit),
+        Constraint("mtp_needs_head", ("model", "mtp"), _mtp_needs_head),
+        Constraint("expert_parallel_needs_moe", ("model", "expert_parallel"), _expert_parallel_needs_moe),
+        Constraint("argv_builds", (), _argv_builds),
+    ]
+}
+
+
+def violations(combo: Mapping[str, Any], matrix: Matrix,
+               constraints: Mapping[str, Constraint] | None = None) -> list[str]:
+    return [reason for c in (constraints or CONSTRAINTS).values() if (reason := c.check(combo, matrix))]
+
+
+def rule_matches(rule: Mapping[str, Any], combo: Mapping[str, Any]) -> bool:
+    """GitHub Actions' partial match: every key of the rule is in the combination with that value."""
+    return all(k in combo and _same(combo[k], v) for k, v in rule.items())
+
+
+def _same(a: Any, b: Any) -> bool:
+    return type(a) is type(b) and a == b if isinstance(a, bool) or isinstance(b, bool) else a == b
+
+
+# -- include / exclude (GitHub Actions semantics) ---------------------------------------------------
+
+def apply_exclude(combos: Iterable[dict], exclude: Sequence[Mapping[str, Any]],
+                  excluded: list[Exclusion]) -> Iterator[dict]:
+    for combo in combos:
+        hit = next((i for i, rule in enumerate(exclude) if rule_matches(rule, combo)), None)
+        if hit is None:
+            yield combo
+        else:
+            excluded.append(Exclusion(combo, f"exclude[{hit}]"))
+
+
+def apply_include(combos: list[dict], include: Sequence[Mapping[str, Any]],
+                  original_keys: Iterable[str]) -> list[dict]:
+    """Merge each include into every original combination whose original values it does not
+    overwrite (values added by an earlier include may be overwritten); otherwise append it as a
+    new combination. New combinations are never merged into."""
+    original_keys = set(original_keys)
+    originals = [dict(c) for c in combos]
+    added: list[dict] = []
+    for entry in include:
+        matched = False
+        for combo in originals:
+            if all(k not in original_keys or k not in combo or _same(combo[k], v) for k, v in entry.items()):
+                combo.update(entry)
+                matched = True
+        if not matched:
+            added.append(dict(entry))
+    return originals + added
+
+
+# -- planning ---------------------------------------------------------------------------------------
+
+def factors_of(matrix: Matrix, profile: Profile) -> dict[str, list[Any]]:
+    factors: dict[str, list[Any]] = {
+        "model": list(profile.models or matrix.models),
+        "gpu": list(profile.gpus or matrix.gpus),
+        "workload": list(profile.workloads),
+    }
+    for name, values in matrix.axes.items():
+        factors[name] = list(values)
+    return factors
+
+
+def product_size(factors: Mapping[str, Sequence[Any]]) -> int:
+    return math.prod(len(v) for v in factors.values())
+
+
+def plan(matrix: Matrix, profile_name: str | None = None,
+         validate: Callable[[list["PlannedCell"]], tuple[str, dict[str, str]]] | None = None,
+         covering_array: Callable[..., list[dict]] | None = None) -> Plan:
+    """Expand a profile of a matrix into a Plan.
+
+    `validate(cells) -> (status, {cell id: vLLM's message})` checks argv with vLLM's parser;
+    `covering_array(factors, strength, allowed)` builds a t-way array (default: covertable).
+    """
+    profile = matrix.profile(profile_name)
+    factors = factors_of(matrix, profile)
+    excluded: list[Exclusion] = []
+    size = product_size(factors)
+
+    if profile.coverage is None:
+        keys = list(factors)
+        combos: Iterable[dict] = (dict(zip(keys, values)) for values in itertools.product(*factors.values()))
+        combos = apply_exclude(combos, matrix.exclude, excluded)
+        coverage = "full"
+    else:
+        from .coverage import covering_array as default_array
+
+        builder = covering_array or default_array
+
+        def allowed(combo: Mapping[str, Any]) -> bool:
+            return (not any(rule_matches(r, combo) for r in matrix.exclude)
+                    and not violations(combo, matrix))
+
+        combos = builder(factors, profile.coverage, allowed, matrix)
+        coverage = f"{profile.coverage}-way"
+
+    combos = list(combos)
+    if matrix.include:
+        combos = apply_include(combos, matrix.include, factors)
+
+    problems = []
+    cells: list[PlannedCell] = []
+    seen: set[str] = set()
+    for combo in combos:
+        missing = [k for k in ("model", "gpu") if k not in combo]
+        if missing:
+            line = _include_line(matrix, combo)
+            problems.append(Problem(matrix.file, line, "include",
+                                    f"adds a combination without {' and '.join(missing)}: {combo}"))
+            continue
+        combo.setdefault("workload", profile.workloads[0])
+        reasons = violations(combo, matrix)
+        if reasons:
+            excluded.append(Exclusion(combo, "; ".join(reasons)))
+            continue
+        pc = planned_cell(matrix, profile, combo)
+        if pc.id in seen:
+            continue
+        seen.add(pc.id)
+        cells.append(pc)
+    if problems:
+        raise SpecError(problems)
+
+    result = Plan(matrix, profile, cells, excluded, product_size=size, coverage=coverage)
+    if validate is not None:
+        status, rejected = validate(cells)
+        result.validation = status
+        if rejected:
+            result.rejected = [Exclusion(_combo_of(pc), rejected[pc.id]) for pc in cells if pc.id in rejected]
+            result.cells = [pc for pc in cells if pc.id not in rejected]
+    return result
+
+
+def _include_line(matrix: Matrix, combo: Mapping[str, Any]) -> int:
+    for i, entry in enumerate(matrix.include):
+        if dict(entry) == dict(combo):
+            return matrix.include_lines[i] if i < len(matrix.include_lines) else 0
+    return matrix.include_lines[0] if matrix.include_lines else 0
+
+
+def _combo_of(pc: PlannedCell) -> dict[str, Any]:
+    return {"model": pc.cell.model, "gpu": pc.cell.gpu, "workload": pc.cell.workload, **pc.cell.flag_dict}
+
+
+def planned_cell(matrix: Matrix, profile: Profile, combo: Mapping[str, Any]) -> PlannedCell:
+    flags = {k: v for k, v in combo.items() if k not in CELL_KEYS}
+    cell = Cell.make(combo["model"], combo["gpu"], flags, combo["workload"])
+    model, gpu = matrix.models[cell.model], matrix.gpus[cell.gpu]
+    argv, env = build_argv(flags, matrix.registry)
+    return PlannedCell(cell, model.path, (*model.args, *argv), env, cell.tp, gpu.ray_label,
+                       profile.soak_s, profile.startup_s)
+
+
+def describe_combo(combo: Mapping[str, Any]) -> str:
+    return ", ".join(f"{k}={format_value(v)}" for k, v in combo.items())

@@ -1,0 +1,477 @@
+"""The matrix file: frozen dataclasses and a loader that reports every error at once.
+
+A matrix file names models, GPU types, flag axes, include/exclude rules (GitHub Actions semantics),
+workloads, profiles and the baseline (each flag's neutral value, used by bisection). `load_matrix`
+returns a `Matrix` or raises `SpecError` listing every problem with its file, line and key.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from . import flags as flagmod
+from .flags import Flag
+from .workloads import WORKLOAD_KINDS, check_param, params_of
+from .yamlsrc import Source, SpecError, load
+
+__all__ = ["Model", "GpuType", "Workload", "Profile", "SimSettings", "Matrix", "load_matrix",
+           "parse_duration", "format_duration", "SpecError", "CELL_KEYS"]
+
+# Keys of include/exclude entries that are not flags.
+CELL_KEYS = ("model", "gpu", "workload")
+
+_DURATION = re.compile(r"^\s*(?:(\d+(?:\.\d+)?)\s*d)?\s*(?:(\d+(?:\.\d+)?)\s*h)?\s*(?:(\d+(?:\.\d+)?)\s*m)?"
+                       r"\s*(?:(\d+(?:\.\d+)?)\s*s)?\s*$")
+
+
+def parse_duration(value: Any) -> float:
+    """Seconds from `90`, `90s`, `10m`, `2h`, `1h30m`, `1d`. Raises ValueError."""
+    if isinstance(value, bool):
+        raise ValueError(f"expected a duration, got {value!r}")
+    if isinstance(value, (int, float)):
+        if value < 0:
+            raise ValueError(f"a duration cannot be negative: {value}")
+        return float(value)
+    if isinstance(value, str):
+        m = _DURATION.match(value)
+        if m and any(m.groups()):
+            d, h, mi, s = (float(g) if g else 0.0 for g in m.groups())
+            return d * 86400 + h * 3600 + mi * 60 + s
+    raise ValueError(f"expected a duration like 90s, 10m, 2h or 1h30m, got {value!r}")
+
+
+def format_duration(seconds: float) -> str:
+    """`2h`, `38m`, `1h30m`, `45s`: the shortest exact-enough spelling."""
+    seconds = float(seconds)
+    if seconds < 60:
+        return f"{seconds:.0f}s" if seconds >= 1 or seconds == 0 else f"{seconds:.2f}s"
+    minutes = seconds / 60
+    if minutes < 60:
+        return f"{minutes:.0f}m" if abs(minutes - round(minutes)) < 0.05 else f"{minutes:.1f}m"
+    hours, rem = divmod(round(minutes), 60)
+    return f"{hours}h{rem:02d}m" if rem else f"{hours}h"
+
+
+@dataclass(frozen=True)
+class Model:
+    name: str
+    path: str
+    weights_gb: float = 0.0
+    mtp_head: bool = False
+    moe: bool = False
+    args: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class GpuType:
+    name: str
+    count: int                 # GPUs per node
+    memory_gb: float
+    ray_label: str             # Ray's accelerator_type label, e.g. H200 or GeForce-RTX-5090
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    kind: str
+    params: Mapping[str, Any]  # every parameter of the kind, defaults filled in
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    coverage: int | None       # None: the full product; t: a t-way covering array
+    soak_s: float
+    workloads: tuple[str, ...]
+    budget_gpu_hours: float | None = None
+    models: tuple[str, ...] | None = None
+    gpus: tuple[str, ...] | None = None
+    startup_s: float = 600.0   # expected start-up per cell, counted in GPU-hours
+    retries: int = 2           # infra errors retried this many times
+    cap_s: float | None = None  # hard cap per cell; default soak + start-up + 10 min
+
+
+@dataclass(frozen=True)
+class SimSettings:
+    hang_model: str | None = None   # absolute path, or None for a healthy engine
+    time_scale: float = 1.0
+
+
+@dataclass(frozen=True)
+class Matrix:
+    file: str
+    name: str
+    models: Mapping[str, Model]
+    gpus: Mapping[str, GpuType]
+    axes: Mapping[str, tuple[Any, ...]]
+    include: tuple[Mapping[str, Any], ...]
+    exclude: tuple[Mapping[str, Any], ...]
+    workloads: Mapping[str, Workload]
+    profiles: Mapping[str, Profile]
+    baseline: Mapping[str, Any]
+    registry: Mapping[str, Flag]
+    sim: SimSettings = field(default_factory=SimSettings)
+    source_dependencies: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    include_lines: tuple[int, ...] = ()
+
+    def profile(self, name: str | None) -> Profile:
+        """The named profile; without a name, the only one or the first."""
+        if name is None:
+            return next(iter(self.profiles.values()))
+        if name not in self.profiles:
+            raise SpecError([_problem(self.file, 0, "profiles",
+                                      f"no profile {name!r}; known: {', '.join(self.profiles) or 'none'}")])
+        return self.profiles[name]
+
+
+def _problem(file: str, line: int, key: str, message: str):
+    from .yamlsrc import Problem
+    return Problem(file, line, key, message)
+
+
+TOP_KEYS = {"name", "description", "models", "gpus", "axes", "include", "exclude", "workloads", "profiles",
+            "baseline", "flags", "sim", "source_dependencies"}
+MODEL_KEYS = {"path", "weights_gb", "mtp_head", "moe", "args"}
+GPU_KEYS = {"count", "memory_gb", "ray_label"}
+PROFILE_KEYS = {"coverage", "soak", "workloads", "budget_gpu_hours", "models", "gpus", "startup", "retries",
+                "cap"}
+CUSTOM_FLAG_KEYS = {"type", "argv", "env", "choices", "default", "doc"}
+SIM_KEYS = {"hang_model", "time_scale"}
+
+
+def load_matrix(path: str | Path, text: str | None = None, registry: Mapping[str, Flag] | None = None) -> Matrix:
+    """Load and validate a matrix file. Raises SpecError with every problem found."""
+    src = load(path, text)
+    return _Builder(src, dict(flagmod.REGISTRY if registry is None else registry)).build()
+
+
+class _Builder:
+    def __init__(self, src: Source, registry: dict[str, Flag]):
+        self.src = src
+        self.registry = registry
+
+    def err(self, path: tuple, message: str) -> None:
+        self.src.error(path, message)
+
+    def mapping(self, value: Any, path: tuple, allowed: set[str] | None = None) -> dict:
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            self.err(path, f"expected a mapping, got {type(value).__name__}")
+            return {}
+        if allowed is not None:
+            for key in value:
+                if key not in allowed:
+                    self.err(path + (key,), f"unknown key; expected one of {', '.join(sorted(allowed))}")
+        return value
+
+    def build(self) -> Matrix:
+        src = self.src
+        data = src.data
+        if data is None:
+            data = {}
+        top = self.mapping(data, (), TOP_KEYS)
+        if not top and not src.problems:
+            self.err((), "the matrix file is empty")
+        self.custom_flags(top.get("flags"))
+        models = self.models(top.get("models"))
+        gpus = self.gpus(top.get("gpus"))
+        axes = self.axes(top.get("axes"))
+        workloads = self.workloads(top.get("workloads"))
+        exclude = self.rules(top.get("exclude"), ("exclude",), models, gpus, workloads)
+        include = self.rules(top.get("include"), ("include",), models, gpus, workloads)
+        profiles = self.profiles(top.get("profiles"), models, gpus, workloads)
+        baseline = self.flag_values(top.get("baseline"), ("baseline",))
+        sim = self.sim(top.get("sim"))
+        deps = self.source_dependencies(top.get("source_dependencies"))
+        name = top.get("name") or Path(src.file).stem
+        if not isinstance(name, str):
+            self.err(("name",), "expected a string")
+        src.raise_if_any()
+        include_lines = tuple(src.line(("include", i)) for i in range(len(include)))
+        return Matrix(file=src.file, name=str(name), models=models, gpus=gpus, axes=axes, include=include,
+                      exclude=exclude, workloads=workloads, profiles=profiles, baseline=baseline,
+                      registry=self.registry, sim=sim, source_dependencies=deps, include_lines=include_lines)
+
+    # -- sections ---------------------------------------------------------------------------------
+
+    def custom_flags(self, value: Any) -> None:
+        for name, spec in self.mapping(value, ("flags",)).items():
+            path = ("flags", name)
+            spec = self.mapping(spec, path, CUSTOM_FLAG_KEYS)
+            if name in flagmod.REGISTRY:
+                self.err(path, "redefines a built-in flag")
+                continue
+            kind = spec.get("type", "str")
+            if kind not in ("bool", "int", "choice", "str"):
+                self.err(path + ("type",), f"{kind!r} is not one of bool, int, choice, str")
+                continue
+            argv = spec.get("argv", [])
+            if isinstance(argv, str):
+                argv = argv.split()
+            if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
+                self.err(path + ("argv",), "expected a list of strings (use {value} for the value)")
+                continue
+            env = spec.get("env", {}) or {}
+            if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
+                self.err(path + ("env",), "expected a mapping of variable -> string template")
+                continue
+            if not argv and not env:
+                self.err(path, "a custom flag needs `argv` or `env`")
+                continue
+            choices = spec.get("choices")
+            if kind == "choice" and not isinstance(choices, list):
+                self.err(path + ("choices",), "a choice flag needs a list of choices")
+                continue
+            self.registry[name] = flagmod.raw_flag(name, "str" if kind == "choice" and choices is None else kind,
+                                                   argv, env, choices, spec.get("default"), spec.get("doc", ""))
+
+    def models(self, value: Any) -> dict[str, Model]:
+        out = {}
+        section = self.mapping(value, ("models",))
+        if not section:
+            self.err(("models",), "at least one model is required")
+        for name, spec in section.items():
+            path = ("models", name)
+            spec = self.mapping(spec, path, MODEL_KEYS)
+            model_path = spec.get("path")
+            if not isinstance(model_path, str) or not model_path:
+                self.err(path + ("path",), "required: the model's path or hub id")
+                continue
+            weights = spec.get("weights_gb", 0)
+            if isinstance(weights, bool) or not isinstance(weights, (int, float)) or weights < 0:
+                self.err(path + ("weights_gb",), f"expected a non-negative number, got {weights!r}")
+                weights = 0
+            bools = {}
+            for key in ("mtp_head", "moe"):
+                bools[key] = spec.get(key, False)
+                if not isinstance(bools[key], bool):
+                    self.err(path + (key,), f"expected true or false, got {bools[key]!r}")
+            args = spec.get("args", [])
+            if isinstance(args, str):
+                args = args.split()
+            if not isinstance(args, list) or not all(isinstance(a, (str, int, float)) for a in args):
+                self.err(path + ("args",), "expected a list of arguments")
+                args = []
+            out[str(name)] = Model(str(name), model_path, float(weights), bool(bools["mtp_head"]),
+                                   bool(bools["moe"]), tuple(str(a) for a in args))
+        return out
+
+    def gpus(self, value: Any) -> dict[str, GpuType]:
+        out = {}
+        section = self.mapping(value, ("gpus",))
+        if not section:
+            self.err(("gpus",), "at least one GPU type is required")
+        for name, spec in section.items():
+            path = ("gpus", name)
+            spec = self.mapping(spec, path, GPU_KEYS)
+            count = spec.get("count")
+            if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+                self.err(path + ("count",), f"required: GPUs per node, an integer >= 1 (got {count!r})")
+                continue
+            memory = spec.get("memory_gb")
+            if isinstance(memory, bool) or not isinstance(memory, (int, float)) or memory <= 0:
+                self.err(path + ("memory_gb",), f"required: memory per GPU in GB, > 0 (got {memory!r})")
+                continue
+            label = spec.get("ray_label", str(name))
+            if not isinstance(label, str) or not label:
+                self.err(path + ("ray_label",), "expected a string")
+                continue
+            out[str(name)] = GpuType(str(name), count, float(memory), label)
+        return out
+
+    def flag_value(self, name: Any, value: Any, path: tuple) -> bool:
+        flag = self.registry.get(name)
+        if flag is None:
+            self.err(path, f"unknown flag {name!r}; known: {', '.join(self.registry)}")
+            return False
+        problem = flag.check(value)
+        if problem:
+            self.err(path, problem)
+            return False
+        return True
+
+    def axes(self, value: Any) -> dict[str, tuple]:
+        out = {}
+        for name, values in self.mapping(value, ("axes",)).items():
+            path = ("axes", name)
+            if name in CELL_KEYS:
+                self.err(path, f"{name!r} is not a flag: list {name}s under `{name}s:`")
+                continue
+            if not isinstance(values, list):
+                values = [values]
+            if not values:
+                self.err(path, "an axis needs at least one value")
+                continue
+            ok = all([self.flag_value(name, v, path + (i,)) for i, v in enumerate(values)])
+            if len(set(map(repr, values))) != len(values):
+                self.err(path, "an axis lists a value twice")
+                ok = False
+            if ok:
+                out[name] = tuple(values)
+        return out
+
+    def flag_values(self, value: Any, path: tuple) -> dict[str, Any]:
+        out = {}
+        for name, v in self.mapping(value, path).items():
+            if self.flag_value(name, v, path + (name,)):
+                out[name] = v
+        return out
+
+    def rules(self, value: Any, path: tuple, models: Mapping, gpus: Mapping, workloads: Mapping) -> tuple:
+        if value is None:
+            return ()
+        if not isinstance(value, list):
+            self.err(path, "expected a list of mappings")
+            return ()
+        out = []
+        for i, entry in enumerate(value):
+            epath = path + (i,)
+            if not isinstance(entry, dict) or not entry:
+                self.err(epath, "expected a non-empty mapping of model/gpu/workload/flag -> value")
+                continue
+            ok = True
+            for key, v in entry.items():
+                kpath = epath + (key,)
+                if key == "model":
+                    ok &= self.known(v, models, kpath, "model")
+                elif key == "gpu":
+                    ok &= self.known(v, gpus, kpath, "GPU type")
+                elif key == "workload":
+                    ok &= self.known(v, workloads, kpath, "workload")
+                else:
+                    ok &= self.flag_value(key, v, kpath)
+            if ok:
+                out.append(dict(entry))
+        return tuple(out)
+
+    def known(self, value: Any, known: Mapping, path: tuple, what: str) -> bool:
+        if value not in known:
+            self.err(path, f"unknown {what} {value!r}; known: {', '.join(map(str, known)) or 'none'}")
+            return False
+        return True
+
+    def workloads(self, value: Any) -> dict[str, Workload]:
+        out = {}
+        section = self.mapping(value, ("workloads",))
+        if not section:
+            # a matrix without workloads soaks with the default random load
+            return {"random": Workload("random", "random", {k: d for k, (_, d) in params_of("random").items()})}
+        for name, spec in section.items():
+            path = ("workloads", name)
+            spec = self.mapping(spec, path)
+            kind = spec.get("kind", name if name in WORKLOAD_KINDS else None)
+            if kind not in WORKLOAD_KINDS:
+                self.err(path + ("kind",), f"unknown workload kind {kind!r}; known: {', '.join(WORKLOAD_KINDS)}")
+                continue
+            schema = params_of(kind)
+            params = {k: d for k, (_, d) in schema.items()}
+            ok = True
+            for key, v in spec.items():
+                if key == "kind":
+                    continue
+                if key not in schema:
+                    self.err(path + (key,), f"unknown parameter for a {kind} workload; known: {', '.join(schema)}")
+                    ok = False
+                    continue
+                problem = check_param(schema[key][0], v)
+                if problem:
+                    self.err(path + (key,), problem)
+                    ok = False
+                params[key] = v
+            if ok:
+                out[str(name)] = Workload(str(name), kind, params)
+        return out
+
+    def names(self, value: Any, known: Mapping, path: tuple, what: str) -> tuple[str, ...] | None:
+        if value is None:
+            return None
+        if not isinstance(value, list) or not value:
+            self.err(path, f"expected a non-empty list of {what} names")
+            return None
+        return tuple(v for i, v in enumerate(value) if self.known(v, known, path + (i,), what))
+
+    def profiles(self, value: Any, models: Mapping, gpus: Mapping, workloads: Mapping) -> dict[str, Profile]:
+        out = {}
+        section = self.mapping(value, ("profiles",))
+        if not section:
+            section = {"default": {}}
+        for name, spec in section.items():
+            path = ("profiles", name)
+            spec = self.mapping(spec, path, PROFILE_KEYS)
+            coverage = self.coverage(spec.get("coverage", "full"), path + ("coverage",))
+            soak = self.duration(spec.get("soak", "10m"), path + ("soak",))
+            startup = self.duration(spec.get("startup", "10m"), path + ("startup",))
+            cap = self.duration(spec["cap"], path + ("cap",)) if "cap" in spec else None
+            wl = self.names(spec.get("workloads"), workloads, path + ("workloads",), "workload")
+            budget = spec.get("budget_gpu_hours")
+            if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float)) or budget <= 0):
+                self.err(path + ("budget_gpu_hours",), f"expected a positive number, got {budget!r}")
+                budget = None
+            retries = spec.get("retries", 2)
+            if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+                self.err(path + ("retries",), f"expected a non-negative integer, got {retries!r}")
+                retries = 2
+            out[str(name)] = Profile(
+                name=str(name), coverage=coverage, soak_s=soak, workloads=wl or tuple(workloads)[:1],
+                budget_gpu_hours=float(budget) if budget is not None else None,
+                models=self.names(spec.get("models"), models, path + ("models",), "model"),
+                gpus=self.names(spec.get("gpus"), gpus, path + ("gpus",), "GPU type"),
+                startup_s=startup, retries=retries, cap_s=cap)
+        return out
+
+    def coverage(self, value: Any, path: tuple) -> int | None:
+        if value == "full":
+            return None
+        if isinstance(value, dict) and set(value) == {"t"}:
+            value = value["t"]
+        if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 6:
+            return value
+        self.err(path, f"expected `full` or a t-way strength like {{t: 2}} (1-6), got {value!r}")
+        return None
+
+    def duration(self, value: Any, path: tuple) -> float:
+        try:
+            return parse_duration(value)
+        except ValueError as exc:
+            self.err(path, str(exc))
+            return 0.0
+
+    def sim(self, value: Any) -> SimSettings:
+        spec = self.mapping(value, ("sim",), SIM_KEYS)
+        hang_model = spec.get("hang_model")
+        if hang_model is not None:
+            if not isinstance(hang_model, str):
+                self.err(("sim", "hang_model"), "expected a path")
+                hang_model = None
+            else:
+                resolved = (Path(self.src.file).parent / hang_model).resolve()
+                if not resolved.is_file():
+                    self.err(("sim", "hang_model"), f"no such file: {resolved}")
+                hang_model = str(resolved)
+        scale = spec.get("time_scale", 1.0)
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or scale <= 0:
+            self.err(("sim", "time_scale"), f"expected a positive number, got {scale!r}")
+            scale = 1.0
+        return SimSettings(hang_model, float(scale))
+
+    def source_dependencies(self, value: Any) -> dict[str, tuple[str, ...]]:
+        out = {}
+        for pattern, names in self.mapping(value, ("source_dependencies",)).items():
+            path = ("source_dependencies", pattern)
+            if isinstance(names, str):
+                names = [names]
+            if not isinstance(names, list):
+                self.err(path, "expected a list of flag names")
+                continue
+            good = []
+            for i, name in enumerate(names):
+                if name not in self.registry:
+                    self.err(path + (i,), f"unknown flag {name!r}")
+                else:
+                    good.append(name)
+            out[str(pattern)] = tuple(good)
+        return out
