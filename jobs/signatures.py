@@ -1,0 +1,264 @@
+"""Classify a hang or crash into a named signature, and fingerprint its stuck frames.
+
+The input is `Clues`: parsed thread stacks (py-spy dumps, vLLM's faulthandler `VLLM_STACK_DUMP_*`
+files), server log lines and what the watchdog saw. `SIGNATURES` is a plain dict users extend; the
+first signature (by priority) whose `match` accepts the clues wins. The fingerprint hashes the
+function names of the stuck frames (no line numbers, paths or pids), so the same bug found in many
+cells, builds and hosts groups together.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Mapping, Sequence
+
+
+# ---------------------------------------------------------------- stacks
+
+@dataclass(frozen=True)
+class Frame:
+    function: str
+    location: str = ""      # file:line or library, as the dump printed it
+
+    def __str__(self) -> str:
+        return f"{self.function} ({self.location})" if self.location else self.function
+
+
+@dataclass(frozen=True)
+class ThreadStack:
+    process: str            # "pid: cmdline" when known
+    thread: str             # thread name or id
+    frames: tuple[Frame, ...]   # innermost (most recent call) first
+    active: bool | None = None  # py-spy's (active)/(idle) mark
+
+
+_PYSPY_PROCESS = re.compile(r"^Process (\d+): (.*)$")
+_PYSPY_THREAD = re.compile(r'^Thread (\S+) \((\w+)\)(?:: "(.*)")?')
+_PYSPY_FRAME = re.compile(r"^\s+(?P<func>\S.*?)\s+\((?P<loc>[^()]*)\)\S*(?:\s.*)?$")
+_FAULTHANDLER_THREAD = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-fA-F]+) \(most recent call first\):")
+_FAULTHANDLER_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
+_TRACEBACK_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)')
+
+
+def parse_stacks(text: str) -> list[ThreadStack]:
+    """Threads from py-spy dump output or faulthandler dumps (several may be concatenated)."""
+    threads: list[ThreadStack] = []
+    process = ""
+    current: dict | None = None
+
+    def close() -> None:
+        nonlocal current
+        if current is not None:
+            threads.append(ThreadStack(process, current["thread"], tuple(current["frames"]),
+                                       current["active"]))
+        current = None
+
+    for line in text.splitlines():
+        if m := _PYSPY_PROCESS.match(line):
+            close()
+            process = f"{m.group(1)}: {m.group(2)}"
+        elif m := _PYSPY_THREAD.match(line):
+            close()
+            current = {"thread": m.group(3) or m.group(1), "frames": [],
+                       "active": {"active": True, "idle": False}.get(m.group(2))}
+        elif m := _FAULTHANDLER_THREAD.match(line):
+            close()
+            current = {"thread": m.group(1), "frames": [], "active": None}
+        elif current is not None and (m := _FAULTHANDLER_FRAME.match(line)):
+            current["frames"].append(Frame(m.group("func"), f"{_short(m.group('file'))}:{m.group('line')}"))
+        elif current is not None and (m := _PYSPY_FRAME.match(line)):
+            current["frames"].append(Frame(m.group("func").strip(), m.group("loc").strip()))
+        elif current is not None and not line.strip():
+            close()
+    close()
+    return threads
+
+
+def log_tracebacks(lines: Sequence[str]) -> list[tuple[Frame, ...]]:
+    """Python tracebacks printed in a log, each innermost frame first."""
+    blocks: list[list[Frame]] = []
+    current: list[Frame] = []
+    for line in lines:
+        m = _TRACEBACK_FRAME.match(_strip_log_prefix(line))
+        if m:
+            current.append(Frame(m.group("func"), f"{_short(m.group('file'))}:{m.group('line')}"))
+        elif line.lstrip().startswith(("Traceback", "The above exception", "During handling")) or not line.strip():
+            if current:
+                blocks.append(current)
+            current = []
+    if current:
+        blocks.append(current)
+    return [tuple(reversed(b)) for b in blocks]
+
+
+def _strip_log_prefix(line: str) -> str:
+    # vLLM prefixes every line of a worker's traceback with "(EngineCore pid=123) ERROR ...".
+    m = re.search(r'File "', line)
+    return line[m.start():] if m else line
+
+
+def _short(path: str) -> str:
+    parts = path.replace("\\", "/").split("/")
+    return "/".join(parts[-2:]) if len(parts) > 1 else path
+
+
+# ---------------------------------------------------------------- clues and signatures
+
+@dataclass(frozen=True)
+class Clues:
+    stacks: Sequence[ThreadStack] = ()
+    log_lines: Sequence[str] = ()
+    verdict_kind: str | None = None       # "hang" | "crash" | None (classifying a bare excerpt)
+    exit_code: int | None = None
+    hint: str | None = None               # the signature the firing detector pointed at
+
+    def log_has(self, pattern: re.Pattern) -> bool:
+        return any(pattern.search(line) for line in self.log_lines)
+
+    def stack_has(self, pattern: re.Pattern) -> bool:
+        return any(pattern.search(f.function) for t in self.stacks for f in t.frames)
+
+
+@dataclass(frozen=True)
+class Signature:
+    name: str
+    outcome: str                           # "hang" | "crash"
+    description: str
+    match: Callable[[Clues], bool]
+    priority: int = 100                    # lower is tried first
+    anchor: re.Pattern | None = None       # function names that mark the stuck frame
+    fingerprint_depth: int = 6             # frames from the anchor (or the top) that identify the bug
+
+
+@dataclass(frozen=True)
+class Classification:
+    signature: str | None
+    outcome: str | None
+    fingerprint: str | None
+    stuck_frames: tuple[str, ...] = ()
+    reason: str = ""
+
+
+OOM = re.compile(r"CUDA out of memory|OutOfMemoryError|\bout of memory\b|Cannot allocate memory|oom-kill")
+CUDA_ERROR = re.compile(r"CUDA error|cudaError\w+|illegal memory access|CUBLAS_STATUS_\w+|"
+                        r"cuda runtime error|device-side assert|\bXid\b")
+NCCL_TIMEOUT = re.compile(r"NCCL[^\n]*(?:time(?:d)? ?out|Timeout)|Watchdog caught collective operation timeout|"
+                          r"ncclRemoteError|ncclSystemError|ncclInternalError|NCCL error")
+SHM_WARNING = re.compile(r"No available shared memory broadcast block found in \d+ seconds")
+RPC_TIMEOUT = re.compile(r"RPC call to \w+ timed out")
+ENGINE_DEAD = re.compile(r"EngineDeadError|EngineCore encountered a fatal error|"
+                         r"EngineCore encountered an issue")
+TRACEBACK = re.compile(r"^\s*Traceback \(most recent call last\)|^\s*Traceback:")
+ZERO_STATS = re.compile(r"Avg prompt throughput: 0\.0 tokens/s, Avg generation throughput: 0\.0 tokens/s, "
+                        r"Running: ([1-9]\d*) reqs")
+EVENT_SYNC_FRAME = re.compile(r"^(?:_to_list|cuEventSynchronize|cudaEventSynchronize|.*synchronizeEvent|"
+                              r"THPEvent_synchronize)$")
+SHM_FRAME = re.compile(r"^(?:acquire_read|dequeue)$")
+
+
+def _hangish(c: Clues) -> bool:
+    return c.verdict_kind in (None, "hang")
+
+
+SIGNATURES: dict[str, Signature] = {}
+
+
+def register(sig: Signature) -> Signature:
+    SIGNATURES[sig.name] = sig
+    return sig
+
+
+register(Signature(
+    "oom", "crash", "out of memory (CUDA or host)",
+    lambda c: c.log_has(OOM), priority=10))
+register(Signature(
+    "cuda_error", "crash", "a CUDA error (illegal address, device assert, Xid, cuBLAS)",
+    lambda c: c.log_has(CUDA_ERROR), priority=20))
+register(Signature(
+    "nccl_timeout", "hang", "an NCCL collective timed out or NCCL reported an error",
+    lambda c: c.log_has(NCCL_TIMEOUT), priority=30))
+register(Signature(
+    "event_sync_stall", "hang",
+    "seed 000: the engine thread parked in _to_list -> transfer_event.synchronize (cuEventSynchronize)",
+    lambda c: _hangish(c) and c.stack_has(EVENT_SYNC_FRAME), priority=40,
+    anchor=re.compile(r"^_to_list$"), fingerprint_depth=6))
+register(Signature(
+    "shm_broadcast_timeout", "hang",
+    "seeds 002-004: shm_broadcast waits, then `RPC call to sample_tokens timed out` and EngineDeadError",
+    lambda c: c.log_has(SHM_WARNING) or c.log_has(RPC_TIMEOUT) or c.hint == "shm_broadcast_timeout",
+    priority=50, anchor=SHM_FRAME, fingerprint_depth=2))
+register(Signature(
+    "engine_dead", "crash", "EngineDeadError without an earlier shm_broadcast or RPC timeout",
+    lambda c: c.log_has(ENGINE_DEAD), priority=60))
+register(Signature(
+    "crash", "crash", "the server process died",
+    lambda c: c.verdict_kind == "crash" or (c.exit_code not in (None, 0) and c.log_has(TRACEBACK)),
+    priority=70))
+register(Signature(
+    "silent_stall", "hang",
+    "seeds 000/001: tokens stop with requests running, /health 200, no error, the stats line falls silent",
+    lambda c: c.verdict_kind == "hang" or c.log_has(ZERO_STATS), priority=80))
+
+
+def classify(clues: Clues, signatures: Mapping[str, Signature] | None = None) -> Classification:
+    """The first signature (by priority) matching the clues, with the stuck frames and fingerprint."""
+    table = SIGNATURES if signatures is None else signatures
+    for sig in sorted(table.values(), key=lambda s: (s.priority, s.name)):
+        if sig.match(clues):
+            frames = stuck_frames(clues, sig.anchor)
+            return Classification(sig.name, sig.outcome, fingerprint(sig, frames, clues),
+                                  tuple(str(f) for f in frames[:12]), sig.description)
+    return Classification(None, None, None, (), "no signature matched")
+
+
+def stuck_frames(clues: Clues, anchor: re.Pattern | None) -> tuple[Frame, ...]:
+    """The frames of the thread that is stuck: the one holding the anchor, else the best guess."""
+    candidates: list[tuple[Frame, ...]] = [t.frames for t in clues.stacks if t.frames]
+    tracebacks = log_tracebacks(clues.log_lines)
+    if anchor is not None:
+        for frames in [*candidates, *tracebacks]:
+            if any(anchor.search(f.function) for f in frames):
+                return frames
+    busy = [t for t in clues.stacks if t.frames and t.active and not _looks_idle(t)]
+    if busy:
+        return busy[-1].frames   # children are dumped after parents: the engine over the API server
+    mains = [t for t in clues.stacks if t.frames and t.thread == "MainThread" and not _looks_idle(t)]
+    if mains:
+        return mains[-1].frames
+    if tracebacks:
+        return tracebacks[-1]
+    return candidates[-1] if candidates else ()
+
+
+_IDLE_LOOP = re.compile(r"^(?:run_forever|_run_once|serve_forever|select|epoll_wait|poll)$")
+
+
+def _looks_idle(t: ThreadStack) -> bool:
+    """An event loop waiting for I/O (the API server), not a stuck engine step."""
+    return bool(t.frames) and bool(_IDLE_LOOP.match(t.frames[0].function)) and any(
+        f.function in ("run_forever", "serve_forever") for f in t.frames)
+
+
+def fingerprint(sig: Signature, frames: Sequence[Frame], clues: Clues) -> str:
+    """A short stable hash of the stuck frames' function names (from the anchor down)."""
+    names = [f.function for f in frames]
+    if sig.anchor is not None:
+        idx = next((i for i, n in enumerate(names) if sig.anchor.search(n)), None)
+        if idx is not None:
+            names = names[idx:]
+    names = names[: sig.fingerprint_depth]
+    if not names:
+        names = [_normalise_line(l) for l in clues.log_lines if sig.match(Clues(log_lines=[l]))][:1]
+    basis = sig.name + "|" + "|".join(names)
+    return hashlib.sha1(basis.encode()).hexdigest()[:12]
+
+
+def _normalise_line(line: str) -> str:
+    return re.sub(r"\d+", "N", line.strip())
+
+
+def clues_from_texts(stack_texts: Iterable[str] = (), log_lines: Sequence[str] = (), **kw) -> Clues:
+    stacks = [t for text in stack_texts for t in parse_stacks(text)]
+    return Clues(stacks=tuple(stacks), log_lines=tuple(log_lines), **kw)
