@@ -21,10 +21,10 @@ def covering_array(factors: Mapping[str, Sequence[Any]], strength: int,
     keys = list(factors)
     if not keys:
         return []
-    strength = min(strength, len(keys))
+    strength = max(1, min(strength, len(keys)))
     values = {k: list(v) for k, v in factors.items()}
-    if strength <= 1 or len(keys) == 1:
-        return _one_way(values, allowed)
+    if len(keys) == 1:
+        return [{keys[0]: v} for v in values[keys[0]] if allowed({keys[0]: v})]
     index_factors = {k: list(range(len(v))) for k, v in values.items()}
 
     def decode(row: Mapping[str, int]) -> dict:
@@ -65,24 +65,6 @@ def _checks(keys: Sequence[str], matrix: Matrix | None,
             continue
         out.append((read, lambda combo, c=constraint: c.check(combo, matrix) is None))
     return out
-
-
-def _one_way(values: Mapping[str, list], allowed: Callable[[Mapping[str, Any]], bool]) -> list[dict]:
-    """Each value at least once: walk the product until every value is seen."""
-    keys = list(values)
-    unseen = {(k, i) for k in keys for i in range(len(values[k]))}
-    rows = []
-    for combo in itertools.product(*(range(len(values[k])) for k in keys)):
-        pairs = set(zip(keys, combo))
-        if not pairs & unseen:
-            continue
-        row = {k: values[k][i] for k, i in zip(keys, combo)}
-        if allowed(row):
-            rows.append(row)
-            unseen -= pairs
-            if not unseen:
-                break
-    return rows
 
 
 def uncovered_tuples(rows: Sequence[Mapping[str, Any]], factors: Mapping[str, Sequence[Any]], strength: int,

@@ -36,6 +36,8 @@ def parse_duration(value: Any) -> float:
             raise ValueError(f"a duration cannot be negative: {value}")
         return float(value)
     if isinstance(value, str):
+        if re.fullmatch(r"\s*\d+(?:\.\d+)?\s*", value):
+            return float(value)
         m = _DURATION.match(value)
         if m and any(m.groups()):
             d, h, mi, s = (float(g) if g else 0.0 for g in m.groups())
@@ -300,6 +302,9 @@ class _Builder:
             path = ("axes", name)
             if name in CELL_KEYS:
                 self.err(path, f"{name!r} is not a flag: list {name}s under `{name}s:`")
+                continue
+            if name not in self.registry:
+                self.err(path, f"unknown flag {name!r}; known: {', '.join(self.registry)}")
                 continue
             if not isinstance(values, list):
                 values = [values]
