@@ -1,0 +1,267 @@
+"""JUnit XML for CI dashboards: one test case per cell, written and merged with junitparser (xunit2).
+
+The xunit2 flavour (Jenkins xunit plugin's junit-10.xsd, what pytest writes) is the one that knows
+test-case `<properties>`, `<rerunFailure>` and `<flakyFailure>`. Mapping of outcomes:
+
+- passed        -> a bare test case
+- hang          -> `<failure type="hang:<signature>" message="what stopped and when">`
+- crash         -> `<failure type="crash:<signature>">`
+- config_error  -> `<error type="config_error">` (the engine refused the flags: no verdict on hangs)
+- infra_error   -> `<error type="infra_error">` (node lost, port taken, ...: never a hang)
+- earlier infra errors that were retried -> one `<flakyFailure>` each when the cell finally passed,
+  `<rerunFailure>` each otherwise (Surefire's meaning: flaky = passed on a rerun)
+
+Names are the cell names (unique without properties, as GitLab and Buildkite need); the classname
+is `soakmatrix.<model>.<gpu>` so Jenkins groups cells by model and GPU type. Every string goes
+through `xml_safe`: log lines carry ANSI escapes and other characters XML 1.0 cannot hold.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import tempfile
+import xml.etree.ElementTree as ElementTree
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+from junitparser import Error, Failure, JUnitXmlError
+from junitparser import xunit2
+
+from soakmatrix.jobs.result import CellResult
+from soakmatrix.matrix.flags import format_value
+from soakmatrix.matrix.outcomes import Outcome
+
+CLASSNAME_PREFIX = "soakmatrix"
+MAX_LOG_LINES = 60        # last log lines kept in system-out
+MAX_STUCK_FRAMES = 80     # stuck frames kept in system-out
+MAX_LINE_CHARS = 2000     # a single runaway log line is cut here
+
+# XML 1.0 allows tab, LF, CR and everything from U+0020 except surrogates, U+FFFE and U+FFFF.
+_XML_ILLEGAL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
+_NOT_NAME_SAFE = re.compile(r"[^A-Za-z0-9_\-]+")
+
+
+class JUnitMergeError(ValueError):
+    """A file given to `merge_junit` is missing or is not JUnit XML; the message names it."""
+
+
+def xml_safe(text: Any) -> str:
+    """The text with characters XML 1.0 cannot carry spelled as `\\xNN` (so nothing is lost)."""
+    return _XML_ILLEGAL.sub(lambda m: f"\\x{ord(m.group()):02x}", str(text))
+
+
+def name_safe(part: str) -> str:
+    """A classname segment: dots (Jenkins' package separator) and odd characters become `_`."""
+    return _NOT_NAME_SAFE.sub("_", part).strip("_") or "unknown"
+
+
+def classname_for(model: str, gpu: str) -> str:
+    return f"{CLASSNAME_PREFIX}.{name_safe(model)}.{name_safe(gpu)}"
+
+
+def mttf_of(result: CellResult) -> float | None:
+    """This run's MTTF estimate for the cell: exposure per hang (None when it did not hang)."""
+    if result.outcome is not Outcome.HANG:
+        return None
+    return result.time_to_hang_s if result.time_to_hang_s is not None else result.exposure_s
+
+
+def describe_stop(result: CellResult) -> str:
+    """What stopped and when, for the failure message, when the soak job gave no message."""
+    when = _secs(result.time_to_hang_s if result.time_to_hang_s is not None else result.exposure_s)
+    text = f"token generation stopped after {when} under load"
+    if result.detector:
+        text += f"; {result.detector} fired"
+        if result.detected_after_s is not None:
+            text += f" {_secs(result.detected_after_s)} after the last progress"
+    if result.node:
+        text += f" on {result.node}"
+    return text
+
+
+def case_properties(result: CellResult) -> dict[str, str]:
+    """The test-case properties: model, GPU, every flag, vLLM version, exposure, MTTF, signature, detector."""
+    props: dict[str, str] = {
+        "cell_id": result.cell_id,
+        "model": result.model,
+        "gpu": result.gpu_type,
+        "workload": result.workload,
+    }
+    for name, value in sorted(result.flags.items()):
+        props[f"flag.{name}"] = format_value(value)
+    props["vllm_version"] = result.vllm_version
+    props["engine"] = result.engine
+    props["exposure_s"] = f"{result.exposure_s:.1f}"
+    mttf = mttf_of(result)
+    if mttf is not None:
+        props["mttf_s"] = f"{mttf:.1f}"
+    elif result.outcome is Outcome.PASSED and result.exposure_s > 0:
+        # no hang in T seconds: MTTF >= T/3 at 95% (rule of three)
+        props["mttf_lower_95_s"] = f"{result.exposure_s / 3:.1f}"
+    if result.time_to_hang_s is not None:
+        props["time_to_hang_s"] = f"{result.time_to_hang_s:.1f}"
+    props["signature"] = result.signature or ""
+    props["detector"] = result.detector or ""
+    if result.fingerprint:
+        props["fingerprint"] = result.fingerprint
+    props["node"] = result.node
+    props["attempt"] = str(result.attempt)
+    props["tokens"] = str(result.tokens)
+    props["requests"] = str(result.requests)
+    return props
+
+
+def evidence_text(result: CellResult) -> str:
+    """Evidence excerpts for system-out: stuck frames and the last log lines, then artifact paths."""
+    out = [f"cell {result.cell_id}: {result.outcome.value}"
+           + (f" ({result.signature})" if result.signature else "")]
+    if result.message:
+        out.append(result.message)
+    if result.stuck_frames:
+        frames = result.stuck_frames[-MAX_STUCK_FRAMES:]
+        out += ["", f"stuck frames ({len(frames)} of {len(result.stuck_frames)}):"]
+        out += [f"  {_cut(f)}" for f in frames]
+    if result.log_tail:
+        lines = result.log_tail[-MAX_LOG_LINES:]
+        out += ["", f"last log lines ({len(lines)} of {len(result.log_tail)}):"]
+        out += [f"  {_cut(line)}" for line in lines]
+    if result.artifacts:
+        out += ["", "artifacts:"] + [f"  {k}: {v}" for k, v in sorted(result.artifacts.items())]
+    return xml_safe("\n".join(out))
+
+
+def test_case(result: CellResult) -> xunit2.TestCase:
+    """One cell's test case."""
+    if not isinstance(result.outcome, Outcome):
+        result = dataclasses.replace(result)   # re-runs __post_init__: an outcome set as a string
+    case = xunit2.TestCase(xml_safe(result.cell_name), classname_for(result.model, result.gpu_type),
+                           round(result.duration_s or result.exposure_s, 3))
+    for name, value in case_properties(result).items():
+        case.add_property(xml_safe(name), xml_safe(value))
+    final = _final_result(result)
+    for message in result.retries:
+        interim = xunit2.FlakyFailure() if Outcome(result.outcome) is Outcome.PASSED else xunit2.RerunFailure()
+        interim.type = Outcome.INFRA_ERROR.value
+        interim.message = xml_safe(_cut(message))
+        case.add_interim_result(interim)
+    if final is not None:
+        case.result = [final]
+    case.system_out = evidence_text(result)
+    return case
+
+
+test_case.__test__ = False  # a name pytest would otherwise collect when imported into a test module
+
+
+def _final_result(result: CellResult) -> Failure | Error | None:
+    outcome, signature = Outcome(result.outcome), result.signature or "unknown"
+    if outcome is Outcome.PASSED:
+        return None
+    if outcome is Outcome.HANG:
+        final: Failure | Error = Failure(xml_safe(result.message or describe_stop(result)), f"hang:{xml_safe(signature)}")
+    elif outcome is Outcome.CRASH:
+        final = Failure(xml_safe(result.message or "the engine process died"), f"crash:{xml_safe(signature)}")
+    else:
+        final = Error(xml_safe(result.message or outcome.value), outcome.value)
+    details = [f"{k}: {v}" for k, v in (("detector", result.detector), ("node", result.node),
+                                          ("time_to_hang_s", result.time_to_hang_s),
+                                          ("exposure_s", round(result.exposure_s, 1))) if v not in (None, "")]
+    if result.stuck_frames:
+        details.append("stuck in: " + _cut(result.stuck_frames[-1]))
+    final.text = xml_safe("\n".join(details))
+    return final
+
+
+def build_suite(results: Iterable[CellResult], suite_name: str,
+                properties: Mapping[str, Any] | None = None) -> xunit2.TestSuite:
+    results = list(results)
+    suite = xunit2.TestSuite(xml_safe(suite_name))
+    for name, value in (properties or {}).items():
+        suite.add_property(xml_safe(name), xml_safe(value))
+    if results:
+        started = min(r.started_at for r in results)
+        suite.timestamp = datetime.fromtimestamp(started, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
+    suite.add_testcases([test_case(r) for r in results])
+    return suite
+
+
+def write_junit(results: Iterable[CellResult], path: str | os.PathLike, suite_name: str,
+                properties: dict | None = None) -> Path:
+    """Write one suite with a test case per result; the file appears whole or not at all."""
+    xml = xunit2.JUnitXml(xml_safe(suite_name))
+    xml.add_testsuite(build_suite(results, suite_name, properties))
+    xml.update_statistics()
+    return _write_atomic(xml, Path(path))
+
+
+def read_junit(path: str | os.PathLike) -> xunit2.JUnitXml:
+    """Parse a JUnit file, with an error that names the file and line when it is not JUnit XML."""
+    path = Path(path)
+    if not path.is_file():
+        raise JUnitMergeError(f"{path}: no such file")
+    try:
+        return xunit2.JUnitXml.fromfile(str(path))
+    except ElementTree.ParseError as exc:
+        line, column = exc.position
+        raise JUnitMergeError(f"{path}:{line}:{column}: not well-formed XML ({exc})") from None
+    except JUnitXmlError as exc:
+        raise JUnitMergeError(f"{path}: not JUnit XML: the root is neither <testsuites> nor <testsuite> ({exc})") from None
+
+
+def merge_junit(paths: Sequence[str | os.PathLike], out: str | os.PathLike) -> Path:
+    """Merge files from many workers or shards: suites of the same name become one suite.
+
+    A cell reported by two files (a re-run shard) keeps its last report, so CI dashboards that
+    keep only the first of two same-named cases (GitLab) see the newest verdict.
+    """
+    if not paths:
+        raise JUnitMergeError("no JUnit files to merge")
+    suites: dict[str, xunit2.TestSuite] = {}
+    cases: dict[str, dict[tuple[str, str], xunit2.TestCase]] = {}
+    for path in paths:
+        for suite in read_junit(path):
+            target = suites.get(suite.name)
+            if target is None:
+                target = suites[suite.name] = xunit2.TestSuite(suite.name)
+                cases[suite.name] = {}
+                for prop in suite.properties():
+                    target.add_property(prop.name, prop.value)
+                if suite.timestamp:
+                    target.timestamp = suite.timestamp
+            elif suite.timestamp and (not target.timestamp or suite.timestamp < target.timestamp):
+                target.timestamp = suite.timestamp
+            for case in suite:
+                cases[suite.name][(case.classname or "", case.name or "")] = case
+    merged = xunit2.JUnitXml()
+    for name, suite in suites.items():
+        suite.extend(cases[name].values())
+        suite.update_statistics()
+        merged.add_testsuite(suite)
+    merged.update_statistics()
+    return _write_atomic(merged, Path(out))
+
+
+def _write_atomic(xml: xunit2.JUnitXml, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            xml.write(fh)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def _cut(line: str) -> str:
+    line = str(line).rstrip("\n")
+    return line if len(line) <= MAX_LINE_CHARS else line[:MAX_LINE_CHARS] + " [...]"
+
+
+def _secs(seconds: float | None) -> str:
+    from soakmatrix.matrix.spec import format_duration
+    return "an unknown time" if seconds is None else f"{format_duration(seconds)} ({seconds:.0f} s)"

@@ -1,0 +1,203 @@
+"""JUnit output: what a CI dashboard reads for each outcome, checked by parsing it back with
+junitparser and by validating it against the Jenkins xunit plugin's published schema."""
+
+from __future__ import annotations
+
+import dataclasses
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+import xmlschema
+from junitparser import Error, Failure, xunit2
+
+from soakmatrix.jobs.result import CellResult
+from soakmatrix.reports.junit import JUnitMergeError, classname_for, merge_junit, write_junit
+
+DATA = Path(__file__).parent / "data"
+# The published schema, unchanged, and the one-element extension allowing test-case <properties>
+# (Jenkins' junit plugin reads them; junit-10.xsd predates them): see the comment in that file.
+PUBLISHED_XSD = DATA / "junit-10.xsd"
+EXTENDED_XSD = DATA / "junit-10-testcase-properties.xsd"
+
+T0 = 1_790_000_000.0
+FRAMES = ['File "vllm/v1/worker/gpu_model_runner.py", line 2410, in _to_list',
+          '    self.transfer_event.synchronize()',
+          'File "torch/cuda/streams.py", line 227, in synchronize']
+HOSTILE = '</system-out><script>alert("x")</script> & \x1b[31mERROR\x1b[0m'
+
+
+def make(outcome: str, *, model="zai-org/GLM-5.1", gpu="H200", flags=None, workload="chat-multiturn",
+         **kw) -> CellResult:
+    flags = {"tp": 8, "mtp": 2, "async_scheduling": True} if flags is None else flags
+    from soakmatrix.matrix.cells import Cell
+    cell = Cell.make(model, gpu, flags, workload)
+    defaults = dict(cell_id=cell.id, cell_name=cell.name, outcome=outcome, model=model, gpu_type=gpu,
+                    workload=workload, flags=flags, exposure_s=3600.0, node="node-7", gpu_count=8,
+                    engine="vllm", vllm_version="0.33.0", started_at=T0, ended_at=T0 + 3700)
+    defaults.update(kw)
+    return CellResult(**defaults)
+
+
+def all_outcomes() -> list[CellResult]:
+    return [
+        make("passed", flags={"tp": 8, "mtp": 0}, tokens=912_000, requests=4100),
+        make("hang", signature="shm_broadcast_timeout", detector="token_progress", time_to_hang_s=2280.0,
+             detected_after_s=61.0, exposure_s=2280.0, stuck_frames=FRAMES,
+             message="generation_tokens_total flat for 60 s with 15 requests running, 38m into the soak",
+             log_tail=["No available shared memory broadcast block found in 60 seconds.", HOSTILE]),
+        make("crash", flags={"tp": 4, "mtp": 1}, signature="cuda_illegal_address", detector="process_exit",
+             message="engine exited with code 1", log_tail=["RuntimeError: CUDA error: an illegal memory access"]),
+        make("config_error", flags={"tp": 8, "mtp": 3}, message="--speculative-config: num_speculative_tokens 3 "
+             "not supported with cudagraph FULL", exposure_s=0.0),
+        make("infra_error", flags={"tp": 2, "mtp": 0}, gpu="H20", exposure_s=0.0, attempt=3,
+             message="node lost: ray node 10.0.0.7 died", retries=["port 8000 taken", "GPU 3 busy"]),
+        make("passed", flags={"tp": 2, "mtp": 1}, gpu="H20", attempt=2, retries=["node lost: heartbeat 300 s old"]),
+        make("hang", flags={"tp": 4, "mtp": 1}, gpu="H20", signature="silent_stall", detector="token_progress",
+             time_to_hang_s=240.0, exposure_s=240.0, attempt=2, retries=["port 8000 taken"]),
+    ]
+
+
+def cases_by_name(path: Path) -> dict[str, xunit2.TestCase]:
+    xml = xunit2.JUnitXml.fromfile(str(path))
+    return {case.name: case for suite in xml for case in suite}
+
+
+def props(case: xunit2.TestCase) -> dict[str, str]:
+    return {p.name: p.value for p in case.properties()}
+
+
+@pytest.fixture
+def report(tmp_path) -> tuple[Path, list[CellResult]]:
+    results = all_outcomes()
+    path = write_junit(results, tmp_path / "out" / "junit.xml", "soak-nightly", {"run_id": "r1", "matrix": "nightly.yaml"})
+    return path, results
+
+
+def test_one_case_per_cell_named_by_cell_with_model_gpu_classname(report):
+    path, results = report
+    cases = cases_by_name(path)
+    assert set(cases) == {r.cell_name for r in results}
+    hang = cases[results[1].cell_name]
+    assert hang.classname == "soakmatrix.zai-org_GLM-5_1.H200"
+    assert classname_for("Qwen/Qwen3-0.6B", "GeForce-RTX-5090") == "soakmatrix.Qwen_Qwen3-0_6B.GeForce-RTX-5090"
+
+
+def test_properties_carry_model_gpu_flags_version_exposure_mttf_signature_detector(report):
+    path, results = report
+    p = props(cases_by_name(path)[results[1].cell_name])
+    assert p["model"] == "zai-org/GLM-5.1" and p["gpu"] == "H200"
+    assert (p["flag.tp"], p["flag.mtp"], p["flag.async_scheduling"]) == ("8", "2", "true")
+    assert p["vllm_version"] == "0.33.0"
+    assert float(p["exposure_s"]) == 2280.0 and float(p["mttf_s"]) == 2280.0
+    assert p["signature"] == "shm_broadcast_timeout" and p["detector"] == "token_progress"
+    passed = props(cases_by_name(path)[results[0].cell_name])
+    assert "mttf_s" not in passed and float(passed["mttf_lower_95_s"]) == pytest.approx(1200.0)
+
+
+def test_hang_is_a_failure_typed_by_signature_saying_what_stopped_and_when(report):
+    path, results = report
+    case = cases_by_name(path)[results[1].cell_name]
+    [failure] = case.result
+    assert isinstance(failure, Failure)
+    assert failure.type == "hang:shm_broadcast_timeout"
+    assert "generation_tokens_total flat" in failure.message and "38m" in failure.message
+    assert case.is_failure and not case.is_error
+
+
+def test_hang_without_message_gets_one_with_time_and_detector(tmp_path):
+    result = make("hang", signature="silent_stall", detector="token_progress", time_to_hang_s=5400.0,
+                  detected_after_s=30.0)
+    [failure] = cases_by_name(write_junit([result], tmp_path / "j.xml", "s"))[result.cell_name].result
+    assert "1h30m" in failure.message and "token_progress" in failure.message
+
+
+def test_crash_is_a_failure_and_config_and_infra_errors_are_errors(report):
+    path, results = report
+    cases = cases_by_name(path)
+    [crash] = cases[results[2].cell_name].result
+    assert isinstance(crash, Failure) and crash.type == "crash:cuda_illegal_address"
+    [config] = cases[results[3].cell_name].result
+    assert isinstance(config, Error) and config.type == "config_error" and "num_speculative_tokens" in config.message
+    [infra] = cases[results[4].cell_name].result
+    assert isinstance(infra, Error) and infra.type == "infra_error" and "node lost" in infra.message
+    assert cases[results[0].cell_name].is_passed
+
+
+def test_retried_infra_errors_are_flaky_when_it_passed_and_reruns_otherwise(report):
+    path, results = report
+    cases = cases_by_name(path)
+    flaky = cases[results[5].cell_name]
+    assert flaky.is_passed and flaky.is_flaky and not flaky.is_rerun
+    assert [f.message for f in flaky.flaky_failures()] == ["node lost: heartbeat 300 s old"]
+    infra = cases[results[4].cell_name]
+    assert [r.message for r in infra.rerun_failures()] == ["port 8000 taken", "GPU 3 busy"]
+    assert all(r.type == "infra_error" for r in infra.rerun_failures())
+    hang = cases[results[6].cell_name]
+    assert hang.is_failure and len(hang.rerun_failures()) == 1 and not hang.is_flaky
+
+
+def test_evidence_in_system_out_keeps_hostile_log_lines_as_text(report):
+    path, results = report
+    out = cases_by_name(path)[results[1].cell_name].system_out
+    for frame in FRAMES:
+        assert frame in out
+    assert "No available shared memory broadcast block" in out
+    # markup survives as text; the ESC character XML 1.0 cannot hold is spelled out, not dropped
+    assert '</system-out><script>alert("x")</script> &' in out
+    assert "\\x1b[31mERROR" in out
+
+
+def test_suite_counts_and_properties(report):
+    path, _ = report
+    xml = xunit2.JUnitXml.fromfile(str(path))
+    [suite] = list(xml)
+    assert suite.name == "soak-nightly"
+    assert (suite.tests, suite.failures, suite.errors) == (7, 3, 2)
+    assert {p.name: p.value for p in suite.properties()} == {"run_id": "r1", "matrix": "nightly.yaml"}
+
+
+def test_valid_against_published_schema_with_testcase_properties_extension(report):
+    path, _ = report
+    xmlschema.XMLSchema11(str(EXTENDED_XSD)).validate(str(path))
+    # Without the per-case <properties> the file is valid against the published schema as it is:
+    # the extension is the only liberty taken.
+    tree = ET.parse(path)
+    for case in tree.iter("testcase"):
+        for p in case.findall("properties"):
+            case.remove(p)
+    published = xmlschema.XMLSchema(str(PUBLISHED_XSD))
+    published.validate(tree)
+    assert not published.is_valid(str(path))   # and the extension is really needed
+
+
+def test_merge_shards_into_one_suite_last_report_of_a_cell_wins(tmp_path):
+    results = all_outcomes()
+    a = write_junit(results[:4], tmp_path / "a.xml", "soak-nightly", {"shard": "0"})
+    rerun_of_crash = dataclasses.replace(results[2], outcome="passed", signature=None)
+    b = write_junit(results[4:] + [rerun_of_crash], tmp_path / "b.xml", "soak-nightly", {"shard": "1"})
+    c = write_junit([make("passed", model="Qwen/Qwen3-0.6B", flags={"tp": 1})], tmp_path / "c.xml", "soak-smoke")
+    out = merge_junit([a, b, c], tmp_path / "merged" / "all.xml")
+    xml = xunit2.JUnitXml.fromfile(str(out))
+    suites = {s.name: s for s in xml}
+    assert set(suites) == {"soak-nightly", "soak-smoke"}
+    nightly = suites["soak-nightly"]
+    assert nightly.tests == 7 and nightly.failures == 2 and nightly.errors == 2
+    assert cases_by_name(out)[results[2].cell_name].is_passed
+    assert xml.tests == 8
+    xmlschema.XMLSchema11(str(EXTENDED_XSD)).validate(str(out))
+
+
+def test_merge_names_the_broken_file_and_line(tmp_path):
+    good = write_junit(all_outcomes()[:1], tmp_path / "good.xml", "s")
+    bad = tmp_path / "bad.xml"
+    bad.write_text("<testsuites>\n<testsuite name='x'>\n<testcase name='a'>\n</testsuites>\n")
+    with pytest.raises(JUnitMergeError, match=r"bad\.xml:4"):
+        merge_junit([good, bad], tmp_path / "m.xml")
+    other = tmp_path / "other.xml"
+    other.write_text("<html/>")
+    with pytest.raises(JUnitMergeError, match=r"other\.xml: not JUnit XML"):
+        merge_junit([other], tmp_path / "m.xml")
+    with pytest.raises(JUnitMergeError, match="missing.xml: no such file"):
+        merge_junit([tmp_path / "missing.xml"], tmp_path / "m.xml")
+    assert not (tmp_path / "m.xml").exists()
