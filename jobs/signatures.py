@@ -22,6 +22,11 @@ class Frame:
     function: str
     location: str = ""      # file:line or library, as the dump printed it
 
+    @property
+    def name(self) -> str:
+        """The bare function name: py-spy 0.4 prints `Class.method`, tracebacks print `method`."""
+        return self.function.rsplit(".", 1)[-1] if "::" not in self.function else self.function
+
     def __str__(self) -> str:
         return f"{self.function} ({self.location})" if self.location else self.function
 
@@ -118,7 +123,7 @@ class Clues:
         return any(pattern.search(line) for line in self.log_lines)
 
     def stack_has(self, pattern: re.Pattern) -> bool:
-        return any(pattern.search(f.function) for t in self.stacks for f in t.frames)
+        return any(pattern.search(f.name) for t in self.stacks for f in t.frames)
 
 
 @dataclass(frozen=True)
@@ -219,7 +224,7 @@ def stuck_frames(clues: Clues, anchor: re.Pattern | None) -> tuple[Frame, ...]:
     tracebacks = log_tracebacks(clues.log_lines)
     if anchor is not None:
         for frames in [*candidates, *tracebacks]:
-            if any(anchor.search(f.function) for f in frames):
+            if any(anchor.search(f.name) for f in frames):
                 return frames
     busy = [t for t in clues.stacks if t.frames and t.active and not _looks_idle(t)]
     if busy:
@@ -237,13 +242,13 @@ _IDLE_LOOP = re.compile(r"^(?:run_forever|_run_once|serve_forever|select|epoll_w
 
 def _looks_idle(t: ThreadStack) -> bool:
     """An event loop waiting for I/O (the API server), not a stuck engine step."""
-    return bool(t.frames) and bool(_IDLE_LOOP.match(t.frames[0].function)) and any(
-        f.function in ("run_forever", "serve_forever") for f in t.frames)
+    return any(f.name in ("run_forever", "serve_forever") for f in t.frames) and any(
+        _IDLE_LOOP.match(f.name) for f in t.frames[:6])
 
 
 def fingerprint(sig: Signature, frames: Sequence[Frame], clues: Clues) -> str:
     """A short stable hash of the stuck frames' function names (from the anchor down)."""
-    names = [f.function for f in frames]
+    names = [f.name for f in frames]
     if sig.anchor is not None:
         idx = next((i for i, n in enumerate(names) if sig.anchor.search(n)), None)
         if idx is not None:

@@ -1,0 +1,189 @@
+"""Evidence of a hang, captured before teardown, all under the cell's artifact folder.
+
+`py-spy dump --native` of every process in the server's tree (each with a timeout, killed if py-spy
+itself hangs), vLLM's own watchdog stack dumps (`VLLM_STACK_DUMP_*` in the artifact folder), a
+/metrics snapshot, the log tail, the scheduler dump lines vLLM prints on a fatal error, and GPU
+state through NVML where there is a GPU (skipped cleanly otherwise). Every step is bounded and none
+raises: missing evidence is recorded as a note, never as a failed cell.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import psutil
+
+from .teardown import tree
+
+SCHEDULER_DUMP = re.compile(r"Dumping input data|Dumping scheduler output|Dumping scheduler stats|"
+                            r"SchedulerOutput\(|SchedulerStats\(|NewRequestData\(|CachedRequestData\(")
+
+
+@dataclass
+class Evidence:
+    folder: Path
+    artifacts: dict[str, str] = field(default_factory=dict)   # name -> path
+    stack_texts: list[str] = field(default_factory=list)      # py-spy and faulthandler dumps
+    log_tail: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def pyspy_dump(pid: int, timeout_s: float = 20.0, native: bool = True,
+               runner: Callable[..., subprocess.CompletedProcess] = subprocess.run) -> tuple[str, str | None]:
+    """py-spy's dump of one process: (text, problem). A py-spy that hangs is killed at the timeout."""
+    exe = shutil.which("py-spy") or _venv_pyspy()
+    if exe is None:
+        return "", "py-spy not found"
+    argv = [exe, "dump", "--pid", str(pid), *(["--native"] if native else [])]
+    try:
+        done = runner(argv, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return "", f"py-spy timed out after {timeout_s:.0f} s on pid {pid}"
+    except OSError as exc:
+        return "", f"py-spy failed: {exc}"
+    if done.returncode != 0:
+        problem = (done.stderr or done.stdout).strip().splitlines()
+        if native:   # --native needs unwinding support that some builds and kernels lack
+            text, again = pyspy_dump(pid, timeout_s, native=False, runner=runner)
+            if not again:
+                return text, None
+        return done.stdout, f"py-spy exit {done.returncode} on pid {pid}: {problem[-1] if problem else ''}"
+    return done.stdout, None
+
+
+def _venv_pyspy() -> str | None:
+    import sys
+    candidate = Path(sys.executable).parent / "py-spy"
+    return str(candidate) if candidate.exists() else None
+
+
+def scrape_text(url: str, timeout_s: float = 10.0) -> str:
+    with urllib.request.urlopen(url, timeout=timeout_s) as r:
+        return r.read().decode("utf-8", "replace")
+
+
+def gpu_state() -> dict[str, Any] | None:
+    """Per-GPU memory, utilisation and processes via NVML; None without a GPU or pynvml."""
+    try:
+        import pynvml  # type: ignore
+        pynvml.nvmlInit()
+    except Exception:
+        return None
+    try:
+        gpus = []
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            mem = pynvml.nvmlDeviceGetMemoryInfo(h)
+            util = pynvml.nvmlDeviceGetUtilizationRates(h)
+            procs = []
+            try:
+                procs = [{"pid": p.pid, "used_memory": p.usedGpuMemory}
+                         for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h)]
+            except Exception:
+                pass
+            name = pynvml.nvmlDeviceGetName(h)
+            gpus.append({"index": i, "name": name.decode() if isinstance(name, bytes) else name,
+                         "memory_used": mem.used, "memory_total": mem.total,
+                         "utilization_gpu": util.gpu, "utilization_memory": util.memory,
+                         "processes": procs})
+        return {"gpus": gpus}
+    except Exception as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            pass
+
+
+def scheduler_dump_lines(lines: Sequence[str], context: int = 12) -> list[str]:
+    """The lines vLLM prints on a fatal error about its scheduler state, with what follows them."""
+    out: list[str] = []
+    keep = 0
+    for line in lines:
+        if SCHEDULER_DUMP.search(line):
+            keep = context
+        if keep > 0:
+            out.append(line)
+            keep -= 1
+    return out
+
+
+def capture(server: Any, folder: str | Path, *, pyspy_timeout_s: float = 20.0, budget_s: float = 90.0,
+            tail_lines: int = 50, pyspy: Callable[..., tuple[str, str | None]] = pyspy_dump,
+            scrape: Callable[[str, float], str] = scrape_text) -> Evidence:
+    """Everything worth keeping about a stuck server (a RunningServer: .pid, .base_url, .log_text())."""
+    t0 = time.monotonic()
+    ev = Evidence(Path(folder))
+    ev.folder.mkdir(parents=True, exist_ok=True)
+
+    # stacks first: they are what a hang looks like, and the least likely to survive teardown
+    dumps: list[str] = []
+    for proc in tree(server.pid):
+        if time.monotonic() - t0 > budget_s:
+            ev.notes.append("evidence budget spent: some processes not dumped")
+            break
+        try:
+            name = " ".join(proc.cmdline()[:4]) or proc.name()
+        except psutil.Error:
+            continue
+        text, problem = pyspy(proc.pid, pyspy_timeout_s)
+        if problem:
+            ev.notes.append(problem)
+        if text:
+            header = text if text.startswith("Process ") else f"Process {proc.pid}: {name}\n{text}"
+            dumps.append(header)
+    if dumps:
+        path = ev.folder / "py-spy.txt"
+        path.write_text("\n\n".join(dumps))
+        ev.artifacts["py_spy"] = str(path)
+        ev.stack_texts.extend(dumps)
+
+    for dump in sorted(ev.folder.glob("VLLM_STACK_DUMP_*")):
+        ev.artifacts[dump.name] = str(dump)
+        try:
+            ev.stack_texts.append(dump.read_text(errors="replace"))
+        except OSError as exc:
+            ev.notes.append(f"{dump.name}: {exc}")
+
+    try:
+        text = scrape(f"{server.base_url}/metrics", 10.0)
+        path = ev.folder / "metrics.txt"
+        path.write_text(text)
+        ev.artifacts["metrics"] = str(path)
+    except Exception as exc:
+        ev.notes.append(f"/metrics snapshot failed: {type(exc).__name__}: {exc}")
+
+    log_lines = server.log_text().splitlines()
+    ev.log_tail = log_lines[-tail_lines:]
+    if hasattr(server, "log_path"):
+        ev.artifacts["server_log"] = str(server.log_path)
+    sched = scheduler_dump_lines(log_lines)
+    if sched:
+        path = ev.folder / "scheduler-dump.txt"
+        path.write_text("\n".join(sched) + "\n")
+        ev.artifacts["scheduler_dump"] = str(path)
+
+    gpus = gpu_state()
+    if gpus is None:
+        ev.notes.append("no GPU (NVML unavailable): GPU state skipped")
+    else:
+        path = ev.folder / "gpu-state.json"
+        path.write_text(json.dumps(gpus, indent=1))
+        ev.artifacts["gpu_state"] = str(path)
+
+    ev.seconds = time.monotonic() - t0
+    if ev.notes:
+        path = ev.folder / "evidence-notes.txt"
+        path.write_text("\n".join(ev.notes) + "\n")
+        ev.artifacts["evidence_notes"] = str(path)
+    return ev

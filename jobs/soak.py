@@ -1,0 +1,263 @@
+"""`run_cell`: soak one cell on this node and say what happened, as a `CellResult`.
+
+engine -> launch (own process group, readiness) -> load (seeded streams) -> watchdog (detectors)
+-> on a verdict: evidence, then classification -> teardown (leak check) -> `result.json`.
+Engine trouble never raises: it becomes an outcome. Only `stop` (cancellation by the scheduler)
+cuts a cell short, as `infra_error("cancelled")`. For the simulated engine every duration in the
+result (exposure, time to hang) is in engine time, i.e. wall seconds times `spec.time_scale`, so
+they compare with the hang model's MTTFs; `detected_after_s` is always wall seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from soakmatrix.matrix.outcomes import Outcome
+
+from . import evidence as evidence_mod
+from . import launcher, teardown
+from .detector import Detector, Verdict, build_detectors
+from .engine import Engine, get_engine
+from .load import LoadDriver
+from .result import CellResult
+from .signatures import Classification, Clues, classify, parse_stacks
+from .soak_spec import SoakSpec
+from .watchdog import Watchdog, WatchdogConfig
+
+EventSink = Callable[[str, dict], None]
+
+
+@dataclass(frozen=True)
+class SoakOptions:
+    """Knobs tests and benchmarks turn; the defaults are what a nightly soak uses."""
+    watchdog: WatchdogConfig = WatchdogConfig()
+    detector_options: Mapping[str, Mapping[str, Any]] | None = None
+    detector_names: Sequence[str] | None = None
+    drain_s: float = 30.0            # after the soak: in-flight requests may finish (and hang) this long
+    teardown_grace_s: float = 10.0
+    pyspy_timeout_s: float = 20.0
+    log_lines_for_classifier: int = 5000
+    state_dir: str | None = None     # where leaks are carried to the next cell; default: the cells folder
+
+
+def run_cell(spec: SoakSpec, *, stop: threading.Event | None = None, on_event: EventSink | None = None,
+             engine: Engine | None = None, options: SoakOptions = SoakOptions()) -> CellResult:
+    stop = stop or threading.Event()
+    emit = _safe(on_event)
+    folder = Path(spec.artifacts_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    result = CellResult(
+        cell_id=spec.cell_id, cell_name=spec.cell_name, outcome=Outcome.INFRA_ERROR, model=spec.model,
+        gpu_type=spec.gpu_type, workload=spec.workload.name, flags=dict(spec.flags),
+        node=socket.gethostname(), gpu_count=spec.gpu_count, engine=spec.backend, attempt=spec.attempt)
+    state_dir = options.state_dir or str(folder.parent)
+    try:
+        problem = teardown.preflight(state_dir)
+        if problem:
+            result.message = problem
+            emit("infra_error", {"message": problem})
+            return result
+        engine = engine or get_engine(spec.backend)
+        result.vllm_version = _version(engine)
+        _soak(spec, engine, result, stop, emit, options, state_dir)
+    except Exception as exc:   # a bug of ours or of the node: no verdict, retried by the scheduler
+        result.outcome = Outcome.INFRA_ERROR
+        result.message = f"soak job error: {type(exc).__name__}: {exc}"
+        path = folder / "soak-error.txt"
+        path.write_text(traceback.format_exc())
+        result.artifacts["soak_error"] = str(path)
+    finally:
+        result.ended_at = time.time()
+        _write_result(folder, result)
+        emit("done", {"outcome": result.outcome.value, "message": result.message})
+    return result
+
+
+def _soak(spec: SoakSpec, engine: Engine, result: CellResult, stop: threading.Event, emit: EventSink,
+          options: SoakOptions, state_dir: str) -> None:
+    folder = Path(spec.artifacts_dir)
+    scale = spec.time_scale if spec.backend == "sim" and spec.time_scale > 0 else 1.0
+    emit("launching", {"engine": engine.name, "artifacts": str(folder)})
+    server = launcher.launch(engine, spec)
+    result.artifacts["server_log"] = str(server.log_path)
+    result.artifacts["command"] = str(folder / "command.txt")
+    load: LoadDriver | None = None
+    dog: Watchdog | None = None
+    try:
+        failure = server.wait_ready(spec.startup_timeout_s, stop)
+        if failure is not None:
+            result.outcome = failure.outcome
+            result.message = failure.message
+            result.log_tail = server.log_tail(50)
+            return
+        result.extra["startup_s"] = round((server.ready_at or time.time()) - server.started_at, 2)
+        emit("ready", {"base_url": server.base_url, "startup_s": result.extra["startup_s"]})
+
+        wall_soak = spec.soak_s / scale
+        load = LoadDriver(server.base_url, spec.workload, seed=spec.seed, duration_s=wall_soak)
+        detectors = _detectors(options)
+        dog = Watchdog(server, load, detectors, options.watchdog, artifacts_dir=folder).start()
+        load.start()
+        load_start, mono0 = time.time(), time.monotonic()
+        emit("load", {"workload": spec.workload.name, "wall_s": wall_soak})
+        verdict = dog.watch(until=mono0 + wall_soak, stop=stop, done=lambda: load.finished)
+        if verdict is None and not stop.is_set():
+            load.stop_sending()   # the soak is over; what is still in flight may yet hang
+            verdict = dog.watch(until=time.monotonic() + options.drain_s, stop=stop,
+                                done=lambda: load.finished or load.snapshot().open_streams == 0)
+        load_end = verdict.at if verdict is not None else time.time()
+        stats = load.stats.summary()
+        result.tokens, result.requests = int(stats["tokens"]), int(stats["completed"])
+        result.exposure_s = max(0.0, load_end - load_start) * scale
+        result.extra["load"] = stats
+        result.extra["wall_exposure_s"] = round(max(0.0, load_end - load_start), 3)
+        result.extra["time_scale"] = scale
+        result.extra["health"] = _health_summary(dog.health)
+
+        if stop.is_set():
+            result.outcome, result.message = Outcome.INFRA_ERROR, "cancelled"
+            return
+        if verdict is None:
+            _passed(result, stats)
+            return
+        emit("verdict", {"detector": verdict.detector, "kind": verdict.kind, "message": verdict.message})
+        load.stop(timeout_s=5)
+        ev = evidence_mod.capture(server, folder / "evidence", pyspy_timeout_s=options.pyspy_timeout_s)
+        result.artifacts.update(ev.artifacts)
+        emit("evidence", {"artifacts": sorted(ev.artifacts), "seconds": round(ev.seconds, 1)})
+        log_lines = server.log_text(4_000_000).splitlines()[-options.log_lines_for_classifier:]
+        clues = Clues(stacks=tuple(t for text in ev.stack_texts for t in parse_stacks(text)),
+                      log_lines=tuple(log_lines), verdict_kind=verdict.kind, exit_code=server.poll(),
+                      hint=verdict.hint)
+        _found(result, verdict, classify(clues), load_start, scale, dog)
+        result.log_tail = ev.log_tail
+        _attach_sim_record(result, folder)
+    finally:
+        if load is not None:
+            load.stop(timeout_s=5)
+        if dog is not None:
+            dog.close()
+        report = server.stop(grace_s=options.teardown_grace_s)
+        result.extra["teardown"] = {"clean": report.clean, "pids": report.pids, "survivors": report.survivors,
+                                    "port_listening": report.port_listening, "gpu_pids": report.gpu_pids,
+                                    "escalated": report.escalated, "seconds": round(report.seconds, 2)}
+        emit("teardown", {"clean": report.clean, "detail": report.describe()})
+        if not report.clean:
+            teardown.record_leak(state_dir, spec.cell_id, report, server.port)
+            result.extra["leak"] = report.describe()
+        if not result.log_tail:
+            result.log_tail = server.log_tail(50)
+
+
+def _detectors(options: SoakOptions) -> list[Detector]:
+    if options.detector_names is None:
+        return build_detectors(options=options.detector_options)
+    return build_detectors(options.detector_names, options.detector_options)
+
+
+def _passed(result: CellResult, stats: Mapping[str, Any]) -> None:
+    if stats["completed"] == 0:
+        # no request ever finished and no detector fired: we learned nothing about this cell
+        errors = ", ".join(f"{k} x{v}" for k, v in stats["errors"].items()) or "none"
+        result.outcome = Outcome.INFRA_ERROR
+        result.message = f"no request completed under load (errors: {errors})"
+        return
+    result.outcome = Outcome.PASSED
+    result.message = (f"no hang in {result.exposure_s:.0f} s under load: {result.requests} requests, "
+                      f"{result.tokens} tokens")
+
+
+def _found(result: CellResult, verdict: Verdict, cls: Classification, load_start: float, scale: float,
+           dog: Watchdog) -> None:
+    kind = cls.outcome or verdict.kind
+    result.outcome = Outcome.HANG if kind == "hang" else Outcome.CRASH
+    result.signature = cls.signature
+    result.fingerprint = cls.fingerprint
+    result.stuck_frames = list(cls.stuck_frames)
+    result.detector = verdict.detector
+    result.detected_after_s = round(verdict.detected_after_s, 2) if verdict.detected_after_s is not None else None
+    began = verdict.since if verdict.since is not None else verdict.at
+    result.time_to_hang_s = round(max(0.0, began - load_start) * scale, 2)
+    result.message = describe(verdict, cls, dog.last_sample.running if dog.last_sample else None)
+    result.extra["verdict"] = {"detector": verdict.detector, "kind": verdict.kind, "at": verdict.at,
+                               "since": verdict.since, "message": verdict.message, "hint": verdict.hint,
+                               "details": _jsonable(dict(verdict.details))}
+
+
+def describe(verdict: Verdict, cls: Classification, running: float | None) -> str:
+    """One sentence a maintainer reads first: what stopped, when, and who noticed."""
+    after = f" after {verdict.detected_after_s:.1f} s" if verdict.detected_after_s is not None else ""
+    sig = f" [{cls.signature}]" if cls.signature else ""
+    if verdict.kind == "crash" and (cls.outcome or "crash") == "crash":
+        return f"server failed at {_clock(verdict.at)}: {verdict.message}; detector {verdict.detector} fired{sig}"
+    when = _clock(verdict.since if verdict.since is not None else verdict.at)
+    busy = f" with {running:.0f} requests running" if running else ""
+    return (f"tokens stopped at {when}{busy}; detector {verdict.detector} fired{after}{sig}: "
+            f"{verdict.message}")
+
+
+def _clock(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, tz=timezone.utc).strftime("%H:%M:%S")
+
+
+def _health_summary(health: Sequence[tuple[float, int | None]]) -> dict[str, Any]:
+    counts: dict[str, int] = {}
+    for _, status in health:
+        counts[str(status)] = counts.get(str(status), 0) + 1
+    return {"probes": len(health), "status_counts": counts,
+            "last": health[-1][1] if health else None}
+
+
+def _attach_sim_record(result: CellResult, folder: Path) -> None:
+    """The simulated engine writes when each hang truly began: keep it next to the verdict."""
+    record = folder / "sim-hangs.jsonl"
+    if not record.exists():
+        return
+    result.artifacts["sim_hangs"] = str(record)
+    try:
+        hangs = [json.loads(l) for l in record.read_text().splitlines() if l.strip()]
+    except ValueError:
+        return
+    if hangs:
+        result.extra["true_hang"] = hangs[0]
+        verdict_at = result.extra.get("verdict", {}).get("at")
+        if verdict_at and "began_at" in hangs[0]:
+            result.extra["latency_from_true_start_s"] = round(verdict_at - float(hangs[0]["began_at"]), 2)
+
+
+def _jsonable(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=str))
+
+
+def _version(engine: Engine) -> str:
+    try:
+        return engine.version()
+    except Exception as exc:
+        return f"unknown ({type(exc).__name__})"
+
+
+def _safe(sink: EventSink | None) -> EventSink:
+    def emit(kind: str, data: dict) -> None:
+        if sink is None:
+            return
+        try:
+            sink(kind, data)
+        except Exception:
+            pass   # a broken listener must not change a cell's outcome
+    return emit
+
+
+def _write_result(folder: Path, result: CellResult) -> None:
+    path = folder / "result.json"
+    result.artifacts.setdefault("result", str(path))
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(result.to_json())
+    tmp.replace(path)
