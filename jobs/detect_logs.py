@@ -3,7 +3,7 @@
 shm_broadcast waits (`No available shared memory broadcast block found`), `RPC call to X timed
 out`, `EngineDeadError` / `EngineCore encountered a fatal error`, CUDA and NCCL errors, out of
 memory. An shm warning counts only while requests are in flight (seed 004's idle engine prints it
-too, but then the hang is proven by the RPC timeout that follows). The patterns are a plain list.
+too, but then the hang is proven by the RPC timeout that follows). The patterns are a plain list, most specific first.
 """
 
 from __future__ import annotations
@@ -44,17 +44,20 @@ class LogDetector:
         loaded = obs.stream is not None and obs.stream.open_streams > 0
         if obs.metrics is not None and (obs.metrics.running or 0) > 0:
             loaded = True
+        best: tuple[int, LogPattern, str] | None = None
         for line in obs.log_lines:
-            for p in self.patterns:
+            for rank, p in enumerate(self.patterns):
                 if not p.pattern.search(line):
                     continue
                 self.seen.append(line)
                 if p.needs_load and not loaded:
                     continue
-                return Verdict(detector=self.name, kind=p.kind, at=obs.now, since=None,
-                               message=f"server log: {line.strip()[:300]}", hint=p.hint,
-                               details={"line": line.strip()})
-        return None
-
+                if best is None or rank < best[0]:
+                    best = (rank, p, line)   # the most specific line of this tick wins (list order)
+        if best is None:
+            return None
+        _, p, line = best
+        return Verdict(detector=self.name, kind=p.kind, at=obs.now, since=None,
+                       message=f"server log: {line.strip()[:300]}", hint=p.hint, details={"line": line.strip()})
 
 register("logs")(LogDetector)

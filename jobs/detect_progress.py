@@ -45,8 +45,11 @@ class _Last:
 class ProgressDetector:
     name = "progress"
 
-    def __init__(self, floor_s: float = 6.0, factor: float = 2.0, ceiling_s: float = 15.0) -> None:
-        self.threshold = StallThreshold(floor_s, factor, ceiling_s)
+    def __init__(self, **threshold_options: float) -> None:
+        # Scrapes are too coarse to tell a prefill from a slow scrape: every gap between progress
+        # counts towards the base, and the allowance per prompt token stays at its prior.
+        threshold_options.setdefault("learn_prefill", False)
+        self.threshold = StallThreshold(**threshold_options)
         self._last: _Last | None = None
         self._progress_at: float | None = None   # first scrape that saw the latest counter values
         self._busy_since: float | None = None    # first scrape of the current busy period
@@ -56,6 +59,9 @@ class ProgressDetector:
         m = obs.metrics
         if m is None or m.generation_tokens is None:
             return None
+        # the client's view, where there is one: a request still waiting for its first token may be
+        # in a long prefill, which moves no counter until it ends
+        waiting_prompt = obs.stream.waiting_first_token_prompt_len if obs.stream is not None else 0
         counters = (m.generation_tokens, m.prompt_tokens, m.steps)
         busy = (m.running or 0) > 0 or (m.waiting or 0) > 0
         last = self._last
@@ -79,7 +85,7 @@ class ProgressDetector:
         self._peak_running = max(self._peak_running, m.running or 0)
         since = max(self._progress_at or m.at, self._busy_since)
         stalled = m.at - since
-        limit = self.threshold.value
+        limit = self.threshold.value(waiting_prompt)
         if stalled <= limit:
             return None
         return Verdict(

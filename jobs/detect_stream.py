@@ -14,10 +14,11 @@ from .detector import Observation, StallThreshold, Verdict, register
 class StreamDetector:
     name = "stream"
 
-    def __init__(self, floor_s: float = 6.0, factor: float = 2.0, ceiling_s: float = 15.0) -> None:
-        self.threshold = StallThreshold(floor_s, factor, ceiling_s)
+    def __init__(self, **threshold_options: float) -> None:
+        self.threshold = StallThreshold(**threshold_options)
         self._last_token_at: float | None = None
         self._open_since: float | None = None    # first tick of the current period with open streams
+        self._waiting_prompt = 0                 # longest prompt waiting for a first token this silence
 
     def observe(self, obs: Observation) -> Verdict | None:
         s = obs.stream
@@ -26,18 +27,22 @@ class StreamDetector:
         if s.open_streams <= 0:
             self._open_since = None
             self._last_token_at = s.last_token_at
+            self._waiting_prompt = 0
             return None
         if self._open_since is None:
             self._open_since = s.at
         if s.last_token_at is not None and s.last_token_at != self._last_token_at:
             if self._last_token_at is not None:
                 # the silence just ended: a legitimate gap (measured while streams were open)
-                self.threshold.learn(s.last_token_at - max(self._last_token_at, self._open_since))
+                self.threshold.learn(s.last_token_at - max(self._last_token_at, self._open_since),
+                                     self._waiting_prompt)
             self._last_token_at = s.last_token_at
+            self._waiting_prompt = s.waiting_first_token_prompt_len
             return None
+        self._waiting_prompt = max(self._waiting_prompt, s.waiting_first_token_prompt_len)
         since = max(self._last_token_at or self._open_since, self._open_since)
         silent = s.at - since
-        limit = self.threshold.value
+        limit = self.threshold.value(s.waiting_first_token_prompt_len)
         if silent <= limit:
             return None
         return Verdict(

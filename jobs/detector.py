@@ -99,24 +99,46 @@ def load_builtin() -> None:
 
 
 class StallThreshold:
-    """How long "no progress" may last before it is a hang, learned from the gaps seen so far.
+    """How long "no progress" may last before it is a hang, learned from what was seen so far.
 
-    The threshold is `factor` times the longest recent legitimate gap (a long prefill, a slow
-    scrape), never below `floor_s` (so the first long prefill before anything is learned passes)
-    and never above `ceiling_s` (so detection stays within its latency target).
+    Two parts. The base: `factor` times the longest recent silence that nothing explains (slow
+    scrapes, slow decode steps), never below `floor_s` and never above `ceiling_s` (so detection
+    keeps its latency target). The prefill allowance: a request still waiting for its first token
+    may be in a prefill, whose step grows with its prompt, so `prefill_factor` x seconds per prompt
+    token x the longest waiting prompt is added. Seconds per prompt token start at the prior
+    `prefill_s_per_token` and rise to the slowest prefill observed (`learn_prefill`): a long prefill
+    is not a hang.
     """
 
     def __init__(self, floor_s: float = 6.0, factor: float = 2.0, ceiling_s: float = 15.0,
-                 window: int = 512) -> None:
+                 prefill_s_per_token: float = 0.0005, prefill_factor: float = 1.25,
+                 learn_prefill: bool = True, window: int = 512) -> None:
         from collections import deque
         self.floor_s, self.factor, self.ceiling_s = floor_s, factor, ceiling_s
+        self.prefill_s_per_token, self.prefill_factor = prefill_s_per_token, prefill_factor
+        self.learn_prefill = learn_prefill
         self.gaps: "deque[float]" = deque(maxlen=window)
+        self.rates: "deque[float]" = deque(maxlen=window)
 
-    def learn(self, gap_s: float) -> None:
-        if gap_s > 0:
-            self.gaps.append(gap_s)
+    def learn(self, gap_s: float, waiting_prompt_tokens: int = 0) -> None:
+        """A silence of `gap_s` just ended; `waiting_prompt_tokens`: the longest prompt that was
+        waiting for its first token meanwhile (0: none, the silence is unexplained)."""
+        if gap_s <= 0:
+            return
+        if waiting_prompt_tokens > 0:
+            if self.learn_prefill and gap_s > self.floor_s / 2:
+                self.rates.append(gap_s / waiting_prompt_tokens)
+            return
+        self.gaps.append(gap_s)
 
     @property
-    def value(self) -> float:
+    def base(self) -> float:
         longest = max(self.gaps, default=0.0)
         return min(self.ceiling_s, max(self.floor_s, self.factor * longest))
+
+    @property
+    def seconds_per_prompt_token(self) -> float:
+        return max(self.prefill_s_per_token, max(self.rates, default=0.0))
+
+    def value(self, waiting_prompt_tokens: int = 0) -> float:
+        return self.base + self.prefill_factor * self.seconds_per_prompt_token * max(0, waiting_prompt_tokens)

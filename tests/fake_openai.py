@@ -122,8 +122,10 @@ def make_app(engine: Engine) -> web.Application:
     app.router.add_post("/v1/completions", generate)
     app.router.add_post("/v1/chat/completions", generate)
 
+    tasks: list[asyncio.Task] = []
+
     async def start_engine(app: web.Application) -> None:
-        app["engine_task"] = asyncio.create_task(engine.run())
+        tasks.append(asyncio.create_task(engine.run()))
 
     app.on_startup.append(start_engine)
     return app

@@ -1,0 +1,137 @@
+"""Signature classification: the seeds' real excerpts, py-spy and faulthandler dumps, the registry."""
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from soakmatrix.jobs import signatures as sig
+from soakmatrix.jobs.signatures import Clues, classify, clues_from_texts, parse_stacks
+
+INCIDENTS = Path(__file__).resolve().parent.parent / "fixtures" / "incidents"
+INDEX = yaml.safe_load((INCIDENTS / "index.yaml").read_text())["incidents"]
+
+
+def excerpt(name):
+    return [l for l in (INCIDENTS / name).read_text().splitlines() if not l.startswith("# ")]
+
+
+def clues_for(entry, **kw):
+    lines = excerpt(entry["file"])
+    if entry["kind"] == "stacks":
+        return clues_from_texts(["\n".join(lines)], **kw)
+    return clues_from_texts([], lines, **kw)
+
+
+@pytest.mark.parametrize("entry", INDEX, ids=[e["file"] for e in INDEX])
+def test_every_recorded_incident_gets_its_signature(entry):
+    result = classify(clues_for(entry))
+    assert result.signature == entry["signature"]
+    assert result.outcome == "hang"
+    assert result.fingerprint and re.fullmatch(r"[0-9a-f]{12}", result.fingerprint)
+    if "stuck_function" in entry:
+        assert any(f.startswith(entry["stuck_function"]) for f in result.stuck_frames)
+
+
+def test_the_index_covers_every_excerpt_file():
+    files = {p.name for p in INCIDENTS.iterdir() if p.name != "index.yaml"}
+    assert files == {e["file"] for e in INDEX}
+
+
+def test_the_same_bug_groups_across_reports_and_line_numbers():
+    # seeds 003 and 004 are the same shm_broadcast wait at different line numbers and versions
+    f3 = classify(clues_from_texts([], excerpt("seed003_shm_broadcast_timeout.log"))).fingerprint
+    f4 = classify(clues_from_texts([], excerpt("seed004_shm_broadcast_timeout.log"))).fingerprint
+    assert f3 == f4
+    f0 = classify(clues_from_texts(["\n".join(excerpt("seed000_event_sync_stall.pyspy.txt"))])).fingerprint
+    assert f0 != f3
+
+
+PYSPY_QUALIFIED = """Process 4242: VLLM::EngineCore
+Python v3.11.7 (/usr/bin/python3.11)
+
+Thread 4242 (active): "MainThread"
+    _TransferEvent.synchronize (soakmatrix/jobs/sim_core.py:150)
+    _to_list (soakmatrix/jobs/sim_core.py:157)
+    EngineCore._step (soakmatrix/jobs/sim_core.py:610)
+    EngineCore.run (soakmatrix/jobs/sim_core.py:580)
+Thread 4250 (idle): "stats"
+    Event.wait (threading.py:629)
+
+Process 4200: vllm serve
+Python v3.11.7 (/usr/bin/python3.11)
+
+Thread 4200 (idle): "MainThread"
+    epoll_wait (libc.so.6)
+    EpollSelector.select (selectors.py:468)
+    BaseEventLoop._run_once (asyncio/base_events.py:1884)
+    BaseEventLoop.run_forever (asyncio/base_events.py:607)
+"""
+
+
+def test_pyspy_dumps_parse_into_processes_threads_and_frames():
+    threads = parse_stacks(PYSPY_QUALIFIED)
+    assert [(t.process.split(":")[0], t.thread, t.active) for t in threads] == [
+        ("4242", "MainThread", True), ("4242", "stats", False), ("4200", "MainThread", False)]
+    assert threads[0].frames[1].function == "_to_list" and threads[0].frames[0].name == "synchronize"
+
+
+def test_event_sync_stall_from_qualified_py_spy_names_and_its_fingerprint_ignores_line_numbers():
+    a = classify(clues_from_texts([PYSPY_QUALIFIED], verdict_kind="hang"))
+    b = classify(clues_from_texts([PYSPY_QUALIFIED.replace(":157", ":999").replace("4242", "77")],
+                                  verdict_kind="hang"))
+    assert a.signature == "event_sync_stall" and a.stuck_frames[1].startswith("_to_list")
+    assert a.fingerprint == b.fingerprint
+
+
+FAULTHANDLER = """Thread 0x00007f0000000001 (most recent call first):
+  File "/x/vllm/v1/core/sched/scheduler.py", line 412 in schedule
+  File "/x/vllm/v1/engine/core.py", line 426 in step
+  File "/x/vllm/v1/engine/core.py", line 1174 in run_busy_loop
+"""
+
+
+def test_faulthandler_dumps_parse_and_a_silent_hang_keeps_its_frames():
+    result = classify(clues_from_texts([FAULTHANDLER], verdict_kind="hang"))
+    assert result.signature == "silent_stall"
+    assert result.stuck_frames[0].startswith("schedule (sched/scheduler.py:412)")
+
+
+def test_the_api_servers_event_loop_is_not_taken_for_the_stuck_thread():
+    idle_api = PYSPY_QUALIFIED.split("Process 4200")[1]
+    stuck = """Process 9: VLLM::EngineCore
+Thread 9 (active): "MainThread"
+    Scheduler.schedule (sim_core.py:313)
+    EngineCore.run (sim_core.py:580)
+"""
+    result = classify(clues_from_texts([stuck, "Process 4200" + idle_api], verdict_kind="hang"))
+    assert result.stuck_frames[0].startswith("Scheduler.schedule")
+
+
+@pytest.mark.parametrize("lines,expected,outcome", [
+    (["torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB"], "oom", "crash"),
+    (["RuntimeError: CUDA error: an illegal memory access was encountered"], "cuda_error", "crash"),
+    (["[E ProcessGroupNCCL.cpp:616] [Rank 1] Watchdog caught collective operation timeout"], "nccl_timeout", "hang"),
+    (["vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue."], "engine_dead", "crash"),
+])
+def test_error_signatures(lines, expected, outcome):
+    result = classify(Clues(log_lines=lines, verdict_kind="crash"))
+    assert (result.signature, result.outcome) == (expected, outcome)
+
+
+def test_a_process_that_died_is_a_crash_and_a_bare_excerpt_without_clues_is_unclassified():
+    assert classify(Clues(log_lines=["Traceback (most recent call last):", "ValueError: boom"],
+                          exit_code=1)).signature == "crash"
+    assert classify(Clues(log_lines=["INFO fine"])).signature is None
+
+
+def test_users_extend_the_registry():
+    table = dict(sig.SIGNATURES)
+    table["my_allreduce_stall"] = sig.Signature(
+        "my_allreduce_stall", "hang", "custom all-reduce spin", priority=35,
+        match=lambda c: c.stack_has(re.compile(r"^custom_all_reduce$")),
+        anchor=re.compile(r"^custom_all_reduce$"))
+    dump = 'Thread 1 (active): "MainThread"\n    custom_all_reduce (ar.py:10)\n    forward (model.py:3)\n'
+    assert classify(clues_from_texts([dump], verdict_kind="hang"), table).signature == "my_allreduce_stall"
+    assert classify(clues_from_texts([dump], verdict_kind="hang")).signature == "silent_stall"
