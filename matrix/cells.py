@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Mapping
 
 from .flags import format_value
@@ -34,11 +35,11 @@ class Cell:
         return json.dumps({"model": self.model, "gpu": self.gpu, "flags": dict(self.flags),
                            "workload": self.workload}, sort_keys=True, separators=(",", ":"))
 
-    @property
+    @cached_property
     def id(self) -> str:
         return cell_id(self.canonical())
 
-    @property
+    @cached_property
     def name(self) -> str:
         flags = ",".join(f"{k}={format_value(v)}" for k, v in self.flags)
         return f"{self.model}|{self.gpu}|{flags}|{self.workload}"

@@ -1,7 +1,8 @@
 """The `soakmatrix` command: a thin dispatcher over one module per subcommand.
 
 Each command module has `HELP`, `configure(parser)` and `main(args) -> int`; it is imported only
-when its command runs, so `soakmatrix plan` never pays for Ray or vLLM imports.
+when its command runs, so `soakmatrix plan` never pays for Ray or vLLM imports. A module that sets
+`ACCEPTS_UNKNOWN_ARGS = True` gets the arguments its parser did not know in `args.unknown_args`.
 """
 
 from __future__ import annotations
@@ -45,7 +46,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     module = importlib.import_module(COMMANDS[name][0])
     parser = argparse.ArgumentParser(prog=f"soakmatrix {name}", description=module.HELP)
     module.configure(parser)
-    args = parser.parse_args(rest)
+    if getattr(module, "ACCEPTS_UNKNOWN_ARGS", False):
+        # e.g. sim-engine takes any `vllm serve` flag and notes the ones it ignores
+        args, args.unknown_args = parser.parse_known_args(rest)
+    else:
+        args = parser.parse_args(rest)
     try:
         return int(module.main(args) or 0)
     except SpecError as exc:

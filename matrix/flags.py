@@ -142,13 +142,54 @@ def build_argv(flags: Mapping[str, Any], registry: Mapping[str, Flag] | None = N
 
     Raises KeyError for an unknown flag and ArgvConflict when two flags collide.
     """
-    registry = REGISTRY if registry is None else registry
-    unknown = [name for name in flags if name not in registry]
-    if unknown:
-        raise KeyError(f"unknown flag(s): {', '.join(unknown)}")
-    order = list(registry)
-    fragments = [registry[name].fragment(flags[name]) for name in sorted(flags, key=order.index)]
-    return fragments_to_argv(fragments)
+    return ArgvBuilder(REGISTRY if registry is None else registry).build(flags)
+
+
+class ArgvBuilder:
+    """`build_argv` with its fragments and JSON merges cached, for planning many cells at once."""
+
+    def __init__(self, registry: Mapping[str, Flag]):
+        self.registry = registry
+        self.order = {name: i for i, name in enumerate(registry)}
+        self._fragments: dict[tuple, Fragment] = {}
+        self._merged: dict[tuple, list[str] | ArgvConflict] = {}
+
+    def fragment(self, name: str, value: Any) -> Fragment:
+        key = (name, type(value), value)
+        frag = self._fragments.get(key)
+        if frag is None:
+            frag = self._fragments[key] = self.registry[name].fragment(value)
+        return frag
+
+    def build(self, flags: Mapping[str, Any]) -> tuple[list[str], dict[str, str]]:
+        unknown = [name for name in flags if name not in self.registry]
+        if unknown:
+            raise KeyError(f"unknown flag(s): {', '.join(unknown)}")
+        args: list[str] = []
+        env: dict[str, str] = {}
+        with_json = []
+        for name in sorted(flags, key=self.order.__getitem__):
+            frag = self.fragment(name, flags[name])
+            args.extend(frag.args)
+            if frag.env:
+                env.update(frag.env)
+            if frag.json:
+                with_json.append(frag)
+        args.extend(self.merged_json(with_json))
+        return args, env
+
+    def merged_json(self, fragments: Sequence[Fragment]) -> list[str]:
+        key = tuple(map(id, fragments))
+        merged = self._merged.get(key)
+        if merged is None:
+            try:
+                merged = fragments_to_argv([Fragment(json=f.json) for f in fragments])[0]
+            except ArgvConflict as exc:
+                merged = exc
+            self._merged[key] = merged
+        if isinstance(merged, ArgvConflict):
+            raise merged
+        return merged
 
 
 def raw_flag(name: str, kind: str, argv: Sequence[str] = (), env: Mapping[str, str] | None = None,

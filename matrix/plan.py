@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from .cells import Cell
-from .flags import ArgvConflict, build_argv, format_value
+from .flags import ArgvBuilder, ArgvConflict, Flag, format_value
 from .spec import CELL_KEYS, Matrix, Profile, SpecError
 from .yamlsrc import Problem
 
@@ -51,8 +51,9 @@ class PlannedCell:
 
 @dataclass(frozen=True)
 class Exclusion:
-    combo: Mapping[str, Any]
+    combo: Mapping[str, Any]   # the deciding keys only, when a whole slice of the product is excluded
     reason: str
+    count: int = 1             # combinations of the product this exclusion stands for
 
 
 @dataclass
@@ -80,6 +81,10 @@ class Plan:
         return sum(pc.gpu_hours for pc in self.cells)
 
     @property
+    def excluded_count(self) -> int:
+        return sum(e.count for e in self.excluded)
+
+    @property
     def over_budget(self) -> bool:
         budget = self.profile.budget_gpu_hours
         return budget is not None and self.gpu_hours > budget + 1e-9
@@ -98,7 +103,9 @@ class Plan:
                 "flags": pc.cell.flag_dict, "command": pc.command, "env": dict(pc.env),
                 "gpu_hours": round(pc.gpu_hours, 4),
             } for pc in self.cells],
-            "excluded": [{"combo": _jsonable(e.combo), "reason": e.reason} for e in self.excluded],
+            "excluded": [{"combo": _jsonable(e.combo), "reason": e.reason, "count": e.count}
+                         for e in self.excluded],
+            "excluded_count": self.excluded_count,
             "rejected": [{"combo": _jsonable(e.combo), "reason": e.reason} for e in self.rejected],
             "cost": {
                 "by_gpu": {g: {k: round(v, 4) for k, v in row.items()} for g, row in self.cost_by_gpu().items()},
@@ -158,10 +165,21 @@ def _expert_parallel_needs_moe(combo, matrix):
     return None
 
 
+_builders: dict[int, tuple[Mapping[str, Flag], ArgvBuilder]] = {}
+
+
+def argv_builder(registry: Mapping[str, Flag]) -> ArgvBuilder:
+    """One caching ArgvBuilder per registry object (planning builds argv for many cells)."""
+    entry = _builders.get(id(registry))
+    if entry is None or entry[0] is not registry:
+        entry = _builders[id(registry)] = (registry, ArgvBuilder(registry))
+    return entry[1]
+
+
 def _argv_builds(combo, matrix):
     flags = {k: v for k, v in combo.items() if k not in CELL_KEYS}
     try:
-        build_argv(flags, matrix.registry)
+        argv_builder(matrix.registry).build(flags)
     except ArgvConflict as exc:
         return f"conflicting flags: {exc}"
     return None
@@ -181,6 +199,48 @@ CONSTRAINTS: dict[str, Constraint] = {
 def violations(combo: Mapping[str, Any], matrix: Matrix,
                constraints: Mapping[str, Constraint] | None = None) -> list[str]:
     return [reason for c in (constraints or CONSTRAINTS).values() if (reason := c.check(combo, matrix))]
+
+
+_MISSING = object()
+
+
+class Checker:
+    """`violations` with each constraint's answer memoised on the keys it reads: a 12-axis product
+    has hundreds of thousands of combinations but few distinct (model, gpu, tp) triples."""
+
+    def __init__(self, matrix: Matrix, constraints: Mapping[str, Constraint] | None = None):
+        self.matrix = matrix
+        self.constraints = list((constraints or CONSTRAINTS).values())
+        self.memo: list[dict] = [{} for _ in self.constraints]
+        # a constraint over "all flags" (argv_builds) only depends on the JSON-valued ones
+        self.keys = [c.keys or json_flag_names(matrix) for c in self.constraints]
+        self.read_keys = {k for keys in self.keys for k in keys}
+
+    def violations(self, combo: Mapping[str, Any]) -> list[str]:
+        out = []
+        for constraint, keys, memo in zip(self.constraints, self.keys, self.memo):
+            key = tuple((type(v), v) for v in (combo.get(k, _MISSING) for k in keys))
+            reason = memo.get(key, _MISSING)
+            if reason is _MISSING:
+                reason = memo[key] = constraint.check({k: combo[k] for k in keys if k in combo}
+                                                      if not constraint.keys else combo, self.matrix)
+            if reason:
+                out.append(reason)
+        return out
+
+
+def json_flag_names(matrix: Matrix) -> tuple[str, ...]:
+    """Flags of the matrix (axes and include entries) with a value that sets a JSON-valued option."""
+    builder = argv_builder(matrix.registry)
+    values: dict[str, set] = {}
+    for name, vals in matrix.axes.items():
+        values.setdefault(name, set()).update((type(v), v) for v in vals)
+    for entry in matrix.include:
+        for name, v in entry.items():
+            if name not in CELL_KEYS:
+                values.setdefault(name, set()).add((type(v), v))
+    return tuple(sorted(name for name, vals in values.items()
+                        if any(builder.fragment(name, v).json for _, v in vals)))
 
 
 def rule_matches(rule: Mapping[str, Any], combo: Mapping[str, Any]) -> bool:
@@ -236,6 +296,27 @@ def factors_of(matrix: Matrix, profile: Profile) -> dict[str, list[Any]]:
     return factors
 
 
+def pruned_product(factors: Mapping[str, Sequence[Any]], matrix: Matrix, checker: "Checker",
+                   excluded: list[Exclusion]) -> Iterator[dict]:
+    """The full product with exclude rules and constraints decided once per slice: only the keys
+    they read are enumerated first, and an excluded slice is recorded once with its size."""
+    rule_keys = {k for rule in matrix.exclude for k in rule}
+    deciding = [k for k in factors if k in checker.read_keys or k in rule_keys]
+    free = [k for k in factors if k not in deciding]
+    tails = list(itertools.product(*(factors[k] for k in free)))
+    for head in itertools.product(*(factors[k] for k in deciding)):
+        part = dict(zip(deciding, head))
+        hit = next((i for i, rule in enumerate(matrix.exclude) if rule_matches(rule, part)), None)
+        reason = f"exclude[{hit}]" if hit is not None else "; ".join(checker.violations(part))
+        if reason:
+            excluded.append(Exclusion(part, reason, len(tails)))
+            continue
+        for tail in tails:
+            combo = dict(part)
+            combo.update(zip(free, tail))
+            yield combo
+
+
 def product_size(factors: Mapping[str, Sequence[Any]]) -> int:
     return math.prod(len(v) for v in factors.values())
 
@@ -253,10 +334,9 @@ def plan(matrix: Matrix, profile_name: str | None = None,
     excluded: list[Exclusion] = []
     size = product_size(factors)
 
+    checker = Checker(matrix)
     if profile.coverage is None:
-        keys = list(factors)
-        combos: Iterable[dict] = (dict(zip(keys, values)) for values in itertools.product(*factors.values()))
-        combos = apply_exclude(combos, matrix.exclude, excluded)
+        combos: Iterable[dict] = pruned_product(factors, matrix, checker, excluded)
         coverage = "full"
     else:
         from .coverage import covering_array as default_array
@@ -270,13 +350,15 @@ def plan(matrix: Matrix, profile_name: str | None = None,
         combos = builder(factors, profile.coverage, allowed, matrix)
         coverage = f"{profile.coverage}-way"
 
-    combos = list(combos)
+    # without include, every combination has already passed the constraints
+    recheck = bool(matrix.include) or profile.coverage is not None
     if matrix.include:
-        combos = apply_include(combos, matrix.include, factors)
+        combos = apply_include(list(combos), matrix.include, factors)
 
     problems = []
     cells: list[PlannedCell] = []
-    seen: set[str] = set()
+    seen: set[Cell] = set()
+    builder = argv_builder(matrix.registry)
     for combo in combos:
         missing = [k for k in ("model", "gpu") if k not in combo]
         if missing:
@@ -285,14 +367,14 @@ def plan(matrix: Matrix, profile_name: str | None = None,
                                     f"adds a combination without {' and '.join(missing)}: {combo}"))
             continue
         combo.setdefault("workload", profile.workloads[0])
-        reasons = violations(combo, matrix)
+        reasons = checker.violations(combo) if recheck else ()
         if reasons:
             excluded.append(Exclusion(combo, "; ".join(reasons)))
             continue
-        pc = planned_cell(matrix, profile, combo)
-        if pc.id in seen:
+        pc = planned_cell(matrix, profile, combo, builder)
+        if pc.cell in seen:
             continue
-        seen.add(pc.id)
+        seen.add(pc.cell)
         cells.append(pc)
     if problems:
         raise SpecError(problems)
@@ -318,11 +400,12 @@ def _combo_of(pc: PlannedCell) -> dict[str, Any]:
     return {"model": pc.cell.model, "gpu": pc.cell.gpu, "workload": pc.cell.workload, **pc.cell.flag_dict}
 
 
-def planned_cell(matrix: Matrix, profile: Profile, combo: Mapping[str, Any]) -> PlannedCell:
+def planned_cell(matrix: Matrix, profile: Profile, combo: Mapping[str, Any],
+                 builder: ArgvBuilder | None = None) -> PlannedCell:
     flags = {k: v for k, v in combo.items() if k not in CELL_KEYS}
     cell = Cell.make(combo["model"], combo["gpu"], flags, combo["workload"])
     model, gpu = matrix.models[cell.model], matrix.gpus[cell.gpu]
-    argv, env = build_argv(flags, matrix.registry)
+    argv, env = (builder or argv_builder(matrix.registry)).build(flags)
     return PlannedCell(cell, model.path, (*model.args, *argv), env, cell.tp, gpu.ray_label,
                        profile.soak_s, profile.startup_s)
 

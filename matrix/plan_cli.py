@@ -53,11 +53,14 @@ def render(result: Plan, all_excluded: bool = False) -> str:
         out += ["", f"rejected by vLLM ({len(result.rejected)}):"]
         out += [f"  {describe_combo(e.combo)}: {e.reason}" for e in result.rejected]
     if result.excluded:
-        out += ["", f"excluded ({len(result.excluded)}):"]
+        out += ["", f"excluded ({result.excluded_count} of {result.product_size} combinations):"]
         if all_excluded or len(result.excluded) <= 20:
-            out += [f"  {describe_combo(e.combo)}: {e.reason}" for e in result.excluded]
+            out += [f"  {_times(e.count)}{describe_combo(e.combo)}: {e.reason}" for e in result.excluded]
         else:
-            for reason, n in Counter(e.reason for e in result.excluded).most_common():
+            by_reason = Counter()
+            for e in result.excluded:
+                by_reason[e.reason] += e.count
+            for reason, n in by_reason.most_common():
                 out.append(f"  {n:6d} x {reason}")
             out.append("  (--all-excluded lists each one)")
     out += ["", "cost:"]
@@ -69,6 +72,10 @@ def render(result: Plan, all_excluded: bool = False) -> str:
         total += f"  (budget {budget:g} GPU-h{', OVER BUDGET' if result.over_budget else ''})"
     out.append(total)
     return "\n".join(out) + "\n"
+
+
+def _times(count: int) -> str:
+    return f"{count} x " if count > 1 else ""
 
 
 def _quote(arg: str) -> str:

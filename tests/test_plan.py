@@ -88,7 +88,7 @@ def test_constraints_keep_their_reasons():
     assert any("which has no MTP head" in r for r in reasons)    # small with mtp=1
     for e in result.excluded:
         assert e.reason and set(e.combo) >= {"model", "gpu", "tp", "mtp"}
-    assert len(result.cells) + len(result.excluded) == result.product_size == 16
+    assert len(result.cells) + result.excluded_count == result.product_size == 16
 
 
 def test_cost_counts_tp_gpus_for_startup_plus_soak():

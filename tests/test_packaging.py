@@ -1,0 +1,31 @@
+"""The wheel holds every module under its import name (soakmatrix.<folder>.<module>) and the data files."""
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+FOLDERS = ["matrix", "jobs", "fixtures", "reports"]
+
+
+@pytest.mark.slow
+def test_wheel_contains_every_module_under_its_import_name(tmp_path):
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(REPO)],
+                   check=True, timeout=300, capture_output=True)
+    (wheel,) = tmp_path.glob("soakmatrix-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    expected = {f"soakmatrix/{folder}/{path.relative_to(REPO / folder).as_posix()}"
+                for folder in FOLDERS for path in (REPO / folder).rglob("*.py")
+                if "__pycache__" not in path.parts}
+    missing = sorted(expected - names)
+    assert not missing, f"modules missing from the wheel: {missing}"
+    assert not any(n.startswith(("matrix/", "jobs/", "fixtures/", "reports/")) for n in names), \
+        "a folder was packaged at the top level, where it would collide in users' environments"
+    for example in (REPO / "matrix" / "examples").rglob("*.yaml"):
+        assert f"soakmatrix/matrix/{example.relative_to(REPO / 'matrix').as_posix()}" in names
+    entry_points = next(n for n in names if n.endswith("entry_points.txt"))
+    text = zipfile.ZipFile(wheel).read(entry_points).decode()
+    assert "soakmatrix = soakmatrix.matrix.cli:main" in text
