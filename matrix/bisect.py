@@ -1,0 +1,567 @@
+"""Flag bisection for intermittent hangs: the smallest set of flags that still hangs, with confidence.
+
+Pure: the probe oracle (matrix/oracle.py) is passed in; no clocks, processes or Ray here.
+
+Model. Elements are the flags whose value in the failing cell differs from the matrix baseline; a
+config is baseline + a subset of them (a bitmask). A hypothesis is a set K of elements: configs
+containing K hang with the failing cell's signature at one shared rate lambda >= 1/cap ("fast"),
+the others are "slow": rate 0 with prior weight `slow_zero_prior`, else uniform on (0, 1/cap).
+Hangs of another signature only end a probe early. With a 1/lambda prior the likelihood of every
+hypothesis has a closed form in (hangs, exposure) pooled over its fast configs, so every probe of
+every config informs every hypothesis, and an unknown lambda needs no plug-in estimate.
+
+Search. Calibrate the failing cell (several hangs: the MTTF gets an interval and, by default, the
+cap). Then repeatedly pick the config whose outcome tells most per expected GPU-hour (mutual
+information / cost) and soak it until its first hang or, failing that, until "it is fast" has
+dropped to alpha / (expected remaining probes): the soak that confidence demands, corrected for
+the number of probes. Stop when the most probable set has posterior >= confidence and was itself
+seen to hang (the certification run). Then shrink multi-valued flags of the set toward baseline.
+A second, independent trigger (an OR of conjunctions) shows as hangs in configs without the
+answer: the search still converges on one minimal set and the result says others may exist.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+from scipy import special
+
+from . import stats
+from .oracle import Probe, ProbeOracle, ProbeResult
+from .spec import format_duration
+
+SMALL_SET = 3
+SOAK_STEPS = (1.0, 2.0, 3.0, 5.0)   # shorter soaks considered, in MTTFs
+LARGE_SET_FACTOR = 0.1
+BASELINE_PRIOR = 0.02   # prior weight of "the baseline itself hangs", relative to one small set
+MAX_ELEMENTS = 16   # hypotheses are every subset: 2^16 of them is still milliseconds
+
+
+@dataclass(frozen=True)
+class Element:
+    """A flag whose failing-cell value differs from the baseline."""
+
+    name: str
+    value: Any        # in the failing cell
+    baseline: Any
+
+
+@dataclass(frozen=True)
+class Settings:
+    confidence: float = 0.95
+    mttf_cap_s: float | None = None     # None: cap_factor x the failing cell's calibrated MTTF
+    cap_factor: float = 2.0             # x the 90% upper bound: two hangs in E give a cap ~7.5 E/2
+    startup_s: float = 600.0            # expected start-up per probe (for choosing probes)
+    calibration_hangs: int = 2
+    calibration_max_soak_s: float | None = None   # per calibration probe; None: 24 h (or 8 x cap)
+    parallel: int = 1                   # probes per batch
+    max_probes: int = 200
+    budget_gpu_hours: float | None = None
+    shrink_values: bool = True
+    probe_correction: float = 1.0       # per-probe miss = alpha / (expected remaining probes)^this
+    slow_zero_prior: float = 0.99       # how conclusive one hang is: odds ~ 2 cap / (M (1 - this))
+
+
+@dataclass
+class ConfigStats:
+    """Everything seen on one config; exposure pools across its probes."""
+
+    mask: int
+    label: str
+    flags: dict[str, Any]
+    hangs: int = 0               # with the failing cell's signature
+    other_hangs: int = 0         # other signatures (ended a probe early)
+    exposure_s: float = 0.0
+    probes: int = 0
+    gpu_hours: float = 0.0
+    errors: int = 0              # config_error / infra_error probes
+    role: str = "search"         # calibration | search | certification | shrink
+
+    def mttf(self, confidence: float) -> stats.MttfEstimate:
+        return stats.mttf_estimate(self.hangs, self.exposure_s, confidence)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    element: Element
+    kind: str                    # necessary | modifier | irrelevant | context
+    text: str                    # e.g. "modifier x8.1 (p=0.002)"
+    ratio: float | None = None
+    p_value: float | None = None
+
+
+@dataclass(frozen=True)
+class ValueProbe:
+    flag: str
+    value: Any
+    hangs: int
+    exposure_s: float
+    verdict: str                 # "hangs" | "MTTF > X at c" | "infeasible: ..."
+
+
+@dataclass
+class BisectResult:
+    status: str                          # found | not_reproduced | inconclusive
+    signature: str | None
+    elements: list[Element]
+    context: dict[str, Any]
+    minimal: list[str]                   # element names of the minimal set
+    posterior: float                     # P(minimal set is the answer | data)
+    confidence: float
+    mttf_cap_s: float
+    failing: stats.MttfEstimate | None
+    minimal_mttf: stats.MttfEstimate | None
+    certified_soak_s: float | None       # soak that sees the minimal set hang with prob = confidence
+    verdicts: list[Verdict]
+    configs: list[ConfigStats]
+    values: list[ValueProbe]
+    probes: int
+    gpu_hours: float
+    notes: list[str] = field(default_factory=list)
+    log: list[ProbeResult] = field(default_factory=list)
+    minimal_flags: dict[str, Any] = field(default_factory=dict)
+
+
+FeasibleFn = Callable[[Mapping[str, Any]], str | None]   # why a flag dict cannot run, or None
+GpuCountFn = Callable[[Mapping[str, Any]], int]
+
+
+def default_gpu_count(flags: Mapping[str, Any]) -> int:
+    return int(flags.get("tp", 1) or 1)
+
+
+def default_cap(hangs: int, exposure_s: float, factor: float = 2.0) -> float:
+    """The MTTF cap derived from the failing cell: `factor` x its MTTF's 90% upper bound, so a noisy
+    calibration (two hangs) does not put the failing cell itself above the cap."""
+    return factor * stats.mttf_upper_bound(hangs, exposure_s, 0.90)
+
+
+# -- the posterior over hypotheses ------------------------------------------------------------------
+
+class Posterior:
+    """Log-posterior over every subset K of n elements, updated incrementally per observation."""
+
+    def __init__(self, n: int, cap_s: float, slow_zero_prior: float):
+        if n > MAX_ELEMENTS:
+            raise ValueError(f"{n} elements differ from the baseline; bisection handles at most "
+                             f"{MAX_ELEMENTS}: move more flags to the baseline or fix them in the cell")
+        self.n = n
+        self.cap = cap_s
+        self.pi0 = slow_zero_prior
+        self.K = np.arange(1 << n, dtype=np.int64)
+        self.size = np.array([bin(k).count("1") for k in range(1 << n)], dtype=np.int64)
+        # prior: triggers are usually one to three flags: every set of 1-3 flags equally likely
+        # (so a pair needs no more evidence than a single flag), larger sets x0.1 per extra flag,
+        # the baseline itself (the empty set) unlikely
+        sizes = self.size.astype(float)
+        self.log_prior = np.where(sizes == 0, math.log(BASELINE_PRIOR),
+                                  np.maximum(sizes - SMALL_SET, 0.0) * math.log(LARGE_SET_FACTOR))
+        self.log_prior -= special.logsumexp(self.log_prior)
+        self.H = np.zeros(1 << n)          # target hangs pooled over each K's fast configs
+        self.E = np.zeros(1 << n)          # exposure pooled likewise
+        self.slow_in_fast = np.zeros(1 << n)   # sum of log L_slow over configs that are fast for K
+        self.slow_total = 0.0
+        self.cells: dict[int, tuple[int, float]] = {}
+
+    def subsets_of(self, mask: int) -> np.ndarray:
+        return (self.K & ~mask) == 0
+
+    def log_slow(self, hangs: int, exposure: float) -> float:
+        if exposure <= 0:
+            return 0.0 if hangs == 0 else -math.inf
+        x = exposure / self.cap
+        if hangs == 0:
+            uniform = -math.expm1(-x) / x          # mean of exp(-mu E) over mu ~ U(0, 1/cap)
+            return math.log(self.pi0 + (1 - self.pi0) * uniform)
+        if self.pi0 >= 1.0:
+            return -math.inf
+        log_uniform = (math.log(self.cap) + special.gammaln(hangs + 1) + math.log(max(special.gammainc(hangs + 1, x), 1e-300))
+                       - (hangs + 1) * math.log(exposure))
+        return math.log(1 - self.pi0) + log_uniform
+
+    def observe(self, mask: int, hangs: int, exposure: float) -> None:
+        old_h, old_e = self.cells.get(mask, (0, 0.0))
+        new_h, new_e = old_h + hangs, old_e + exposure
+        delta = self.log_slow(new_h, new_e) - self.log_slow(old_h, old_e)
+        self.cells[mask] = (new_h, new_e)
+        sel = self.subsets_of(mask)
+        self.H[sel] += hangs
+        self.E[sel] += exposure
+        self.slow_in_fast[sel] += delta
+        self.slow_total += delta
+
+    def log_fast(self, H: np.ndarray, E: np.ndarray) -> np.ndarray:
+        """log of the integral over lambda >= 1/cap of lambda^(H-1) exp(-lambda E)."""
+        out = np.full(H.shape, -np.inf)
+        pos = H > 0
+        Hp, Ep = H[pos], np.maximum(E[pos], 1e-9)
+        tail = np.maximum(special.gammaincc(Hp, Ep / self.cap), 1e-300)
+        out[pos] = special.gammaln(Hp) + np.log(tail) - Hp * np.log(Ep)
+        zero = ~pos
+        # no hang at all yet: only the cap bounds lambda from below
+        out[zero] = np.log(np.maximum(special.exp1(np.maximum(E[zero], 1e-9) / self.cap), 1e-300))
+        return out
+
+    def log_posterior(self) -> np.ndarray:
+        lp = self.log_prior + self.log_fast(self.H, self.E) + (self.slow_total - self.slow_in_fast)
+        lp = np.where(np.isfinite(lp), lp, -np.inf)
+        top = lp.max()
+        if not np.isfinite(top):
+            raise RuntimeError("no hypothesis explains the observations")
+        w = np.exp(lp - top)
+        return np.log(w / w.sum())
+
+
+def _zeta(p: np.ndarray, n: int) -> np.ndarray:
+    """f(c) = sum of p(K) over K subset of c, for every c (subset-sum transform)."""
+    f = p.copy()
+    for i in range(n):
+        bit = 1 << i
+        view = f.reshape(-1, 2 * bit)
+        view[:, bit:] += view[:, :bit]
+    return f
+
+
+def _h2(p: np.ndarray) -> np.ndarray:
+    p = np.clip(p, 1e-12, 1 - 1e-12)
+    return -(p * np.log2(p) + (1 - p) * np.log2(1 - p))
+
+
+# -- the search ---------------------------------------------------------------------------------------
+
+class _Search:
+    def __init__(self, failing_flags: Mapping[str, Any], elements: Sequence[Element], oracle: ProbeOracle,
+                 settings: Settings, signature: str | None, feasible: FeasibleFn | None,
+                 gpu_count: GpuCountFn, progress: Callable[[str], None] | None):
+        self.failing = dict(failing_flags)
+        self.elements = list(elements)
+        self.n = len(self.elements)
+        self.full = (1 << self.n) - 1
+        self.oracle = oracle
+        self.s = settings
+        self.signature = signature
+        self.feasible = feasible
+        self.gpu_count = gpu_count
+        self.progress = progress or (lambda _msg: None)
+        self.configs: dict[int, ConfigStats] = {}
+        self.extra_configs: list[ConfigStats] = []
+        self.log: list[ProbeResult] = []
+        self.gpu_hours = 0.0
+        self.probes = 0
+        self.alpha = 1.0 - settings.confidence
+        self.post: Posterior | None = None
+        self._cost = np.array([gpu_count(self.flags_of(m)) for m in range(1 << self.n)], dtype=float)
+        self._ok = np.array([self._feasible_mask(m) for m in range(1 << self.n)], dtype=bool)
+
+    # -- configs ----------------------------------------------------------------------------------
+
+    def flags_of(self, mask: int, **overrides: Any) -> dict[str, Any]:
+        flags = dict(self.failing)
+        for i, e in enumerate(self.elements):
+            if not mask >> i & 1:
+                flags[e.name] = e.baseline
+        flags.update(overrides)
+        return flags
+
+    def label(self, mask: int) -> str:
+        on = [e.name for i, e in enumerate(self.elements) if mask >> i & 1]
+        if mask == self.full:
+            return "failing cell"
+        return "baseline" + "".join(f" +{name}" for name in on)
+
+    def _feasible_mask(self, mask: int) -> bool:
+        return self.feasible is None or self.feasible(self.flags_of(mask)) is None
+
+    def stats_of(self, mask: int) -> ConfigStats:
+        if mask not in self.configs:
+            self.configs[mask] = ConfigStats(mask, self.label(mask), self.flags_of(mask))
+        return self.configs[mask]
+
+    def over_budget(self) -> bool:
+        s = self.s
+        return self.probes >= s.max_probes or (s.budget_gpu_hours is not None and self.gpu_hours >= s.budget_gpu_hours)
+
+    # -- running probes ---------------------------------------------------------------------------
+
+    def run(self, batch: list[tuple[int, float, str]]) -> list[tuple[int, ProbeResult]]:
+        probes = [Probe(self.flags_of(mask), soak, self.label(mask)) for mask, soak, _ in batch]
+        results = self.oracle.run(probes)
+        out = []
+        for (mask, soak, role), result in zip(batch, results):
+            self.log.append(result)
+            self.probes += 1
+            self.gpu_hours += result.gpu_hours
+            cs = self.stats_of(mask)
+            if cs.role == "search" and role != "search":
+                cs.role = role
+            cs.probes += 1
+            cs.gpu_hours += result.gpu_hours
+            if result.outcome in ("config_error", "infra_error"):
+                cs.errors += 1
+                if result.outcome == "config_error":
+                    self._ok[mask] = False
+                out.append((mask, result))
+                continue
+            if result.hung and self.signature is None:
+                self.signature = result.signature
+            target = result.hung_with(self.signature)
+            cs.exposure_s += result.exposure_s
+            if target:
+                cs.hangs += 1
+            elif result.hung:
+                cs.other_hangs += 1
+            if self.post is not None:
+                self.post.observe(mask, int(target), result.exposure_s)
+            self.progress(f"probe {self.probes}: {cs.label}: "
+                          f"{'HANG ' + str(result.signature) if result.hung else 'no hang'} after "
+                          f"{result.exposure_s:.0f}s (cumulative {cs.hangs} hangs / {cs.exposure_s:.0f}s)")
+            out.append((mask, result))
+        return out
+
+    # -- calibration ------------------------------------------------------------------------------
+
+    def calibrate(self) -> tuple[bool, float]:
+        s = self.s
+        cs = self.stats_of(self.full)
+        cs.role = "calibration"
+        max_soak = s.calibration_max_soak_s
+        if max_soak is None:
+            max_soak = 8.0 * s.mttf_cap_s if s.mttf_cap_s else 24 * 3600.0
+        misses = 0
+        while cs.hangs < s.calibration_hangs and not self.over_budget():
+            need = s.calibration_hangs - cs.hangs
+            batch = [(self.full, max_soak, "calibration")] * max(1, min(s.parallel, need))
+            results = self.run(batch)
+            if not any(r.hung_with(self.signature) for _, r in results):
+                misses += len(results)
+                if cs.hangs == 0 and misses >= 1 and all(r.outcome == "passed" for _, r in results):
+                    return False, max_soak
+            if all(r.outcome in ("config_error",) for _, r in results):
+                return False, max_soak
+        return cs.hangs > 0, max_soak
+
+    # -- choosing probes --------------------------------------------------------------------------
+
+    def _rate_pool(self, lp: np.ndarray) -> tuple[float, float]:
+        k = int(np.argmax(lp))
+        return float(self.post.H[k]), float(self.post.E[k])
+
+    def _soak_for(self, p_fast: np.ndarray, H: float, E: float, delta: float) -> np.ndarray:
+        """Soak after which, without a hang, P(fast) falls to delta (lambda ~ Gamma(H, E))."""
+        odds = np.clip(p_fast, 1e-12, 1 - 1e-12) / np.clip(1 - p_fast, 1e-12, None)
+        factor = np.maximum(odds * (1 - delta) / delta, 1.0 + 1e-9)
+        soak = E * (factor ** (1.0 / H) - 1.0)
+        mttf = E / H
+        # a hypothesis at the cap is the slowest that still counts: never soak longer than that needs
+        longest = stats.soak_for_detection(self.post.cap, 1 - delta)
+        # every probe pays its start-up: a soak much shorter than that buys little
+        return np.clip(soak, max(0.5 * mttf, self.s.startup_s), max(longest, self.s.startup_s))
+
+    def choose(self, lp: np.ndarray, delta: float) -> tuple[int, float]:
+        n = self.n
+        p_fast = np.clip(_zeta(np.exp(lp), n), 0.0, 1.0)
+        H, E = self._rate_pool(lp)
+        mttf = E / H
+        full_soak = self._soak_for(p_fast, H, E, delta)
+        best, best_score, best_soak = 0, -np.inf, 0.0
+        # the soak that settles the question, or a shorter one that is worth more per GPU-hour
+        for soak in [full_soak]:
+            detect = 1.0 - (E / (E + soak)) ** H
+            p_hang = p_fast * detect
+            info = _h2(p_hang) - p_fast * _h2(detect)
+            expected_load = p_fast * mttf * detect + (1 - p_hang) * soak
+            cost = self._cost * (self.s.startup_s + expected_load)
+            score = np.where(self._ok, info / cost, -np.inf)
+            i = int(np.argmax(score))
+            if score[i] > best_score:
+                best, best_score, best_soak = i, float(score[i]), float(soak[i])
+        return best, best_soak
+
+    def search(self) -> None:
+        s = self.s
+        while not self.over_budget():
+            lp = self.post.log_posterior()
+            top = int(np.argmax(lp))
+            p_top = math.exp(lp[top])
+            if p_top >= s.confidence:
+                if self.stats_of(top).hangs > 0:
+                    return
+                # certification: the answer itself must be seen to hang
+                H, E = self._rate_pool(lp)
+                soak = stats.soak_for_detection(E / H, 1 - self.alpha / 2)
+                soak = min(soak, stats.soak_for_detection(self.post.cap, 1 - self.alpha / 2))
+                if not self._ok[top]:
+                    return
+                self.stats_of(top).role = "certification"
+                self.run([(top, soak, "certification")])
+                continue
+            remaining = max(1.0, float(-(np.exp(lp) * lp / math.log(2)).sum()))
+            delta = self.alpha / (remaining + 1.0) ** self.s.probe_correction
+            batch = []
+            hallucinated: list[tuple[int, int, float]] = []
+            for _ in range(max(1, s.parallel)):
+                mask, soak = self.choose(lp, delta)
+                batch.append((mask, soak, "search"))
+                if len(batch) < s.parallel:
+                    # imagine the likelier outcome so the next pick in the batch asks something new
+                    p_fast = float(np.exp(lp)[self.post.subsets_of(mask)].sum())
+                    H, E = self._rate_pool(lp)
+                    hang = p_fast > 0.5
+                    hallucinated.append((mask, int(hang), E / H if hang else soak))
+                    self.post.observe(mask, int(hang), E / H if hang else soak)
+                    lp = self.post.log_posterior()
+            for mask, h, e in hallucinated:
+                self.post.observe(mask, -h, -e)
+            self.run(batch)
+
+
+# -- value shrinking and verdicts -------------------------------------------------------------------
+
+def _shrink_values(search: _Search, minimal_mask: int, alternatives: Mapping[str, Sequence[Any]],
+                   soak_s: float) -> list[ValueProbe]:
+    out: list[ValueProbe] = []
+    for i, e in enumerate(search.elements):
+        if not minimal_mask >> i & 1:
+            continue
+        for value in alternatives.get(e.name, ()):
+            if search.over_budget():
+                return out
+            flags = search.flags_of(minimal_mask, **{e.name: value})
+            reason = search.feasible(flags) if search.feasible else None
+            if reason:
+                out.append(ValueProbe(e.name, value, 0, 0.0, f"infeasible: {reason}"))
+                continue
+            result = search.oracle.run([Probe(flags, soak_s, f"{search.label(minimal_mask)} with {e.name}={value}")])[0]
+            search.log.append(result)
+            search.probes += 1
+            search.gpu_hours += result.gpu_hours
+            cs = ConfigStats(-1, f"{search.label(minimal_mask)}, {e.name}={value}", flags, role="shrink",
+                             probes=1, gpu_hours=result.gpu_hours)
+            search.extra_configs.append(cs)
+            if result.outcome in ("config_error", "infra_error"):
+                out.append(ValueProbe(e.name, value, 0, 0.0, f"{result.outcome}: {result.message}"))
+                continue
+            cs.exposure_s = result.exposure_s
+            hung = result.hung_with(search.signature)
+            cs.hangs = int(hung)
+            cs.other_hangs = int(result.hung and not hung)
+            if hung:
+                out.append(ValueProbe(e.name, value, 1, result.exposure_s, "hangs"))
+            else:
+                bound = stats.mttf_lower_bound(result.exposure_s, search.s.confidence)
+                out.append(ValueProbe(e.name, value, 0, result.exposure_s,
+                                      f"no hang in {format_duration(result.exposure_s)}: MTTF > {format_duration(bound)} "
+                                      f"at {search.s.confidence:.0%}"))
+                if isinstance(value, int) and not isinstance(value, bool):
+                    break   # a smaller TP/MTP is not tried once a larger one stopped hanging
+    return out
+
+
+def _verdicts(search: _Search, minimal_mask: int, context: Mapping[str, Any],
+              context_elements: Sequence[Element]) -> list[Verdict]:
+    out: list[Verdict] = []
+    conf = search.s.confidence
+    for i, e in enumerate(search.elements):
+        bit = 1 << i
+        if minimal_mask & bit:
+            without = [cs for m, cs in search.configs.items() if (m & minimal_mask) == (minimal_mask & ~bit)]
+            h = sum(cs.hangs for cs in without)
+            exp = sum(cs.exposure_s for cs in without)
+            if h:
+                text = (f"necessary (without it: {h} hang(s) in {format_duration(exp)}, MTTF ~{format_duration(exp / h)}, "
+                        f"slower than the cap)")
+            else:
+                text = f"necessary (without it: MTTF > {format_duration(stats.mttf_lower_bound(exp, conf))} at {conf:.0%})"
+            out.append(Verdict(e, "necessary", text))
+            continue
+        with_e = [cs for m, cs in search.configs.items() if (m & minimal_mask) == minimal_mask and m & bit]
+        without_e = [cs for m, cs in search.configs.items() if (m & minimal_mask) == minimal_mask and not m & bit]
+        ha, ea = sum(c.hangs for c in with_e), sum(c.exposure_s for c in with_e)
+        hb, eb = sum(c.hangs for c in without_e), sum(c.exposure_s for c in without_e)
+        cmp = stats.compare_rates(ha, ea, hb, eb)
+        if ea > 0 and eb > 0 and cmp.p_value < 1 - conf and (ha + hb) > 0:
+            ratio = cmp.ratio
+            shown = "inf" if math.isinf(ratio) else f"{ratio:.1f}"
+            out.append(Verdict(e, "modifier", f"modifier x{shown} (p={cmp.p_value:.2g})", ratio, cmp.p_value))
+        else:
+            p = f"p={cmp.p_value:.2g}" if ea > 0 and eb > 0 else "not compared"
+            out.append(Verdict(e, "irrelevant", f"irrelevant ({p})", cmp.ratio, cmp.p_value))
+    for e in context_elements:
+        out.append(Verdict(e, "context", f"context (fixed at {e.value!r}: {context.get(e.name, '')})"))
+    return out
+
+
+def bisect(failing_flags: Mapping[str, Any], elements: Sequence[Element], oracle: ProbeOracle,
+           settings: Settings = Settings(), *, signature: str | None = None,
+           context: Mapping[str, str] | None = None, context_elements: Sequence[Element] = (),
+           alternatives: Mapping[str, Sequence[Any]] | None = None,
+           feasible: FeasibleFn | None = None, gpu_count: GpuCountFn = default_gpu_count,
+           progress: Callable[[str], None] | None = None) -> BisectResult:
+    """Find the smallest set of `elements` that, over the baseline, hangs like the failing cell.
+
+    `failing_flags` is the failing cell's full flag dict; `elements` the flags that may move to
+    their baseline value; `context` names flags that cannot move and why (`context_elements`).
+    `alternatives[name]` lists values to try, in order toward the baseline, once the set is known.
+    `signature`: count only hangs with this signature (default: the calibration's first hang).
+    """
+    s = settings
+    search = _Search(failing_flags, elements, oracle, s, signature, feasible, gpu_count, progress)
+    ok, cal_soak = search.calibrate()
+    cal = search.stats_of(search.full)
+    failing_est = cal.mttf(s.confidence) if cal.exposure_s > 0 else None
+
+    def result(status: str, minimal_mask: int = 0, p: float = 0.0, notes: list[str] | None = None,
+               values: list[ValueProbe] | None = None, cap: float = math.nan,
+               minimal_est=None, certified=None, verdicts=None) -> BisectResult:
+        return BisectResult(
+            status=status, signature=search.signature, elements=list(elements), context=dict(context or {}),
+            minimal=[e.name for i, e in enumerate(elements) if minimal_mask >> i & 1], posterior=p,
+            confidence=s.confidence, mttf_cap_s=cap, failing=failing_est, minimal_mttf=minimal_est,
+            certified_soak_s=certified, verdicts=verdicts or [], configs=list(search.configs.values()) + search.extra_configs,
+            values=values or [], probes=search.probes, gpu_hours=search.gpu_hours, notes=notes or [],
+            log=search.log, minimal_flags=search.flags_of(minimal_mask) if status == "found" else {})
+
+    if not ok:
+        bound = stats.mttf_lower_bound(cal.exposure_s, s.confidence)
+        return result("not_reproduced", notes=[
+            f"the failing cell did not hang with the expected signature in {cal.exposure_s:.0f}s of load: "
+            f"MTTF > {bound:.0f}s at {s.confidence:.0%}; nothing to bisect"])
+
+    cap = s.mttf_cap_s if s.mttf_cap_s else default_cap(cal.hangs, cal.exposure_s, s.cap_factor)
+    notes = []
+    if cal.hangs < s.calibration_hangs:
+        notes.append(f"calibration stopped at {cal.hangs} hang(s) (budget): the MTTF interval is wide")
+    search.post = Posterior(search.n, cap, s.slow_zero_prior)
+    for mask, cs in search.configs.items():
+        search.post.observe(mask, cs.hangs, cs.exposure_s)
+    if search.n == 0:
+        lp = np.zeros(1)
+    else:
+        search.search()
+        lp = search.post.log_posterior()
+    top = int(np.argmax(lp))
+    p_top = float(np.exp(lp[top]))
+    status = "found" if p_top >= s.confidence and search.stats_of(top).hangs > 0 else "inconclusive"
+    if status == "inconclusive":
+        notes.append(f"stopped by the probe or GPU-hour budget: the best set has posterior {p_top:.3f} "
+                     f"< {s.confidence}")
+    outside = [cs for m, cs in search.configs.items() if cs.hangs and (m & top) != top]
+    if outside:
+        notes.append("hangs with this signature were also seen in configs without this set ("
+                     + "; ".join(cs.label for cs in outside)
+                     + "): another trigger (an OR of conditions) or a modifier may exist; this is one minimal set, "
+                       "others may exist")
+    H, E = float(search.post.H[top]), float(search.post.E[top])
+    minimal_est = stats.mttf_estimate(int(H), E, s.confidence) if E > 0 else None
+    certified = None
+    if H > 0:
+        upper = stats.mttf_upper_bound(int(H), E, s.confidence)
+        certified = float(stats.soak_for_detection(min(upper, cap) if status == "found" else upper, s.confidence))
+    values: list[ValueProbe] = []
+    if status == "found" and s.shrink_values and alternatives and certified:
+        values = _shrink_values(search, top, alternatives, certified)
+    verdicts = _verdicts(search, top, context or {}, context_elements)
+    return result(status, top, p_top, notes, values, cap, minimal_est, certified, verdicts)
