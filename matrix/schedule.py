@@ -100,9 +100,14 @@ def should_retry(result: CellResult, retries_allowed: int) -> bool:
     return result.outcome.retryable and result.attempt <= retries_allowed
 
 
-def cap_seconds(soak_s: float, startup_s: float, cap_s: float | None) -> float:
-    """The hard cap per cell: the profile's `cap`, else soak + start-up + 10 minutes."""
-    return cap_s if cap_s is not None else soak_s + startup_s + DEFAULT_CAP_MARGIN_S
+def cap_seconds(soak_s: float, startup_timeout_s: float, cap_s: float | None, time_scale: float = 1.0) -> float:
+    """The hard cap per cell in wall seconds: the profile's `cap`, else soak + start-up timeout +
+    10 minutes. Matrix durations are engine time; the simulated engine runs `time_scale` times
+    faster than the wall clock, its start-up does not."""
+    scale = time_scale if time_scale > 0 else 1.0
+    if cap_s is not None:
+        return cap_s / scale
+    return soak_s / scale + startup_timeout_s + DEFAULT_CAP_MARGIN_S
 
 
 def overran(started_at: float | None, now: float, cap_s: float, grace_s: float) -> bool:

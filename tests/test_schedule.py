@@ -104,6 +104,8 @@ def test_avoid_on_retry_avoids_failed_nodes_only_while_another_can_host(fleet):
 def test_cap_and_overrun():
     assert cap_seconds(600, 300, None) == 1500
     assert cap_seconds(600, 300, 100) == 100
+    assert cap_seconds(2400, 120, None, time_scale=120) == 20 + 120 + 600   # sim: soak is engine time
+    assert cap_seconds(2400, 120, 1200, time_scale=120) == 10
     assert not overran(None, 1e9, 10, 5)
     assert not overran(100, 114, 10, 5)
     assert overran(100, 116, 10, 5)

@@ -1,0 +1,109 @@
+"""Getting a Ray cluster: the user's (`--ray-address` / `RAY_ADDRESS`), or one started here.
+
+With the simulated engine the local cluster has one Ray node per GPU type of the matrix, each
+advertising that type's fake GPUs (`num_gpus = count`) and its `accelerator_type:<ray_label>`
+resource, exactly as a real GPU node does, so the same placement code runs on a laptop as on the
+fleet. With the real engine and no address, Ray starts on this machine and detects its GPUs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+from .schedule import ACCELERATOR_PREFIX
+from .spec import GpuType
+
+ADDRESS_ENV = "RAY_ADDRESS"
+
+
+@dataclass(frozen=True)
+class NodeShape:
+    """One node of a local cluster: its fake GPUs and custom resources."""
+
+    num_gpus: int
+    resources: Mapping[str, float] = field(default_factory=dict)
+    num_cpus: int = 1
+
+
+def address_from(cli_address: str | None, environ: Mapping[str, str] = os.environ) -> str | None:
+    """`--ray-address` wins over `RAY_ADDRESS`; neither means a local cluster."""
+    return cli_address or environ.get(ADDRESS_ENV) or None
+
+
+def sim_fleet(gpus: Mapping[str, GpuType], nodes_per_type: int = 1, cpus_per_node: int = 1) -> list[NodeShape]:
+    """The local cluster for the simulated engine: per GPU type, nodes with its count of fake GPUs.
+
+    Two matrix GPU types sharing a Ray label share nodes (Ray cannot tell them apart either).
+    """
+    by_label: dict[str, int] = {}
+    for gpu in gpus.values():
+        by_label[gpu.ray_label] = max(by_label.get(gpu.ray_label, 0), gpu.count)
+    return [NodeShape(count, {ACCELERATOR_PREFIX + label: 1.0}, cpus_per_node)
+            for label, count in sorted(by_label.items()) for _ in range(nodes_per_type)]
+
+
+class ClusterHandle:
+    """A connected Ray session; `close()` disconnects and stops what this process started."""
+
+    def __init__(self, description: str, shutdown: Callable[[], None]):
+        self.description = description
+        self._shutdown = shutdown
+
+    def close(self) -> None:
+        shutdown, self._shutdown = self._shutdown, None
+        if shutdown is not None:
+            shutdown()
+
+    def __enter__(self) -> "ClusterHandle":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def connect(address: str | None, *, backend: str, gpus: Mapping[str, GpuType],
+            runtime_env: Mapping[str, Any] | None = None) -> ClusterHandle:
+    """Connect to `address`, or start a local cluster (fake GPU nodes for the sim backend)."""
+    import ray
+
+    quiet = {"log_to_driver": False, "logging_level": logging.WARNING, "include_dashboard": False}
+    if address:
+        ray.init(address=address, runtime_env=dict(runtime_env) if runtime_env else None,
+                 log_to_driver=False, logging_level=logging.WARNING)
+        return ClusterHandle(f"Ray cluster at {address}", ray.shutdown)
+    if backend != "sim":
+        ray.init(**quiet)
+        return ClusterHandle("local Ray (this machine's GPUs)", ray.shutdown)
+    return start_local(sim_fleet(gpus))
+
+
+def start_local(shapes: list[NodeShape]) -> ClusterHandle:
+    """A multi-node Ray cluster on this machine (`ray.cluster_utils.Cluster`), this process its driver."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    if not shapes:
+        raise ValueError("a local cluster needs at least one node")
+    head, *rest = shapes
+    cluster = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": head.num_cpus, "num_gpus": head.num_gpus, "resources": dict(head.resources),
+        "include_dashboard": False})
+    try:
+        for shape in rest:
+            cluster.add_node(num_cpus=shape.num_cpus, num_gpus=shape.num_gpus, resources=dict(shape.resources))
+        ray.init(address=cluster.address, log_to_driver=False, logging_level=logging.WARNING)
+        cluster.wait_for_nodes()
+    except BaseException:
+        cluster.shutdown()
+        raise
+
+    def shutdown() -> None:
+        ray.shutdown()
+        cluster.shutdown()
+
+    labels = ", ".join(f"{s.num_gpus} x {next(iter(s.resources), '?').removeprefix(ACCELERATOR_PREFIX)}"
+                       for s in shapes)
+    return ClusterHandle(f"local Ray cluster, {len(shapes)} node(s) with simulated GPUs: {labels}", shutdown)
