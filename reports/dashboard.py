@@ -36,7 +36,7 @@ from .history import CellInfo, HistoryStore, Observation, Run
 from .state import CellState, CellStatus, SignatureSummary, cell_states, new_failures, signature_summaries
 
 TEMPLATES = Path(__file__).parent / "templates"
-MAX_HISTORY_ROWS = 300          # cells shown in the status-history heatmap (worst first)
+MAX_HISTORY_ROWS = 150          # cells shown in the status-history heatmap (worst first)
 MAX_ATTENTION_ROWS = 500        # rows of the "needs a look" table
 MAX_FINDINGS_PER_RUN = 200      # findings listed with their evidence for the latest run
 EXAMPLES_PER_SIGNATURE = 1      # newest result per signature whose stuck frames and log lines are shown

@@ -23,6 +23,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Protocol, Sequence
 
+from soakmatrix.matrix import stats
 from soakmatrix.matrix.outcomes import Outcome
 
 FAILED = frozenset({Outcome.HANG, Outcome.CRASH, Outcome.CONFIG_ERROR})
@@ -99,16 +100,14 @@ class ObservationLike(Protocol):
 
 
 def mttf_estimate(exposure_s: float, hangs: int, confidence: float = 0.95) -> Estimate:
-    """Exponential model (REFERENCE.md): E/r with CI (2E/chi2(1-a/2, 2r), 2E/chi2(a/2, 2r+2));
-    no hang: MTTF >= E/3 at 95% (rule of three), shown as the lower end."""
-    from scipy.stats import chi2
-    alpha = 1.0 - confidence
+    """Exponential model (REFERENCE.md), computed by `soakmatrix.matrix.stats`: E/r with the
+    chi-square interval (2E/chi2(1-a/2, 2r), 2E/chi2(a/2, 2r+2)); with no hang only the one-sided
+    lower bound (rule of three: E/3 at 95%)."""
+    est = stats.mttf_estimate(hangs, max(0.0, exposure_s), confidence)
     if hangs <= 0:
-        low = exposure_s / -math.log(alpha) if exposure_s > 0 else 0.0
-        return Estimate(exposure_s, 0, None, low, None)
-    low = 2 * exposure_s / chi2.ppf(1 - alpha / 2, 2 * hangs)
-    high = 2 * exposure_s / chi2.ppf(alpha / 2, 2 * hangs)
-    return Estimate(exposure_s, hangs, exposure_s / hangs, float(low), float(high))
+        return Estimate(exposure_s, 0, None, est.low_s, None)
+    return Estimate(exposure_s, hangs, est.point_s, float(est.low_s),
+                    None if math.isinf(est.high_s) else float(est.high_s))
 
 
 def classify(verdicts: Sequence[bool]) -> CellStatus:
