@@ -363,6 +363,13 @@ def ray_cluster():
     finally:
         ray.shutdown()
         cluster.shutdown()
+        import os
+
+        import psutil
+        from test_cluster import ray_processes_of
+
+        psutil.wait_procs(ray_processes_of(os.getpid()), timeout=30)
+        assert ray_processes_of(os.getpid()) == [], "Ray processes left behind"
 
 
 def label_of(node_id):

@@ -1,0 +1,59 @@
+"""Getting a cluster: address precedence, the simulated fleet's shape, and a real local start/stop."""
+
+import os
+
+import psutil
+import pytest
+
+from soakmatrix.matrix.cluster import NodeShape, address_from, sim_fleet
+from soakmatrix.matrix.spec import GpuType
+
+
+def test_cli_address_wins_over_environment():
+    assert address_from("ray://head:10001", {"RAY_ADDRESS": "10.0.0.1:6379"}) == "ray://head:10001"
+    assert address_from(None, {"RAY_ADDRESS": "10.0.0.1:6379"}) == "10.0.0.1:6379"
+    assert address_from(None, {}) is None
+    assert address_from("", {"RAY_ADDRESS": ""}) is None
+
+
+def test_sim_fleet_one_node_per_ray_label_with_its_gpu_count():
+    gpus = {"H200": GpuType("H200", 8, 141, "H200"), "RTX5090": GpuType("RTX5090", 1, 32, "GeForce-RTX-5090"),
+            "H200-alt": GpuType("H200-alt", 4, 141, "H200")}
+    shapes = sim_fleet(gpus)
+    assert shapes == [NodeShape(1, {"accelerator_type:GeForce-RTX-5090": 1.0}),
+                      NodeShape(8, {"accelerator_type:H200": 1.0})]
+    assert len(sim_fleet(gpus, nodes_per_type=2)) == 4
+
+
+def ray_processes_of(pid):
+    """Ray daemons (gcs, raylets, workers) started by this process: children only, never other users' clusters."""
+    me = psutil.Process(pid)
+    names = ("raylet", "gcs_server", "default_worker", "ray::")
+    out = []
+    for child in me.children(recursive=True):
+        try:
+            cmd = " ".join(child.cmdline())
+        except psutil.Error:
+            continue
+        if any(n in cmd for n in names):
+            out.append(child)
+    return out
+
+
+@pytest.mark.slow
+def test_local_sim_cluster_advertises_fake_gpu_types_and_stops_cleanly():
+    import ray
+
+    from soakmatrix.matrix.cluster import connect
+    from soakmatrix.matrix.schedule import nodes_from_ray
+
+    gpus = {"H200": GpuType("H200", 8, 141, "H200"), "RTX5090": GpuType("RTX5090", 1, 32, "GeForce-RTX-5090")}
+    with connect(None, backend="sim", gpus=gpus) as cluster:
+        assert "simulated GPUs" in cluster.description
+        nodes = [n for n in nodes_from_ray(ray.nodes()) if n.alive]
+        assert sorted((n.gpus, tuple(n.accelerators)) for n in nodes) == [
+            (1.0, ("GeForce-RTX-5090",)), (8.0, ("H200",))]
+        assert ray_processes_of(os.getpid())
+    assert not ray.is_initialized()
+    psutil.wait_procs(ray_processes_of(os.getpid()), timeout=30)
+    assert ray_processes_of(os.getpid()) == []
