@@ -61,6 +61,7 @@ class Settings:
     max_probes: int = 200
     budget_gpu_hours: float | None = None
     shrink_values: bool = True
+    verify_cap: bool | None = None      # soak each element out to the cap; None: only with an explicit cap
     probe_correction: float = 1.0       # per-probe miss = alpha / (expected remaining probes)^this
     slow_zero_prior: float = 0.99       # how conclusive one hang is: odds ~ 2 cap / (M (1 - this))
 
@@ -494,6 +495,43 @@ def _verdicts(search: _Search, minimal_mask: int, context: Mapping[str, Any],
     return out
 
 
+def _without(search: _Search, mask: int, bit: int) -> tuple[int, float]:
+    """Hangs and exposure of baseline + the set but for one element (that exact config: configs
+    with more flags may hang through another trigger)."""
+    cs = search.configs.get(mask & ~bit)
+    return (cs.hangs, cs.exposure_s) if cs else (0, 0.0)
+
+
+def _drop_modifiers(search: _Search, mask: int, cap: float, notes: list[str]) -> int:
+    """An element whose removal still hangs within the cap only changes how often: drop it.
+
+    Hangs seen without it count; with an explicit cap (`verify_cap`), each element is also soaked
+    out until "MTTF > cap at the stated confidence" holds or it hangs.
+    """
+    s = search.s
+    changed = True
+    while changed and not search.over_budget():
+        changed = False
+        for i, e in enumerate(search.elements):
+            bit = 1 << i
+            if not mask & bit:
+                continue
+            h, exposure = _without(search, mask, bit)
+            need = stats.soak_for_detection(cap, s.confidence) - exposure
+            if h == 0 and s.verify_cap and need > 0 and search._ok[mask & ~bit]:
+                search.stats_of(mask & ~bit).role = "cap check"
+                search.run([(mask & ~bit, need, "cap check")])
+                h, exposure = _without(search, mask, bit)
+            if h > 0 and exposure / h <= cap:
+                notes.append(f"{e.name} is not needed for the hang within the cap: without it "
+                             f"{h} hang(s) in {format_duration(exposure)} (MTTF ~{format_duration(exposure / h)} "
+                             f"<= cap {format_duration(cap)})")
+                mask &= ~bit
+                changed = True
+                break
+    return mask
+
+
 def bisect(failing_flags: Mapping[str, Any], elements: Sequence[Element], oracle: ProbeOracle,
            settings: Settings = Settings(), *, signature: str | None = None,
            context: Mapping[str, str] | None = None, context_elements: Sequence[Element] = (),
@@ -508,6 +546,9 @@ def bisect(failing_flags: Mapping[str, Any], elements: Sequence[Element], oracle
     `signature`: count only hangs with this signature (default: the calibration's first hang).
     """
     s = settings
+    if s.verify_cap is None:
+        from dataclasses import replace
+        s = replace(s, verify_cap=s.mttf_cap_s is not None)
     search = _Search(failing_flags, elements, oracle, s, signature, feasible, gpu_count, progress)
     ok, cal_soak = search.calibrate()
     cal = search.stats_of(search.full)
@@ -548,6 +589,8 @@ def bisect(failing_flags: Mapping[str, Any], elements: Sequence[Element], oracle
     if status == "inconclusive":
         notes.append(f"stopped by the probe or GPU-hour budget: the best set has posterior {p_top:.3f} "
                      f"< {s.confidence}")
+    if status == "found":
+        top = _drop_modifiers(search, top, cap, notes)
     outside = [cs for m, cs in search.configs.items() if cs.hangs and (m & top) != top]
     if outside:
         notes.append("hangs with this signature were also seen in configs without this set ("

@@ -63,7 +63,11 @@ class MttfEstimate:
 
 
 def mttf_estimate(hangs: int, exposure_s: float, confidence: float = 0.95) -> MttfEstimate:
-    """MTTF point estimate E/r with the chi-square interval (2E/chi2(1-a/2, 2r), 2E/chi2(a/2, 2r+2)).
+    """MTTF point estimate E/r with the chi-square interval (2E/chi2(1-a/2, 2r+2), 2E/chi2(a/2, 2r)).
+
+    REFERENCE.md writes the degrees of freedom the other way round; that interval misses the true
+    MTTF far more often than a/2 on the high side (tests/test_stats.py measures it): the rate's
+    exact Poisson interval is (chi2(a/2, 2r)/2E, chi2(1-a/2, 2r+2)/2E), and MTTF is its inverse.
 
     Without a hang there is no point estimate: the one-sided lower bound of `mttf_lower_bound`.
     """
@@ -74,8 +78,8 @@ def mttf_estimate(hangs: int, exposure_s: float, confidence: float = 0.95) -> Mt
         return MttfEstimate(0, exposure_s, math.inf, mttf_lower_bound(exposure_s, confidence), math.inf,
                             confidence)
     a = 1.0 - confidence
-    low = 2.0 * exposure_s / _st.chi2.ppf(1.0 - a / 2.0, 2 * hangs)
-    high = 2.0 * exposure_s / _st.chi2.ppf(a / 2.0, 2 * hangs + 2)
+    low = 2.0 * exposure_s / _st.chi2.ppf(1.0 - a / 2.0, 2 * hangs + 2)
+    high = 2.0 * exposure_s / _st.chi2.ppf(a / 2.0, 2 * hangs)
     return MttfEstimate(hangs, exposure_s, exposure_s / hangs, low, high, confidence)
 
 
