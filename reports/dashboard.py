@@ -40,7 +40,9 @@ MAX_HISTORY_ROWS = 150          # cells shown in the status-history heatmap (wor
 MAX_ATTENTION_ROWS = 500        # rows of the "needs a look" table
 MAX_FINDINGS_PER_RUN = 200      # findings listed with their evidence for the latest run
 EXAMPLES_PER_SIGNATURE = 1      # newest result per signature whose stuck frames and log lines are shown
-EVIDENCE_LINES = 40
+EVIDENCE_LINES = 40             # stuck frames / log lines per signature example
+FINDING_LINES = 20              # ... per finding of the latest run
+LINE_CHARS = 400                # a runaway log line is cut here (the full text is in JUnit and artifacts)
 
 # heatmap colour codes: categories 0-3, hangs 4..5 by MTTF (5 = shortest)
 HEAT_CODE = {Outcome.PASSED: 0, Outcome.CONFIG_ERROR: 1, Outcome.INFRA_ERROR: 2, Outcome.CRASH: 3, Outcome.HANG: 4}
@@ -290,7 +292,7 @@ def signature_rows(data: DashboardData) -> list[dict]:
             "mttf": _mttf_text(est.mttf_s, est.low_s, est.high_s),
             "example": None if example is None else {
                 "cell": example.cell_name, "message": example.message, "detector": example.detector or "",
-                "frames": example.stuck_frames[-EVIDENCE_LINES:], "log": example.log_tail[-EVIDENCE_LINES:],
+                "frames": _lines(example.stuck_frames, EVIDENCE_LINES), "log": _lines(example.log_tail, EVIDENCE_LINES),
             },
         })
     return out
@@ -357,11 +359,16 @@ def latest_run_view(data: DashboardData) -> dict | None:
                          "detector": r.detector or "", "message": r.message, "node": r.node,
                          "time_to_hang": _dur(r.time_to_hang_s), "new": r.cell_id in new,
                          "status": state.status.value if state else "",
-                         "frames": r.stuck_frames[-EVIDENCE_LINES:], "log": r.log_tail[-EVIDENCE_LINES:]})
+                         "frames": _lines(r.stuck_frames, FINDING_LINES), "log": _lines(r.log_tail, FINDING_LINES)})
     return {"id": run.id, "findings": findings, "total": len(data.latest_findings), "new": len(new)}
 
 
 # -- helpers ----------------------------------------------------------------------------------------
+
+def _lines(lines: Sequence[str], n: int) -> list[str]:
+    """The last n lines, each cut to LINE_CHARS, so one noisy cell cannot bloat the page."""
+    return [line if len(line) <= LINE_CHARS else line[:LINE_CHARS] + " [...]" for line in map(str, lines[-n:])]
+
 
 def _attention_key(state: CellState) -> tuple:
     return (state.status.severity, -state.hangs, -state.failing_runs, state.cell_id)

@@ -324,3 +324,17 @@ def _children(pid: int) -> list[psutil.Process]:
         return psutil.Process(pid).children(recursive=True)
     except psutil.NoSuchProcess:
         return []
+
+
+def test_one_noisy_cell_cannot_bloat_the_page(tmp_path):
+    cell = Cell.make("m", "H200", {"tp": 1}, "chat")
+    with HistoryStore(tmp_path / "h.sqlite") as store:
+        run = store.start_run(matrix="m", profile="p")
+        store.record(run, CellResult(cell_id=cell.id, cell_name=cell.name, outcome="hang", model="m", gpu_type="H200",
+                                     flags=cell.flag_dict, signature="silent_stall", exposure_s=60.0,
+                                     log_tail=["y" * 1_000_000] + ["z" * 300] * 10_000, stuck_frames=["f" * 50_000] * 100))
+    quiet = tmp_path / "quiet.sqlite"
+    HistoryStore(quiet).close()
+    noisy_size = build_dashboard(tmp_path / "h.sqlite", tmp_path / "noisy").stat().st_size
+    quiet_size = build_dashboard(quiet, tmp_path / "quiet").stat().st_size
+    assert noisy_size - quiet_size < 200_000
