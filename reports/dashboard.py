@@ -33,6 +33,7 @@ from soakmatrix.matrix.outcomes import Outcome
 from soakmatrix.matrix.spec import format_duration
 
 from .history import CellInfo, HistoryStore, Observation, Run
+from .tables import bisection_view
 from .state import CellState, CellStatus, SignatureSummary, cell_states, new_failures, signature_summaries
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -301,25 +302,11 @@ def signature_rows(data: DashboardData) -> list[dict]:
 def bisection_rows(data: DashboardData) -> list[dict]:
     out = []
     for report in reversed(data.bisections):     # newest first
-        cell_id = report.get("cell_id") or report.get("cell")
-        info = data.cells.get(cell_id)
-        minimal = report.get("minimal_set")
-        configs = []
-        for row in report.get("configs") or []:
-            ci = row.get("ci")
-            configs.append({"flags": _flags_text(row.get("flags") or {}) or "(baseline)", "hangs": row.get("hangs"),
-                            "exposure": _dur(row.get("exposure_s")), "mttf": _dur(row.get("mttf_s")),
-                            "ci": (f"{_dur(ci[0]) or '0'} – {_dur(ci[1]) or '∞'}" if isinstance(ci, (list, tuple)) and len(ci) == 2 else
-                                   "" if ci is None else str(ci))})
-        out.append({
-            "cell": info.name if info else str(report.get("cell", cell_id)), "cell_id": cell_id,
-            "signature": report.get("signature") or "", "run_id": report.get("run_id") or "",
-            "minimal_set": _flags_text(minimal) if isinstance(minimal, Mapping) else
-                           ", ".join(map(str, minimal)) if isinstance(minimal, (list, tuple)) else str(minimal or ""),
-            "confidence": report.get("confidence"), "gpu_hours": report.get("gpu_hours"),
-            "configs": configs, "verdicts": sorted((str(k), str(v)) for k, v in (report.get("verdicts") or {}).items()),
-            "recorded": _when(report.get("recorded_at")),
-        })
+        view = bisection_view(report)
+        info = data.cells.get(view["cell_id"])
+        view["cell"] = info.name if info else (view["cell_name"] or str(view["cell_id"]))
+        view["recorded"] = _when(view["recorded_at"])
+        out.append(view)
     return out
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Iterable, Mapping, Sequence
 
+from soakmatrix.matrix.flags import format_value
 from soakmatrix.matrix.outcomes import Outcome
 from soakmatrix.matrix.spec import format_duration
 
@@ -78,17 +79,61 @@ def signatures_table(signatures: Sequence[SignatureSummary]) -> str:
                         rows, right=(2, 3, 4, 5))
 
 
+def bisection_view(report: Mapping[str, Any]) -> dict[str, Any]:
+    """One stored bisection report in one shape, whichever spelling wrote it: the store's contract
+    (`minimal_set`, `verdicts` as flag -> text, config rows with `mttf_s` and `ci`) or
+    `matrix.bisect_report.to_json` (`minimal`/`minimal_flags`, `verdicts` as a list of
+    {flag, kind, text}, config rows with `label`, `role`, `probes` and an `mttf` text, `cell` as {id, name})."""
+    cell = report.get("cell")
+    cell_id = report.get("cell_id") or (cell.get("id") if isinstance(cell, Mapping) else cell)
+    cell_name = cell.get("name") if isinstance(cell, Mapping) else None
+    minimal = report.get("minimal_set")
+    if minimal is None:
+        minimal = report.get("minimal_flags") or report.get("minimal")
+    if isinstance(minimal, Mapping):
+        minimal_text = ",".join(f"{k}={format_value(v)}" for k, v in sorted(minimal.items()))
+    elif isinstance(minimal, (list, tuple)):
+        minimal_text = ",".join(map(str, minimal))
+    else:
+        minimal_text = "" if minimal is None else str(minimal)
+    if report.get("status") == "found" and not minimal_text:
+        minimal_text = "(none: the baseline itself hangs)"
+    verdicts = report.get("verdicts") or {}
+    if isinstance(verdicts, Mapping):
+        verdict_rows = [(str(k), str(v)) for k, v in sorted(verdicts.items())]
+    else:
+        verdict_rows = [(str(v.get("flag", "")), (f"{v['kind']}: " if v.get("kind") else "") + str(v.get("text", "")))
+                        for v in verdicts if isinstance(v, Mapping)]
+    configs = []
+    for row in report.get("configs") or []:
+        flags = row.get("flags") or {}
+        ci = row.get("ci")
+        if ci is None and ("low_s" in row or "high_s" in row):
+            ci = [row.get("low_s"), row.get("high_s")]
+        mttf = row.get("mttf_s")
+        configs.append({
+            "label": row.get("label") or (",".join(f"{k}={format_value(v)}" for k, v in sorted(flags.items()))
+                                          if isinstance(flags, Mapping) else str(flags)) or "(baseline)",
+            "role": row.get("role") or "", "probes": row.get("probes", ""), "hangs": row.get("hangs", ""),
+            "exposure": _dur(row.get("exposure_s")),
+            "mttf": _dur(mttf) if mttf is not None else str(row.get("mttf") or ""),
+            "ci": (f"{_dur(ci[0]) or '0'} – {_dur(ci[1]) or '∞'}" if isinstance(ci, (list, tuple)) and len(ci) == 2
+                   else "" if ci is None else str(ci)),
+        })
+    return {"cell_id": cell_id, "cell_name": cell_name, "signature": report.get("signature") or "",
+            "status": report.get("status") or "", "minimal": minimal_text, "confidence": report.get("confidence"),
+            "posterior": report.get("posterior"), "gpu_hours": report.get("gpu_hours"),
+            "certified_soak": _dur(report.get("certified_soak_s")), "configs": configs, "verdicts": verdict_rows,
+            "run_id": report.get("run_id") or "", "recorded_at": report.get("recorded_at")}
+
+
 def bisections_table(bisections: Sequence[Mapping[str, Any]]) -> str:
     if not bisections:
         return "no bisection recorded\n"
     rows = []
-    for b in bisections:
-        minimal = b.get("minimal_set")
-        if isinstance(minimal, Mapping):
-            minimal = ",".join(f"{k}={v}" for k, v in sorted(minimal.items()))
-        rows.append([b.get("cell_id") or b.get("cell"), b.get("signature") or "", minimal or "",
-                     b.get("confidence", ""), b.get("gpu_hours", "")])
-    return format_table(["cell", "signature", "smallest hanging set", "confidence", "GPU-h"], rows, right=(3, 4))
+    for b in map(bisection_view, bisections):
+        rows.append([b["cell_id"], b["signature"], b["status"], b["minimal"], b["confidence"] or "", b["gpu_hours"] or ""])
+    return format_table(["cell", "signature", "status", "smallest hanging set", "confidence", "GPU-h"], rows, right=(4, 5))
 
 
 STRIP = {Outcome.PASSED: ".", Outcome.HANG: "H", Outcome.CRASH: "C", Outcome.CONFIG_ERROR: "X",
@@ -98,6 +143,16 @@ STRIP = {Outcome.PASSED: ".", Outcome.HANG: "H", Outcome.CRASH: "C", Outcome.CON
 def history_strip(state: CellState) -> str:
     """One character per run: `.` passed, H hang, C crash, X config error, i infra error, blank not run."""
     return "".join(STRIP[o] for _, o in state.history)
+
+
+def _dur(seconds: Any) -> str:
+    if seconds is None:
+        return ""
+    try:
+        value = float(seconds)
+    except (TypeError, ValueError):
+        return str(seconds)
+    return "" if value != value or value in (float("inf"), float("-inf")) else format_duration(value)
 
 
 def _cut(text: str) -> str:

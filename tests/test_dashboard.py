@@ -93,6 +93,21 @@ def make_store(path: Path, nights: int = 4) -> tuple[Path, dict[str, Cell]]:
                         {"flags": {"mtp": 0, "tp": 8}, "hangs": 0, "exposure_s": 21600.0, "mttf_s": None, "ci": [7200.0, None]}],
             "verdicts": {"mtp": "needed: MTP off never hung in 6 h", "tp": "needed: tp=4 never hung",
                          "flashinfer_autotune": "modifier <x8>: " + HOSTILE}})
+        # as `soakmatrix bisect --json` spells it (matrix/bisect_report.py's to_json)
+        flaky = cells["PHPH"]
+        store.record_bisection(flaky.id, {
+            "status": "found", "signature": "shm_broadcast_timeout", "confidence": 0.95, "posterior": 0.991,
+            "cell": {"id": flaky.id, "name": flaky.name}, "minimal": ["mtp"], "minimal_flags": {"mtp": 1},
+            "certified_soak_s": 10800.0, "gpu_hours": 12.25, "probes": 9,
+            "failing": {"hangs": 2, "exposure_s": 5000.0, "mttf_s": 2500.0, "low_s": 700.0, "high_s": 20000.0, "confidence": 0.95},
+            "verdicts": [{"flag": "mtp", "kind": "needed", "text": "mtp=0 never hung in 9 h", "ratio": None, "p_value": 0.001},
+                         {"flag": "tp", "kind": "irrelevant", "text": "tp=1 hung as often", "ratio": 1.1, "p_value": 0.8}],
+            "configs": [{"label": "failing cell", "role": "calibration", "flags": {"mtp": 1, "tp": 4}, "probes": 2, "hangs": 2,
+                         "other_hangs": 0, "exposure_s": 5000.0, "gpu_hours": 5.5, "mttf": "41.7m (95% CI 11.7m-5.6h)"},
+                        {"label": "mtp=0", "role": "probe", "flags": {"mtp": 0, "tp": 4}, "probes": 3, "hangs": 0,
+                         "other_hangs": 0, "exposure_s": 32400.0, "gpu_hours": 4.0, "mttf": "> 3h at 95%"},
+                        {"label": "tp=1", "role": "probe", "flags": {"mtp": 1, "tp": 1}, "probes": 4, "hangs": 3,
+                         "other_hangs": 0, "exposure_s": 6000.0, "gpu_hours": 2.75, "mttf": "33m (95% CI 11m-2h)"}]})
         # an unfinished run at the end, as a driver killed mid-run leaves it
         clock[0] = T0 + nights * NIGHT
         store.start_run(matrix="matrix/examples/nightly.yaml", profile="nightly")
@@ -140,6 +155,9 @@ def test_page_holds_signatures_bisections_and_runs(site):
         assert signature in text
     assert "in _to_list" in text and "needed: MTP off never hung in 6 h" in text
     assert "41.5 GPU-hours" in text and "mtp=2,tp=8" in text
+    # the bisect CLI's own JSON spelling renders too
+    assert "12.25 GPU-hours" in text and "posterior 0.991" in text and "needed: mtp=0 never hung in 9 h" in text
+    assert "smallest flag set that still hangs: <b>mtp=1</b>" in text and "certified soak 3h" in text
     runs_table = text[text.index('id="runs-table"'):]
     runs_table = runs_table[:runs_table.index("</table>")]
     assert runs_table.count("<tr><td") == 5 and runs_table.count("running / unfinished") == 1
@@ -305,7 +323,7 @@ def test_dashboard_in_headless_chromium(site, tmp_path):
     assert probe["attentionRows"] == 5                            # every cell but the two passing ones
     assert "consistently failing" in probe["attentionText"] and "flaky" in probe["attentionText"]
     assert probe["runRows"] == 5 and probe["signatures"] == 3
-    assert probe["bisectConfigRows"] == 2 and probe["bisectVerdictRows"] == 3
+    assert probe["bisectConfigRows"] == 2 + 3 and probe["bisectVerdictRows"] == 3 + 2   # both report spellings
     # the hostile log line shows as text, and nothing in it ran
     assert "<script>window.__pwned = 1</script>" in probe["logText"]
     assert "<img src=x" in probe["verdictText"]
