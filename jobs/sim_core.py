@@ -514,13 +514,17 @@ class EngineCore:
         self.executor = Executor(config, clocks)
         self.hung: ArmedHang | None = None
 
+    def spec_text(self) -> str:
+        c = self.config
+        if not c.spec_tokens:
+            return "None"
+        method = "mtp" if c.flags.get("mtp") else "ngram"
+        return f"SpeculativeConfig(method='{method}', num_spec_tokens={c.spec_tokens})"
+
     def log_startup(self) -> None:
         c = self.config
         f = c.flags
-        spec = "None"
-        if c.spec_tokens:
-            method = "mtp" if f.get("mtp") else "ngram"
-            spec = f"SpeculativeConfig(method='{method}', num_spec_tokens={c.spec_tokens})"
+        spec = self.spec_text()
         vlog(logging.INFO, "core.py:93",
              "Initializing a V1 LLM engine (v%s) with config: model=%r, speculative_config=%s, tokenizer=%r, "
              "dtype=torch.bfloat16, max_seq_len=%d, tensor_parallel_size=%d, pipeline_parallel_size=1, "
@@ -595,7 +599,7 @@ class EngineCore:
                 vlog(logging.ERROR, "dump_input.py:69",
                      "Dumping input data for V1 LLM engine (v%s) with config: model=%r, tensor_parallel_size=%d, "
                      "speculative_config=%s, enforce_eager=%s, seed=%d", VLLM_VERSION, c.model, c.flags["tp"],
-                     c.spec_tokens or None, c.flags["enforce_eager"], c.seed)
+                     self.spec_text(), c.flags["enforce_eager"], c.seed)
                 vlog(logging.ERROR, "dump_input.py:76", "Dumping scheduler output for model execution: %s",
                      sched.describe())
                 vlog(logging.ERROR, "dump_input.py:79", "Dumping scheduler stats: %s", self.scheduler.stats_text())

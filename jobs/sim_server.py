@@ -214,8 +214,15 @@ class RequestState:
         self.natural_stop = natural_stop
 
 
+def _core_entry(config: SimConfig, inbox: Any, outbox: Any, close: tuple[socket.socket, ...]) -> None:
+    for sock in close:      # the API server's listening socket is not the engine core's to hold
+        sock.close()
+    run_engine_core(config, inbox, outbox)
+
+
 class EngineClient:
-    def __init__(self, config: SimConfig, metrics: Metrics, stats: StatLogger) -> None:
+    def __init__(self, config: SimConfig, metrics: Metrics, stats: StatLogger,
+                 close_in_core: tuple[socket.socket, ...] = ()) -> None:
         import multiprocessing as mp
 
         self.config = config
@@ -224,7 +231,7 @@ class EngineClient:
         ctx = mp.get_context("fork")
         self.inbox = ctx.Queue()
         self.outbox = ctx.Queue()
-        self.proc = ctx.Process(target=run_engine_core, args=(config, self.inbox, self.outbox),
+        self.proc = ctx.Process(target=_core_entry, args=(config, self.inbox, self.outbox, close_in_core),
                                 name="EngineCore_DP0", daemon=False)
         self.requests: dict[str, RequestState] = {}
         self.dead: str | None = None
@@ -667,7 +674,7 @@ def serve(config: SimConfig) -> int:
     clocks = Clocks.from_env(config.time_scale)
     metrics = Metrics(config.model_name, spec=bool(config.spec_tokens))
     stats = StatLogger()
-    client = EngineClient(config, metrics, stats)
+    client = EngineClient(config, metrics, stats, close_in_core=(sock,))
     if not client.start():
         sock.close()
         return 1
