@@ -144,6 +144,7 @@ class Classification:
     fingerprint: str | None
     stuck_frames: tuple[str, ...] = ()
     reason: str = ""
+    causes: tuple[str, ...] = ()          # e.g. ("cuda_error", "engine_dead") under a `crash`
 
 
 OOM = re.compile(r"CUDA out of memory|OutOfMemoryError|\bout of memory\b|Cannot allocate memory|oom-kill")
@@ -175,12 +176,19 @@ def register(sig: Signature) -> Signature:
     return sig
 
 
-register(Signature(
-    "oom", "crash", "out of memory (CUDA or host)",
-    lambda c: c.log_has(OOM), priority=10))
-register(Signature(
-    "cuda_error", "crash", "a CUDA error (illegal address, device assert, Xid, cuBLAS)",
-    lambda c: c.log_has(CUDA_ERROR), priority=20))
+def _shm_wait_for_response(c: Clues) -> bool:
+    """The engine side of the shm ring waiting for its workers' reply (not a worker idling on it)."""
+    for t in c.stacks:
+        names = [f.name for f in t.frames]
+        if any(SHM_FRAME.match(n) for n in names) and any(RESPONSE_WAIT.match(n) for n in names):
+            return True
+    return False
+
+
+RESPONSE_WAIT = re.compile(r"^(?:get_response|_wait_for_response|sample_tokens|collective_rpc|execute_model)$")
+
+# Findings first: a hang's own story, then "the engine died" (the hang model's `crash` style), then
+# the causes that also name a death's reason (kept as `causes`), then the catch-all silent stall.
 register(Signature(
     "nccl_timeout", "hang", "an NCCL collective timed out or NCCL reported an error",
     lambda c: c.log_has(NCCL_TIMEOUT), priority=30))
@@ -191,20 +199,31 @@ register(Signature(
     anchor=re.compile(r"^_to_list$"), fingerprint_depth=6))
 register(Signature(
     "shm_broadcast_timeout", "hang",
-    "seeds 002-004: shm_broadcast waits, then `RPC call to sample_tokens timed out` and EngineDeadError",
-    lambda c: c.log_has(SHM_WARNING) or c.log_has(RPC_TIMEOUT) or c.hint == "shm_broadcast_timeout",
+    "seeds 002-004: the engine waits on the shm ring for its workers (warnings, then `RPC call to "
+    "sample_tokens timed out` and EngineDeadError)",
+    lambda c: (c.log_has(SHM_WARNING) or c.log_has(RPC_TIMEOUT) or c.hint == "shm_broadcast_timeout"
+               or (_hangish(c) and _shm_wait_for_response(c))),
     priority=50, anchor=SHM_FRAME, fingerprint_depth=2))
 register(Signature(
-    "engine_dead", "crash", "EngineDeadError without an earlier shm_broadcast or RPC timeout",
-    lambda c: c.log_has(ENGINE_DEAD), priority=60))
-register(Signature(
-    "crash", "crash", "the server process died",
+    "crash", "crash", "the engine died (process exit, or a fatal error with the API server left serving 500s)",
     lambda c: c.verdict_kind == "crash" or (c.exit_code not in (None, 0) and c.log_has(TRACEBACK)),
-    priority=70))
+    priority=60))
+register(Signature(
+    "oom", "crash", "out of memory (CUDA or host)",
+    lambda c: c.log_has(OOM), priority=65))
+register(Signature(
+    "cuda_error", "crash", "a CUDA error (illegal address, device assert, Xid, cuBLAS)",
+    lambda c: c.log_has(CUDA_ERROR), priority=66))
+register(Signature(
+    "engine_dead", "crash", "EngineDeadError without an earlier shm_broadcast or RPC timeout",
+    lambda c: c.log_has(ENGINE_DEAD), priority=70))
 register(Signature(
     "silent_stall", "hang",
     "seeds 000/001: tokens stop with requests running, /health 200, no error, the stats line falls silent",
     lambda c: c.verdict_kind == "hang" or c.log_has(ZERO_STATS), priority=80))
+
+# Signatures that also explain *why* something died or stuck; reported next to the signature.
+CAUSES = ("oom", "cuda_error", "nccl_timeout", "engine_dead")
 
 
 def classify(clues: Clues, signatures: Mapping[str, Signature] | None = None) -> Classification:
@@ -213,8 +232,9 @@ def classify(clues: Clues, signatures: Mapping[str, Signature] | None = None) ->
     for sig in sorted(table.values(), key=lambda s: (s.priority, s.name)):
         if sig.match(clues):
             frames = stuck_frames(clues, sig.anchor)
+            causes = tuple(n for n in CAUSES if n != sig.name and n in table and table[n].match(clues))
             return Classification(sig.name, sig.outcome, fingerprint(sig, frames, clues),
-                                  tuple(str(f) for f in frames[:12]), sig.description)
+                                  tuple(str(f) for f in frames[:12]), sig.description, causes)
     return Classification(None, None, None, (), "no signature matched")
 
 
@@ -246,9 +266,14 @@ def _looks_idle(t: ThreadStack) -> bool:
         _IDLE_LOOP.match(f.name) for f in t.frames[:6])
 
 
+_NATIVE_NOISE = re.compile(r"^0x[0-9a-fA-F]+ |\((?:libc|libpthread|libpython[\d.]*|ld-linux[\w.-]*)\.so[\d.]*\)|"
+                           r" lib(?:c|pthread|python[\d.]*)\.so[\d.]*$")
+
+
 def fingerprint(sig: Signature, frames: Sequence[Frame], clues: Clues) -> str:
     """A short stable hash of the stuck frames' function names (from the anchor down)."""
-    names = [f.name for f in frames]
+    # native frames (raw addresses, libc, libpython) vary by build and load address: not the bug
+    names = [f.name for f in frames if not _NATIVE_NOISE.search(f"{f.function} {f.location}")]
     if sig.anchor is not None:
         idx = next((i for i, n in enumerate(names) if sig.anchor.search(n)), None)
         if idx is not None:

@@ -54,6 +54,7 @@ def run_cell(spec: SoakSpec, *, stop: threading.Event | None = None, on_event: E
     emit = _safe(on_event)
     folder = Path(spec.artifacts_dir)
     folder.mkdir(parents=True, exist_ok=True)
+    _archive_previous(folder)
     result = CellResult(
         cell_id=spec.cell_id, cell_name=spec.cell_name, outcome=Outcome.INFRA_ERROR, model=spec.model,
         gpu_type=spec.gpu_type, workload=spec.workload.name, flags=dict(spec.flags),
@@ -187,6 +188,7 @@ def _found(result: CellResult, verdict: Verdict, cls: Classification, load_start
     began = verdict.since if verdict.since is not None else verdict.at
     result.time_to_hang_s = round(max(0.0, began - load_start) * scale, 2)
     result.message = describe(verdict, cls, dog.last_sample.running if dog.last_sample else None)
+    result.extra["causes"] = list(cls.causes)
     result.extra["verdict"] = {"detector": verdict.detector, "kind": verdict.kind, "at": verdict.at,
                                "since": verdict.since, "message": verdict.message, "hint": verdict.hint,
                                "details": _jsonable(dict(verdict.details))}
@@ -195,7 +197,7 @@ def _found(result: CellResult, verdict: Verdict, cls: Classification, load_start
 def describe(verdict: Verdict, cls: Classification, running: float | None) -> str:
     """One sentence a maintainer reads first: what stopped, when, and who noticed."""
     after = f" after {verdict.detected_after_s:.1f} s" if verdict.detected_after_s is not None else ""
-    sig = f" [{cls.signature}]" if cls.signature else ""
+    sig = f" [{cls.signature}{': ' + ', '.join(cls.causes) if cls.causes else ''}]" if cls.signature else ""
     if verdict.kind == "crash" and (cls.outcome or "crash") == "crash":
         return f"server failed at {_clock(verdict.at)}: {verdict.message}; detector {verdict.detector} fired{sig}"
     when = _clock(verdict.since if verdict.since is not None else verdict.at)
@@ -231,6 +233,19 @@ def _attach_sim_record(result: CellResult, folder: Path) -> None:
         verdict_at = result.extra.get("verdict", {}).get("at")
         if verdict_at and "began_at" in hangs[0]:
             result.extra["latency_from_true_start_s"] = round(verdict_at - float(hangs[0]["began_at"]), 2)
+
+
+def _archive_previous(folder: Path) -> None:
+    """An earlier attempt's files (a retry reuses the cell's folder) move to `previous-N/`, so its
+    log and hang record are neither lost nor read as this attempt's."""
+    old = [p for p in folder.iterdir() if not p.name.startswith("previous-")]
+    if not old:
+        return
+    n = 1 + sum(1 for p in folder.iterdir() if p.name.startswith("previous-"))
+    target = folder / f"previous-{n}"
+    target.mkdir()
+    for p in old:
+        p.rename(target / p.name)
 
 
 def _jsonable(value: Any) -> Any:

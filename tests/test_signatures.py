@@ -115,9 +115,34 @@ Thread 9 (active): "MainThread"
     (["[E ProcessGroupNCCL.cpp:616] [Rank 1] Watchdog caught collective operation timeout"], "nccl_timeout", "hang"),
     (["vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue."], "engine_dead", "crash"),
 ])
-def test_error_signatures(lines, expected, outcome):
-    result = classify(Clues(log_lines=lines, verdict_kind="crash"))
+def test_error_signatures_of_excerpts(lines, expected, outcome):
+    result = classify(Clues(log_lines=lines))
     assert (result.signature, result.outcome) == (expected, outcome)
+
+
+def test_a_death_is_a_crash_with_its_causes_kept():
+    # the hang model's `crash` style (and the simulated engine) must come out as `crash`
+    lines = ["RuntimeError: CUDA error: an illegal memory access was encountered",
+             "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue."]
+    result = classify(Clues(log_lines=lines, verdict_kind="crash"))
+    assert (result.signature, result.outcome) == ("crash", "crash")
+    assert result.causes == ("cuda_error", "engine_dead")
+
+
+def test_engine_waiting_on_its_workers_is_shm_broadcast_before_any_warning_is_printed():
+    engine = """Thread 5 (active): "MainThread"
+    MessageQueue.acquire_read (sim_shm_broadcast.py:58)
+    MessageQueue.dequeue (sim_shm_broadcast.py:42)
+    Executor.sample_tokens (sim_core.py:482)
+    EngineCore._step (sim_core.py:612)
+"""
+    worker_idle = """Thread 6 (idle): "MainThread"
+    acquire_read (shm_broadcast.py:674)
+    dequeue (shm_broadcast.py:755)
+    worker_busy_loop (multiproc_executor.py:700)
+"""
+    assert classify(clues_from_texts([engine], verdict_kind="hang")).signature == "shm_broadcast_timeout"
+    assert classify(clues_from_texts([worker_idle], verdict_kind="hang")).signature == "silent_stall"
 
 
 def test_a_process_that_died_is_a_crash_and_a_bare_excerpt_without_clues_is_unclassified():
