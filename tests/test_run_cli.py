@@ -1,0 +1,190 @@
+"""`soakmatrix run` end to end through the real CLI: the demo, resume after a killed driver,
+cells no node can host. Ray clusters live on this machine; every Ray and server process is checked gone."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conftest import EXAMPLES, REPO
+from soakmatrix.matrix.outcomes import Outcome
+
+CLI = [sys.executable, "-m", "soakmatrix.matrix.cli"]
+
+HEALTHY = """
+name: {name}
+models: {{m: {{path: org/m, mtp_head: true}}}}
+gpus:
+  H200: {{count: 2, memory_gb: 141, ray_label: H200}}
+{extra_gpus}
+axes: {{mtp: [0, 1], cudagraph_mode: [FULL_DECODE_ONLY, PIECEWISE], async_scheduling: [true, false]}}
+workloads: {{steady: {{kind: random, concurrency: 4}}}}
+profiles: {{p: {{soak: {soak}, startup: 5s, workloads: [steady], retries: 1}}}}
+sim: {{time_scale: 240}}
+"""
+
+
+def write_matrix(folder: Path, name: str, soak: str = "20m", extra_gpus: str = "") -> Path:
+    path = folder / f"{name}.yaml"
+    path.write_text(HEALTHY.format(name=name, soak=soak, extra_gpus=extra_gpus))
+    return path
+
+
+def run_cli(*args: str, timeout: float = 400, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout, cwd=REPO,
+                          env={**os.environ, **(env or {})})
+
+
+def leftovers(marker: str) -> list[psutil.Process]:
+    """Processes whose command line mentions `marker` (an output folder or a Ray session's pid)."""
+    out = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if marker in " ".join(p.info["cmdline"] or []):
+                out.append(p)
+        except psutil.Error:
+            continue
+    return out
+
+
+def assert_gone(marker: str, timeout: float = 30) -> None:
+    psutil.wait_procs(leftovers(marker), timeout=timeout)
+    assert leftovers(marker) == [], f"processes left behind mentioning {marker}"
+
+
+def store_of(out: Path):
+    from soakmatrix.reports.history import HistoryStore
+    return HistoryStore(out / "history.sqlite")
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A two-node cluster (head without GPUs, one node with 2 simulated H200s) the CLI joins by address."""
+    ray = pytest.importorskip("ray")
+    from ray.cluster_utils import Cluster
+
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 0, "include_dashboard": False})
+    c.add_node(num_cpus=1, num_gpus=2, resources={"accelerator_type:H200": 1})
+    ray.init(address=c.address, log_to_driver=False)
+    c.wait_for_nodes()
+    ray.shutdown()   # the CLI is the driver; the cluster stays up
+    try:
+        yield c.address
+    finally:
+        c.shutdown()
+        from test_cluster import ray_processes_of
+        psutil.wait_procs(ray_processes_of(os.getpid()), timeout=30)
+        assert ray_processes_of(os.getpid()) == []
+
+
+@pytest.mark.slow
+def test_demo_end_to_end_finds_the_planted_hangs(tmp_path):
+    out = tmp_path / "demo"
+    proc = subprocess.Popen([*CLI, "run", str(EXAMPLES / "demo.yaml"), "--out", str(out)], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        output, _ = proc.communicate(timeout=500)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1, output           # a hang was found
+    assert "20/20 done" in output and "hang" in output
+    junit = ET.parse(out / "junit.xml").getroot()
+    cases = junit.findall(".//testcase")
+    assert len(cases) == 20
+    assert len({c.get("name") for c in cases}) == 20
+    failed = [c for c in cases if c.find("failure") is not None]
+    assert failed, "the demo's planted hangs were not reported as failures"
+    with store_of(out) as store:
+        results = store.results(store.latest_run_id())
+    hangs = [r for r in results if r.outcome is Outcome.HANG]
+    assert len(failed) == len(hangs)
+    # both planted hangs found, each only where the hang model puts it
+    signatures = {r.signature for r in hangs}
+    assert {"shm_broadcast_timeout", "event_sync_stall"} <= signatures
+    for r in hangs:
+        if r.signature == "event_sync_stall":
+            assert r.flags["async_scheduling"] is True and r.flags["tp"] == 2 and r.gpu_type == "H200"
+        else:
+            assert r.flags["mtp"] == 1 and r.flags["cudagraph_mode"] == "FULL_AND_PIECEWISE"
+    assert all(r.outcome is Outcome.PASSED for r in results if r not in hangs)
+    assert (out / "dashboard" / "index.html").is_file()
+    assert_gone(f"_{proc.pid}/")       # the local Ray cluster (its session is named after the driver)
+    assert_gone(str(out))              # every simulated server
+
+
+@pytest.mark.slow
+def test_resume_after_killing_the_driver_reruns_only_unfinished_cells(tmp_path, cluster):
+    matrix = write_matrix(tmp_path, "resume")
+    out = tmp_path / "out"
+    args = ["run", str(matrix), "--out", str(out), "--ray-address", cluster]
+    driver = subprocess.Popen([*CLI, *args], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 300
+        finished: dict = {}
+        while time.time() < deadline and driver.poll() is None:
+            if (out / "history.sqlite").exists():
+                with store_of(out) as store:
+                    run_id = store.latest_run_id()
+                    finished = {r.cell_id: r for r in store.results(run_id)} if run_id else {}
+                if len(finished) >= 3:
+                    break
+            time.sleep(0.5)
+        assert driver.poll() is None, "the run ended before the driver could be killed"
+        driver.send_signal(signal.SIGKILL)
+        driver.wait(30)
+    finally:
+        driver.kill()
+    with store_of(out) as store:
+        [run] = store.runs()
+        before = {r.cell_id: r for r in store.results(run.id)}
+        planned = store.planned_cell_ids(run.id)
+    assert run.status is None and 3 <= len(before) < len(planned) == 8
+
+    resumed = run_cli(*args, "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"{len(before)} already have a verdict" in resumed.stderr
+    with store_of(out) as store:
+        [run] = store.runs()                 # the same run, now finished
+        after = {r.cell_id: r for r in store.results(run.id)}
+    assert run.status == "finished"
+    assert set(after) == set(planned)        # none lost
+    for cell_id, result in before.items():   # none rerun
+        assert after[cell_id].started_at == result.started_at
+        assert f"start    {result.cell_name}" not in resumed.stderr
+    assert all(r.outcome is Outcome.PASSED for r in after.values())
+    assert_gone(str(out))
+
+
+@pytest.mark.slow
+def test_cells_no_node_can_host_are_reported_up_front_and_exit_3(tmp_path, cluster):
+    matrix = write_matrix(tmp_path, "unplaceable", soak="5m",
+                          extra_gpus="  H20: {count: 8, memory_gb: 96, ray_label: H20}")
+    out = tmp_path / "out"
+    result = run_cli("run", str(matrix), "--out", str(out), "--ray-address", cluster, timeout=300)
+    assert result.returncode == 3, result.stderr
+    assert "cannot place m|H20|" in result.stderr and "accelerator_type:H20" in result.stderr
+    with store_of(out) as store:
+        results = store.results(store.latest_run_id())
+    by_gpu = {}
+    for r in results:
+        by_gpu.setdefault(r.gpu_type, set()).add(r.outcome)
+    assert by_gpu == {"H20": {Outcome.INFRA_ERROR}, "H200": {Outcome.PASSED}}
+    errors = ET.parse(out / "junit.xml").getroot().findall(".//testcase/error")
+    assert len(errors) == 8
+    assert_gone(str(out))
+
+
+def test_a_bad_matrix_is_a_usage_error_naming_the_key(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("models: {m: {path: m}}\ngpus: {H200: {count: 0, memory_gb: 1}}\n")
+    result = run_cli("run", str(bad), "--out", str(tmp_path / "out"), timeout=120)
+    assert result.returncode == 2
+    assert "bad.yaml" in result.stderr and "count" in result.stderr
