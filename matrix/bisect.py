@@ -34,6 +34,8 @@ from .oracle import Probe, ProbeOracle, ProbeResult
 from .spec import format_duration
 
 SMALL_SET = 3
+MIN_SOAK_MTTFS = 0.5       # a probe soaks at least this many MTTFs (and at least its start-up)
+CAP_BOUND_CONFIDENCE = 0.99
 SOAK_STEPS = (1.0, 2.0, 3.0, 5.0)   # shorter soaks considered, in MTTFs
 LARGE_SET_FACTOR = 0.1
 BASELINE_PRIOR = 0.02   # prior weight of "the baseline itself hangs", relative to one small set
@@ -53,7 +55,7 @@ class Element:
 class Settings:
     confidence: float = 0.95
     mttf_cap_s: float | None = None     # None: cap_factor x the failing cell's calibrated MTTF
-    cap_factor: float = 2.0             # x the 90% upper bound: two hangs in E give a cap ~7.5 E/2
+    cap_factor: float = 2.0             # x the 99% upper bound: two hangs in E give a cap ~13 E
     startup_s: float = 600.0            # expected start-up per probe (for choosing probes)
     calibration_hangs: int = 2
     calibration_max_soak_s: float | None = None   # per calibration probe; None: 24 h (or 8 x cap)
@@ -135,9 +137,9 @@ def default_gpu_count(flags: Mapping[str, Any]) -> int:
 
 
 def default_cap(hangs: int, exposure_s: float, factor: float = 2.0) -> float:
-    """The MTTF cap derived from the failing cell: `factor` x its MTTF's 90% upper bound, so a noisy
-    calibration (two hangs) does not put the failing cell itself above the cap."""
-    return factor * stats.mttf_upper_bound(hangs, exposure_s, 0.90)
+    """The MTTF cap derived from the failing cell: `factor` x its MTTF's 99% upper bound, so a noisy
+    calibration (two lucky early hangs) does not put the failing cell itself above the cap."""
+    return factor * stats.mttf_upper_bound(hangs, exposure_s, CAP_BOUND_CONFIDENCE)
 
 
 # -- the posterior over hypotheses ------------------------------------------------------------------
@@ -153,7 +155,7 @@ class Posterior:
         self.cap = cap_s
         self.pi0 = slow_zero_prior
         self.K = np.arange(1 << n, dtype=np.int64)
-        self.size = np.array([bin(k).count("1") for k in range(1 << n)], dtype=np.int64)
+        self.size = np.bitwise_count(self.K).astype(np.int64)
         # prior: triggers are usually one to three flags: every set of 1-3 flags equally likely
         # (so a pair needs no more evidence than a single flag), larger sets x0.1 per extra flag,
         # the baseline itself (the empty set) unlikely
@@ -182,6 +184,16 @@ class Posterior:
         log_uniform = (math.log(self.cap) + special.gammaln(hangs + 1) + math.log(max(special.gammainc(hangs + 1, x), 1e-300))
                        - (hangs + 1) * math.log(exposure))
         return math.log(1 - self.pi0) + log_uniform
+
+    def set_cap(self, cap_s: float) -> None:
+        """Move the cap (a default cap follows the pooled MTTF): slow terms are recomputed."""
+        self.cap = cap_s
+        self.slow_in_fast[:] = 0.0
+        self.slow_total = 0.0
+        for mask, (h, e) in self.cells.items():
+            value = self.log_slow(h, e)
+            self.slow_in_fast[self.subsets_of(mask)] += value
+            self.slow_total += value
 
     def observe(self, mask: int, hangs: int, exposure: float) -> None:
         old_h, old_e = self.cells.get(mask, (0, 0.0))
@@ -254,8 +266,13 @@ class _Search:
         self.probes = 0
         self.alpha = 1.0 - settings.confidence
         self.post: Posterior | None = None
-        self._cost = np.array([gpu_count(self.flags_of(m)) for m in range(1 << self.n)], dtype=float)
-        self._ok = np.array([self._feasible_mask(m) for m in range(1 << self.n)], dtype=bool)
+        masks = range(1 << self.n)
+        if gpu_count is default_gpu_count and not any(e.name == "tp" for e in self.elements):
+            self._cost = np.full(1 << self.n, float(gpu_count(self.failing)))
+        else:
+            self._cost = np.array([gpu_count(self.flags_of(m)) for m in masks], dtype=float)
+        self._ok = (np.ones(1 << self.n, dtype=bool) if feasible is None
+                    else np.array([self._feasible_mask(m) for m in masks], dtype=bool))
 
     # -- configs ----------------------------------------------------------------------------------
 
@@ -359,7 +376,7 @@ class _Search:
         # a hypothesis at the cap is the slowest that still counts: never soak longer than that needs
         longest = stats.soak_for_detection(self.post.cap, 1 - delta)
         # every probe pays its start-up: a soak much shorter than that buys little
-        return np.clip(soak, max(0.5 * mttf, self.s.startup_s), max(longest, self.s.startup_s))
+        return np.clip(soak, max(MIN_SOAK_MTTFS * mttf, self.s.startup_s), max(longest, self.s.startup_s))
 
     def choose(self, lp: np.ndarray, delta: float) -> tuple[int, float]:
         n = self.n
@@ -381,10 +398,22 @@ class _Search:
                 best, best_score, best_soak = i, float(score[i]), float(soak[i])
         return best, best_soak
 
+    def _follow_cap(self, lp: np.ndarray) -> np.ndarray:
+        """A default cap tracks the MTTF pooled over the likeliest set's configs (more hangs than
+        the calibration alone, so a tighter bound); it never rises above the calibration's."""
+        H, E = self._rate_pool(lp)
+        cap = min(self.initial_cap, default_cap(int(H), E, self.s.cap_factor))
+        if abs(cap - self.post.cap) > 0.1 * self.post.cap:
+            self.post.set_cap(cap)
+            return self.post.log_posterior()
+        return lp
+
     def search(self) -> None:
         s = self.s
         while not self.over_budget():
             lp = self.post.log_posterior()
+            if self.s.mttf_cap_s is None:
+                lp = self._follow_cap(lp)
             top = int(np.argmax(lp))
             p_top = math.exp(lp[top])
             if p_top >= s.confidence:
@@ -522,7 +551,7 @@ def _drop_modifiers(search: _Search, mask: int, cap: float, notes: list[str]) ->
                 search.stats_of(mask & ~bit).role = "cap check"
                 search.run([(mask & ~bit, need, "cap check")])
                 h, exposure = _without(search, mask, bit)
-            if h > 0 and exposure / h <= cap:
+            if s.verify_cap and h > 0 and exposure / h <= cap:
                 notes.append(f"{e.name} is not needed for the hang within the cap: without it "
                              f"{h} hang(s) in {format_duration(exposure)} (MTTF ~{format_duration(exposure / h)} "
                              f"<= cap {format_duration(cap)})")
@@ -575,6 +604,7 @@ def bisect(failing_flags: Mapping[str, Any], elements: Sequence[Element], oracle
     notes = []
     if cal.hangs < s.calibration_hangs:
         notes.append(f"calibration stopped at {cal.hangs} hang(s) (budget): the MTTF interval is wide")
+    search.initial_cap = cap
     search.post = Posterior(search.n, cap, s.slow_zero_prior)
     for mask, cs in search.configs.items():
         search.post.observe(mask, cs.hangs, cs.exposure_s)
@@ -583,13 +613,14 @@ def bisect(failing_flags: Mapping[str, Any], elements: Sequence[Element], oracle
     else:
         search.search()
         lp = search.post.log_posterior()
+        cap = search.post.cap
     top = int(np.argmax(lp))
     p_top = float(np.exp(lp[top]))
     status = "found" if p_top >= s.confidence and search.stats_of(top).hangs > 0 else "inconclusive"
     if status == "inconclusive":
         notes.append(f"stopped by the probe or GPU-hour budget: the best set has posterior {p_top:.3f} "
                      f"< {s.confidence}")
-    if status == "found":
+    if status == "found" and s.verify_cap:
         top = _drop_modifiers(search, top, cap, notes)
     outside = [cs for m, cs in search.configs.items() if cs.hangs and (m & top) != top]
     if outside:

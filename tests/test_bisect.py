@@ -88,7 +88,10 @@ def test_calibration_first_then_failing_cell_mttf_has_an_interval():
     assert first == failing(6)
     assert result.failing.hangs >= 2
     assert result.failing.low_s < result.failing.point_s < result.failing.high_s
-    assert result.mttf_cap_s == pytest.approx(default_cap(result.failing.hangs, result.failing.exposure_s))
+    # the default cap starts from the calibration and tightens as pooled hangs accumulate, but the
+    # failing cell's own MTTF stays under it
+    assert result.failing.point_s < result.mttf_cap_s
+    assert result.mttf_cap_s <= default_cap(result.failing.hangs, result.failing.exposure_s) * 1.0001
 
 
 def test_stated_error_rate_holds_over_many_seeds():

@@ -1,0 +1,230 @@
+"""Bisection cost and correctness in virtual time (issue 6, point 6).
+
+Planted conjunctions of k of n boolean flags (n in 6, 10, 12; k in 1, 2, 3) at MTTF 10 min, 38 min
+or 2 h, with and without an x8 modifier (a further flag of the failing cell that makes the hang 8x
+more frequent: without it MTTF is 8x longer, still a hang), and an OR of two conjunctions. Every
+probe pays a 10-minute start-up; TP = 1, so GPU-hours are hours of (start-up + load).
+
+Compared with: one-at-a-time ablation (drop each flag, one fixed 2 h soak, stop at the first
+hang); ddmin (Zeller 2002) with one fixed 2 h soak per test; and the information bound
+ceil(log2 C(n,k)) probes, cost-weighted: each bit costs a start-up plus the mean of a positive
+probe (about one MTTF) and a negative one at the stated confidence (MTTF x ln(1/alpha)).
+
+    python -m benchmarks.bench_bisect            # 1000 seeds per case (minutes on 2 cores)
+    python -m benchmarks.bench_bisect --quick    # 100 seeds per case
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+
+STARTUP_S = 600.0
+FIXED_SOAK_S = 7200.0
+CONFIDENCE = 0.99
+
+
+@dataclass(frozen=True)
+class Case:
+    n: int
+    k: int
+    mttf_s: float
+    modifier: bool = False
+    either: bool = False        # an OR of two conjunctions of k flags each
+
+    @property
+    def name(self) -> str:
+        m = f"{self.mttf_s / 60:.0f}m" if self.mttf_s < 3600 else f"{self.mttf_s / 3600:.0f}h"
+        kind = "OR of 2x" if self.either else ""
+        return f"n={self.n:<2} k={kind}{self.k} MTTF {m:<3}{' +x8 mod' if self.modifier else ''}"
+
+    def triggers(self) -> list[frozenset[int]]:
+        first = frozenset(range(self.k))
+        if self.either:
+            return [first, frozenset(range(self.k, 2 * self.k))]
+        return [first]
+
+    def answers(self, cap_s: float | None = None) -> list[set[int]]:
+        """The true minimal sets under a cap: without the x8 modifier the hang's MTTF is 8x; if
+        that is beyond the cap (the run reports the cap it derived), the modifier is needed."""
+        if self.modifier and (cap_s is None or 8.0 * self.mttf_s > cap_s):
+            return [set(self.triggers()[0]) | {self.modifier_flag}]
+        return [set(t) for t in self.triggers()]
+
+    @property
+    def modifier_flag(self) -> int | None:
+        return self.k if self.modifier else None
+
+    def rate(self, on: frozenset[int]) -> float:
+        """Hang rate (1/s) of baseline + the flags in `on`: the failing cell's is 1/MTTF."""
+        if not any(t <= on for t in self.triggers()):
+            return 0.0
+        if self.modifier and self.modifier_flag not in on:
+            return 1.0 / (8.0 * self.mttf_s)
+        return 1.0 / self.mttf_s
+
+
+def cases() -> list[Case]:
+    out = [Case(n, k, m, mod) for mod in (False, True) for n in (6, 10, 12) for k in (1, 2, 3)
+           for m in (600.0, 2280.0, 7200.0)]
+    out += [Case(10, 2, 2280.0, either=True), Case(12, 1, 600.0, either=True)]
+    return out
+
+
+def information_bound(case: Case) -> tuple[int, float]:
+    probes = math.ceil(math.log2(math.comb(case.n, case.k)))
+    per_probe = STARTUP_S + case.mttf_s * (1.0 + math.log(1.0 / (1.0 - CONFIDENCE))) / 2.0
+    return probes, probes * per_probe / 3600.0
+
+
+# -- the algorithm under test -----------------------------------------------------------------------
+
+class _CaseOracle:
+    """The virtual oracle for a Case: exponential hang times, first hang ends the probe."""
+
+    def __init__(self, case: Case, names: list[str], rng: np.random.Generator):
+        self.case, self.names, self.rng = case, names, rng
+
+    def run(self, probes):
+        from soakmatrix.matrix.oracle import ProbeResult
+        out = []
+        for p in probes:
+            on = frozenset(i for i, name in enumerate(self.names) if p.flags[name])
+            rate = self.case.rate(on)
+            t = self.rng.exponential(1.0 / rate) if rate > 0 else math.inf
+            hung = t < p.soak_s
+            exposure = t if hung else p.soak_s
+            out.append(ProbeResult(p, "hang" if hung else "passed", "shm_broadcast_timeout" if hung else None,
+                                   exposure, (STARTUP_S + exposure) / 3600.0))
+        return out
+
+
+def _run_bisect(args: tuple[Case, list[int]]) -> list[tuple[float, int, int, int]]:
+    from soakmatrix.matrix.bisect import Element, Settings, bisect
+    case, seeds = args
+    names = [f"f{i}" for i in range(case.n)]
+    failing = {name: True for name in names}
+    elements = [Element(name, True, False) for name in names]
+    out = []
+    for seed in seeds:
+        oracle = _CaseOracle(case, names, np.random.default_rng(seed))
+        r = bisect(failing, elements, oracle, Settings(confidence=CONFIDENCE, startup_s=STARTUP_S, max_probes=400))
+        got = {names.index(x) for x in r.minimal}
+        truths = case.answers(r.mttf_cap_s)
+        exact = r.status == "found" and got in truths
+        false_min = r.status == "found" and got not in truths
+        out.append((r.gpu_hours, int(exact), int(false_min), r.probes))
+    return out
+
+
+# -- baselines ----------------------------------------------------------------------------------------
+
+def _soak(case: Case, on: frozenset[int], rng: np.random.Generator) -> tuple[bool, float]:
+    rate = case.rate(on)
+    t = rng.exponential(1.0 / rate) if rate > 0 else math.inf
+    return (True, t) if t < FIXED_SOAK_S else (False, FIXED_SOAK_S)
+
+
+def one_at_a_time(case: Case, seeds: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(12345)
+    full = frozenset(range(case.n))
+    cost, exact = np.zeros(seeds), np.zeros(seeds, dtype=bool)
+    truths = case.answers()
+    for s in range(seeds):
+        kept = set()
+        for e in range(case.n):
+            hung, t = _soak(case, full - {e}, rng)
+            cost[s] += (STARTUP_S + t) / 3600.0
+            if not hung:
+                kept.add(e)
+        exact[s] = kept in truths
+    return cost, exact
+
+
+def ddmin(case: Case, seeds: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(54321)
+    truths = case.answers()
+    cost, exact = np.zeros(seeds), np.zeros(seeds, dtype=bool)
+    for s in range(seeds):
+        cache: dict[frozenset[int], bool] = {}
+        spent = [0.0]
+
+        def test(c: frozenset[int]) -> bool:
+            if c not in cache:
+                hung, t = _soak(case, c, rng)
+                spent[0] += (STARTUP_S + t) / 3600.0
+                cache[c] = hung
+            return cache[c]
+
+        current = list(range(case.n))
+        granularity = 2
+        while len(current) >= 2:
+            chunks = [current[i * len(current) // granularity:(i + 1) * len(current) // granularity]
+                      for i in range(granularity)]
+            reduced = False
+            for chunk in chunks:
+                if test(frozenset(chunk)):
+                    current, granularity, reduced = chunk, 2, True
+                    break
+            if not reduced:
+                for chunk in chunks:
+                    complement = [x for x in current if x not in chunk]
+                    if test(frozenset(complement)):
+                        current, granularity, reduced = complement, max(granularity - 1, 2), True
+                        break
+            if not reduced:
+                if granularity >= len(current):
+                    break
+                granularity = min(len(current), 2 * granularity)
+        cost[s] = spent[0]
+        exact[s] = set(current) in truths
+    return cost, exact
+
+
+# -- main -------------------------------------------------------------------------------------------
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="100 seeds per case")
+    parser.add_argument("--seeds", type=int, help="seeds per case (default 1000, --quick 100)")
+    parser.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1))
+    parser.add_argument("--filter", default="", help="only cases whose name contains this")
+    args = parser.parse_args(argv)
+    seeds = args.seeds or (100 if args.quick else 1000)
+    todo = [c for c in cases() if args.filter in c.name]
+    print(f"bisect benchmark: {seeds} seeds per case, start-up {STARTUP_S / 60:.0f} min per probe, "
+          f"TP 1, stated confidence {CONFIDENCE}; GPU-hours mean/p90; exact = returned exactly a true minimal "
+          f"set; false-min = returned a wrong set as minimal", flush=True)
+    header = (f"{'case':<28} {'bisect mean':>11} {'p90':>6} {'exact':>6} {'false':>6} {'probes':>6} | "
+              f"{'bound':>5} {'x':>5} | {'1-at-a-time':>11} {'exact':>6} | {'ddmin':>6} {'exact':>6}")
+    print(header)
+    print("-" * len(header), flush=True)
+    start = time.time()
+    with ProcessPoolExecutor(max_workers=args.workers) as pool:
+        for case in todo:
+            chunks = np.array_split(np.arange(seeds), args.workers * 4)
+            rows = [row for part in pool.map(_run_bisect, [(case, [int(s) for s in c]) for c in chunks if len(c)])
+                    for row in part]
+            gh = np.array([r[0] for r in rows])
+            exact = np.mean([r[1] for r in rows])
+            false_min = np.mean([r[2] for r in rows])
+            probes = np.mean([r[3] for r in rows])
+            _, bound_h = information_bound(case)
+            oat_cost, oat_exact = one_at_a_time(case, seeds)
+            dd_cost, dd_exact = ddmin(case, seeds)
+            print(f"{case.name:<28} {gh.mean():>11.2f} {np.percentile(gh, 90):>6.1f} {exact:>6.3f} {false_min:>6.3f} "
+                  f"{probes:>6.1f} | {bound_h:>5.1f} {gh.mean() / bound_h:>5.2f} | {oat_cost.mean():>11.2f} "
+                  f"{oat_exact.mean():>6.3f} | {dd_cost.mean():>6.2f} {dd_exact.mean():>6.3f}", flush=True)
+    print(f"({time.time() - start:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
