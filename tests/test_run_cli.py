@@ -188,3 +188,27 @@ def test_a_bad_matrix_is_a_usage_error_naming_the_key(tmp_path):
     result = run_cli("run", str(bad), "--out", str(tmp_path / "out"), timeout=120)
     assert result.returncode == 2
     assert "bad.yaml" in result.stderr and "count" in result.stderr
+
+
+@pytest.mark.slow
+def test_ctrl_c_cancels_cleanly_and_tears_every_server_down(tmp_path, cluster):
+    matrix = write_matrix(tmp_path, "interrupt", soak="4h")      # 60 s of wall time per cell
+    out = tmp_path / "out"
+    driver = subprocess.Popen([*CLI, "run", str(matrix), "--out", str(out), "--ray-address", cluster], cwd=REPO,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and len(list(out.glob("cells/*/command.txt"))) < 2:
+            time.sleep(0.5)
+        assert len(list(out.glob("cells/*/command.txt"))) == 2, "two servers should be running"
+        time.sleep(2)
+        driver.send_signal(signal.SIGINT)
+        output, _ = driver.communicate(timeout=120)
+    finally:
+        driver.kill()
+    assert driver.returncode == 130, output
+    assert "cancelled before a verdict" in output and "--resume" in output
+    assert_gone(str(out))
+    with store_of(out) as store:
+        [run] = store.runs()
+        assert run.status is None and store.results(run.id) == []   # nothing half-done recorded
