@@ -3,13 +3,11 @@ and a driver killed mid-run losing nothing it had recorded."""
 
 from __future__ import annotations
 
-import os
 import signal
 import sqlite3
 import subprocess
 import sys
 import textwrap
-import time
 
 import psutil
 import pytest
