@@ -112,14 +112,19 @@ def night_result(cell: Cell, night: int, rng: random.Random, t0: float) -> CellR
                       attempt=1 + len(retries), tokens=int(SOAK_S * 600), requests=int(SOAK_S * 2), **base)
 
 
-def populate(store: HistoryStore, nights: int, n_cells: int, seed: int = 7, t0: float = 1_790_000_000.0,
+def populate(path: Path, nights: int, n_cells: int, seed: int = 7, t0: float = 1_790_000_000.0,
              bisection: bool = True) -> list[str]:
     """Write `nights` finished runs of `n_cells` cells through the store's public API; returns run ids."""
+    clock = [t0]   # runs dated a night apart, as a real history is
+    with HistoryStore(path, clock=lambda: clock[0]) as store:
+        return _populate(store, clock, nights, n_cells, seed, t0, bisection)
+
+
+def _populate(store: HistoryStore, clock: list[float], nights: int, n_cells: int, seed: int, t0: float,
+              bisection: bool) -> list[str]:
     rng = random.Random(seed)
     cells = synthetic_cells(n_cells, seed)
     run_ids = []
-    clock = [t0]
-    store._clock = lambda: clock[0]   # runs dated a night apart, as a real history is
     for night in range(nights):
         clock[0] = t0 + night * 86_400.0
         run = store.start_run(matrix="matrix/examples/nightly.yaml", profile="nightly", meta={"night": night})
@@ -157,8 +162,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         store_path = where / "history.sqlite"
         store_path.unlink(missing_ok=True)
         t = time.perf_counter()
-        with HistoryStore(store_path) as store:
-            populate(store, nights, n_cells)
+        populate(store_path, nights, n_cells)
         write_s = time.perf_counter() - t
         rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         t = time.perf_counter()
