@@ -41,6 +41,7 @@ class SimConfig:
     time_scale: float = 1.0
     seed: int = 0
     hang_record: str | None = None
+    step_time_scale: float = 1.0                 # benchmarks: 0 = an infinitely fast GPU
     access_log: bool = True
     log_stats: bool = True
     explicit: set[str] = field(default_factory=set)   # canonical flags given on the command line
@@ -71,6 +72,7 @@ _SIM_OPTIONS = {
     "--gpu-type": "gpu_type",
     "--time-scale": "time_scale",
     "--hang-record": "hang_record",
+    "--step-time-scale": "step_time_scale",
 }
 
 # vLLM options that take a value and that the simulator reads.
@@ -300,6 +302,10 @@ def _apply_values(config: SimConfig, values: dict[str, Any], environ: dict[str, 
         config.time_scale = _float("--time-scale", values["time_scale"])
         if not config.time_scale > 0:
             raise SimUsageError(f"argument --time-scale: must be > 0, got {config.time_scale}")
+    if "step_time_scale" in values:
+        config.step_time_scale = _float("--step-time-scale", values["step_time_scale"])
+        if config.step_time_scale < 0:
+            raise SimUsageError("argument --step-time-scale: must be >= 0")
     if values.get("hang_record"):
         config.hang_record = values["hang_record"]
     config.access_log = values.get("access_log", True)

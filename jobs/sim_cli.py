@@ -24,6 +24,7 @@ our options:
                        VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS) and VLLM_LOG_STATS_INTERVAL (floor 0.5 s) by S
   --seed N             seeds the output tokens, step-time jitter and the hangs' times (with the model's seed)
   --hang-record FILE   append one JSON line per hang at the moment it begins
+  --step-time-scale F  multiply the simulated GPU step times (default 1; 0 = no GPU time, for benchmarks)
 
 vLLM flags read: --model, --host, --port, --served-model-name, --max-model-len, --num-gpu-blocks-override,
   --disable-log-stats, --disable-uvicorn-access-log, and every flag of the flag registry

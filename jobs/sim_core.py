@@ -607,7 +607,7 @@ class EngineCore:
 
     def _step(self) -> None:
         sched = self.scheduler.schedule()          # silent_stall never returns from here
-        step_s = step_time_s(self.config, sched, self.rng)
+        step_s = step_time_s(self.config, sched, self.rng) * self.config.step_time_scale
         with self.log_error_detail(sched):
             self.executor.execute_model(step_s)     # crash raises here
             self.executor.sample_tokens(step_s)     # shm_broadcast: warnings, then TimeoutError

@@ -52,7 +52,7 @@ class MessageQueue:
             if deadline is not None and now >= deadline:
                 raise TimeoutError
             if now >= next_warning:
-                vlog(logging.WARNING, "shm_broadcast.py:683", SHM_WARNING, self.nominal_warning_interval_s)
+                vlog(logging.INFO, "shm_broadcast.py:683", SHM_WARNING, self.nominal_warning_interval_s)
                 next_warning += self.warning_interval_s
             limit = next_warning if deadline is None else min(next_warning, deadline)
             for conn in wait(list(pending.values()), timeout=max(0.0, limit - now)):
