@@ -119,7 +119,7 @@ def scheduler_dump_lines(lines: Sequence[str], context: int = 12) -> list[str]:
 
 
 def capture(server: Any, folder: str | Path, *, pyspy_timeout_s: float = 20.0, budget_s: float = 90.0,
-            tail_lines: int = 50, pyspy: Callable[..., tuple[str, str | None]] = pyspy_dump,
+            tail_lines: int = 50, dump_dirs: Sequence[str | Path] | None = None, pyspy: Callable[..., tuple[str, str | None]] = pyspy_dump,
             scrape: Callable[[str, float], str] = scrape_text) -> Evidence:
     """Everything worth keeping about a stuck server (a RunningServer: .pid, .base_url, .log_text())."""
     t0 = time.monotonic()
@@ -148,7 +148,11 @@ def capture(server: Any, folder: str | Path, *, pyspy_timeout_s: float = 20.0, b
         ev.artifacts["py_spy"] = str(path)
         ev.stack_texts.extend(dumps)
 
-    for dump in sorted(ev.folder.glob("VLLM_STACK_DUMP_*")):
+    # vLLM's --watchdog-config points dump_dir at the cell's folder (the server log's folder)
+    if dump_dirs is None:
+        dump_dirs = [Path(server.log_path).parent] if getattr(server, "log_path", None) else []
+    dumps_found = sorted({p for d in [*dump_dirs, ev.folder] for p in Path(d).glob("VLLM_STACK_DUMP_*")})
+    for dump in dumps_found:
         ev.artifacts[dump.name] = str(dump)
         try:
             ev.stack_texts.append(dump.read_text(errors="replace"))

@@ -1,0 +1,166 @@
+"""`run_cell` end to end: a small fake server for the fast paths, the simulated engine for every hang
+style, slow prefills without a false alarm, evidence present and nothing left behind."""
+
+import json
+import sys
+import threading
+from pathlib import Path
+
+import psutil
+import pytest
+
+from soakmatrix.jobs import teardown
+from soakmatrix.jobs.engine import LaunchCommand
+from soakmatrix.jobs.soak import SoakOptions, run_cell
+from soakmatrix.jobs.soak_spec import SoakSpec
+from soakmatrix.jobs.watchdog import WatchdogConfig
+from soakmatrix.matrix.hangmodel import STYLE_SIGNATURE
+from soakmatrix.matrix.outcomes import Outcome
+from soakmatrix.matrix.spec import Workload
+from soakmatrix.matrix.workloads import params_of
+
+FAKE = str(Path(__file__).resolve().parent / "fake_openai.py")
+QUICK = SoakOptions(watchdog=WatchdogConfig(tick_s=0.25, scrape_every_s=0.5, health_every_s=1.0),
+                    detector_options={"progress": {"floor_s": 3}, "stream": {"floor_s": 3}},
+                    drain_s=10, teardown_grace_s=3)
+
+
+class FakeEngine:
+    name = "fake"
+
+    def __init__(self, *extra):
+        self.extra = list(extra)
+
+    def command(self, spec, host, port):
+        return LaunchCommand([sys.executable, FAKE, "--port", str(port),
+                              "--hang-record", f"{spec.artifacts_dir}/sim-hangs.jsonl", *self.extra])
+
+    def version(self):
+        return "fake 0"
+
+
+def workload(kind="random", **params):
+    defaults = {k: d for k, (_, d) in params_of(kind).items()}
+    return Workload(f"{kind}-w", kind, {**defaults, "concurrency": 4, "input_len": [5, 30],
+                                        "output_len": [20, 80], **params})
+
+
+def spec_for(tmp_path, soak_s=8.0, backend="fake", **kw):
+    base = dict(cell_id="cell1", cell_name="tiny|cpu|x=1|w", model="tiny", model_path="tiny", gpu_type="H200",
+                gpu_count=1, workload=workload(), flags={"tp": 1}, serve_args=(), soak_s=soak_s,
+                startup_timeout_s=60, backend=backend, artifacts_dir=str(tmp_path / "cells" / "cell1"))
+    base.update(kw)
+    return SoakSpec(**base)
+
+
+def no_process_left(result):
+    pids = result.extra["teardown"]["pids"]
+    assert pids and not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+                            for p in pids)
+    assert result.extra["teardown"]["clean"]
+
+
+def test_a_silent_hang_is_found_with_evidence_and_a_result_file(tmp_path):
+    events = []
+    r = run_cell(spec_for(tmp_path, soak_s=60), engine=FakeEngine("--hang-after-s", "3", "--child"),
+                 on_event=lambda kind, data: events.append(kind), options=QUICK)
+    assert r.outcome == Outcome.HANG and r.signature == "silent_stall" and r.detector in ("progress", "stream")
+    assert r.message.startswith("tokens stopped at ") and f"detector {r.detector} fired after" in r.message
+    assert r.detected_after_s >= 3 and r.time_to_hang_s >= 2 and r.exposure_s > r.time_to_hang_s
+    assert r.tokens > 0 and r.requests > 0 and r.node and r.engine == "fake" and r.vllm_version == "fake 0"
+    assert r.fingerprint and r.stuck_frames and r.log_tail
+    for name in ("py_spy", "metrics", "server_log", "sim_hangs", "result"):
+        assert Path(r.artifacts[name]).exists(), name
+    assert 0 < r.extra["latency_from_true_start_s"] < 20
+    assert r.extra["health"]["status_counts"].get("200")        # recorded, not trusted
+    saved = json.loads(Path(r.artifacts["result"]).read_text())
+    assert saved["outcome"] == "hang" and saved["signature"] == "silent_stall"
+    assert events[:3] == ["launching", "ready", "load"] and events[-1] == "done" and "verdict" in events
+    no_process_left(r)
+
+
+def test_a_healthy_cell_passes(tmp_path):
+    r = run_cell(spec_for(tmp_path, soak_s=4), engine=FakeEngine(), options=QUICK)
+    assert r.outcome == Outcome.PASSED and r.requests > 0 and r.signature is None
+    assert 3.5 < r.exposure_s < 20
+    no_process_left(r)
+
+
+def test_a_rejected_flag_is_a_config_error(tmp_path):
+    r = run_cell(spec_for(tmp_path), engine=FakeEngine("--no-such-flag"), options=QUICK)
+    assert r.outcome == Outcome.CONFIG_ERROR and "no-such-flag" in r.message and r.log_tail
+    assert json.loads((tmp_path / "cells" / "cell1" / "result.json").read_text())["outcome"] == "config_error"
+
+
+def test_stop_cancels_as_infra_error_and_tears_down(tmp_path):
+    stop = threading.Event()
+    r = run_cell(spec_for(tmp_path, soak_s=600), engine=FakeEngine("--child"), stop=stop,
+                 on_event=lambda kind, _: stop.set() if kind == "load" else None, options=QUICK)
+    assert r.outcome == Outcome.INFRA_ERROR and r.message == "cancelled"
+    no_process_left(r)
+
+
+def test_a_leak_of_the_previous_cell_is_an_infra_error_for_the_next(tmp_path):
+    import subprocess
+    leftover = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        report = teardown.TeardownReport(pids=[leftover.pid], survivors=[leftover.pid])
+        teardown.record_leak(tmp_path / "cells", "cell0", report, port=None)
+        r = run_cell(spec_for(tmp_path), engine=FakeEngine(), options=QUICK)
+        assert r.outcome == Outcome.INFRA_ERROR and "cell cell0 left" in r.message
+    finally:
+        leftover.kill()
+        leftover.wait()
+    assert run_cell(spec_for(tmp_path, soak_s=2), engine=FakeEngine(), options=QUICK).outcome == Outcome.PASSED
+
+
+def test_a_retry_keeps_the_previous_attempt(tmp_path):
+    run_cell(spec_for(tmp_path), engine=FakeEngine("--no-such-flag"), options=QUICK)
+    run_cell(spec_for(tmp_path, attempt=2), engine=FakeEngine("--no-such-flag"), options=QUICK)
+    folder = tmp_path / "cells" / "cell1"
+    assert (folder / "previous-1" / "result.json").exists() and (folder / "result.json").exists()
+
+
+# ------------------------------------------------------------------ the simulated engine
+
+HANG_MODEL = """seed: 3
+hangs:
+  - id: planted
+    style: {style}
+    when: {{}}
+    min_running: 1
+    mttf_s: 4
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("style", ["silent_stall", "event_sync_stall", "shm_broadcast", "crash"])
+def test_every_hang_style_of_the_simulated_engine(tmp_path, style):
+    model = tmp_path / "hangs.yaml"
+    model.write_text(HANG_MODEL.format(style=style))
+    spec = spec_for(tmp_path, soak_s=90, backend="sim", hang_model=str(model), workload=workload(concurrency=6))
+    r = run_cell(spec)
+    assert r.outcome == (Outcome.CRASH if style == "crash" else Outcome.HANG), r.message
+    assert r.signature == STYLE_SIGNATURE[style], r.message
+    truth = r.extra["true_hang"]
+    assert truth["signature"] == r.signature
+    assert 0 <= r.extra["latency_from_true_start_s"] < 20
+    assert Path(r.artifacts["server_log"]).exists() and r.log_tail
+    if style != "crash":
+        stacks = Path(r.artifacts["py_spy"]).read_text()
+        assert "VLLM::EngineCore" in stacks or "EngineCore" in stacks
+        if style == "event_sync_stall":
+            assert any("_to_list" in f for f in r.stuck_frames)
+    no_process_left(r)
+
+
+@pytest.mark.slow
+def test_slow_prefills_are_not_a_hang(tmp_path):
+    # no chunking and prompts up to 12k tokens: single steps of several seconds, no alarm
+    spec = spec_for(tmp_path, soak_s=45, backend="sim", seed=1,
+                    serve_args=("--no-enable-chunked-prefill", "--max-model-len", "16384"),
+                    workload=workload(input_len=[2000, 12000], output_len=[8, 48]))
+    r = run_cell(spec)
+    assert r.outcome == Outcome.PASSED, r.message
+    assert r.extra["load"]["gap_max_s"] > 3        # the slow steps really happened
+    no_process_left(r)

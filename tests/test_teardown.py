@@ -1,0 +1,71 @@
+"""Teardown: the whole tree goes, leaks are found and carried to the next cell."""
+
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+
+from soakmatrix.jobs import launcher, teardown
+
+FAKE = str(Path(__file__).resolve().parent / "fake_openai.py")
+
+
+def gone(pids):
+    return all(not psutil.pid_exists(p) or psutil.Process(p).status() == psutil.STATUS_ZOMBIE for p in pids)
+
+
+def test_sigterm_stops_the_tree_and_nothing_remains(tmp_path, port):
+    server = launcher.launch_argv([sys.executable, FAKE, "--port", str(port), "--child"], tmp_path, port)
+    assert server.wait_ready(60) is None
+    pids = [p.pid for p in teardown.tree(server.pid)]
+    assert len(pids) == 2
+    report = server.stop(grace_s=10)
+    assert report.clean and not report.escalated and set(pids) <= set(report.pids)
+    assert gone(pids) and not teardown.port_listening(port)
+
+
+STUBBORN = textwrap.dedent("""
+    import signal, socket, subprocess, sys, time
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # a grandchild that leaves the process group, as a daemonising helper would
+    subprocess.Popen([sys.executable, "-c", "import os, signal, time; os.setsid(); "
+                      "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"])
+    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("127.0.0.1", int(sys.argv[1]))); s.listen()
+    print("ready", flush=True)
+    time.sleep(600)
+""")
+
+
+def test_sigterm_ignored_escalates_to_sigkill_including_processes_that_left_the_group(tmp_path, port):
+    script = tmp_path / "stubborn.py"
+    script.write_text(STUBBORN)
+    server = launcher.launch_argv([sys.executable, str(script), str(port)], tmp_path, port)
+    deadline = time.monotonic() + 30
+    while "ready" not in server.log_text() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(0.5)
+    pids = [p.pid for p in teardown.tree(server.pid)]
+    assert len(pids) == 2
+    report = server.stop(grace_s=1)
+    assert report.escalated and report.clean, report.describe()
+    assert gone(pids)
+
+
+def test_a_leak_is_reported_to_the_next_cell_until_it_is_gone(tmp_path):
+    survivor = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        report = teardown.TeardownReport(pids=[survivor.pid], survivors=[survivor.pid])
+        assert not report.clean and "still alive" in report.describe()
+        teardown.record_leak(tmp_path, "cell-a", report, port=None)
+        problem = teardown.preflight(tmp_path)
+        assert problem and "cell cell-a" in problem and str(survivor.pid) in problem
+    finally:
+        survivor.send_signal(signal.SIGKILL)
+        survivor.wait()
+    assert teardown.preflight(tmp_path) is None
+    assert not teardown.leak_file(tmp_path).exists()

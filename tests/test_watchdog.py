@@ -1,0 +1,103 @@
+"""The watchdog against a live server: one verdict naming the detector and when; /health never trusted."""
+
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fake_openai import serve_in_thread
+from soakmatrix.jobs import launcher
+from soakmatrix.jobs.detector import build_detectors
+from soakmatrix.jobs.load import LoadDriver
+from soakmatrix.jobs.watchdog import LogFollower, Watchdog, WatchdogConfig, http_get
+from soakmatrix.matrix.spec import Workload
+from soakmatrix.matrix.workloads import params_of
+
+FAKE = str(Path(__file__).resolve().parent / "fake_openai.py")
+FAST = WatchdogConfig(tick_s=0.2, scrape_every_s=0.5, health_every_s=0.5)
+
+
+def workload(**params):
+    defaults = {k: d for k, (_, d) in params_of("random").items()}
+    return Workload("w", "random", {**defaults, "concurrency": 4, "input_len": [5, 10], "output_len": [20, 40],
+                                    **params})
+
+
+class InThread:
+    """A RunningServer stand-in for an in-process server (no process, no log)."""
+    def __init__(self, port):
+        self.base_url = f"http://127.0.0.1:{port}"
+        self.log_path = None
+
+    def poll(self):
+        return None
+
+
+def test_log_follower_returns_only_new_complete_lines(tmp_path):
+    log = tmp_path / "x.log"
+    log.write_text("a\nb\npart")
+    f = LogFollower(log)
+    assert f.new_lines() == ["a", "b"]
+    with open(log, "a") as fh:
+        fh.write("ial\nc\n")
+    assert f.new_lines() == ["partial", "c"] and f.new_lines() == []
+
+
+def test_silent_hang_gets_one_verdict_and_health_stays_recorded_as_200(port):
+    _, stop = serve_in_thread(port, step_s=0.01, hang_after_s=3)
+    load = LoadDriver(f"http://127.0.0.1:{port}", workload(), seed=0, duration_s=60).start()
+    dog = Watchdog(InThread(port), load, build_detectors(options={"progress": {"floor_s": 3},
+                                                                  "stream": {"floor_s": 3}}), FAST)
+    try:
+        t0 = time.monotonic()
+        verdict = dog.watch(until=time.monotonic() + 60)
+        elapsed = time.monotonic() - t0
+    finally:
+        load.stop()
+        dog.close()
+        stop.set()
+    assert verdict is not None and verdict.kind == "hang" and verdict.detector in ("progress", "stream")
+    assert verdict.since is not None and verdict.at - verdict.since >= 3
+    assert elapsed < 30
+    assert dog.health and all(status == 200 for _, status in dog.health)   # a stuck engine looks healthy
+
+
+def test_a_healthy_run_with_slow_scrapes_has_no_verdict(port):
+    _, stop = serve_in_thread(port, step_s=0.01)
+
+    def slow_get(url, timeout_s):
+        if url.endswith("/metrics"):
+            time.sleep(min(timeout_s, 2.5))     # the CPU build's API server under load
+        return http_get(url, timeout_s)
+
+    load = LoadDriver(f"http://127.0.0.1:{port}", workload(), seed=0, duration_s=12).start()
+    dog = Watchdog(InThread(port), load, build_detectors(options={"progress": {"floor_s": 3},
+                                                                  "stream": {"floor_s": 3}}),
+                   WatchdogConfig(tick_s=0.2, scrape_every_s=0.5, scrape_timeout_s=1.0), get=slow_get)
+    try:
+        verdict = dog.watch(until=time.monotonic() + 12, done=lambda: load.finished)
+    finally:
+        load.stop()
+        dog.close()
+        stop.set()
+    assert verdict is None
+    assert load.stats.completed > 10
+
+
+@pytest.mark.slow
+def test_process_exit_is_a_crash_verdict_from_the_exit_or_log_detector(tmp_path, port):
+    server = launcher.launch_argv([sys.executable, FAKE, "--port", str(port), "--hang-after-s", "2",
+                                   "--hang-style", "exit"], tmp_path, port)
+    try:
+        assert server.wait_ready(60) is None
+        load = LoadDriver(server.base_url, workload(), seed=0, duration_s=60).start()
+        dog = Watchdog(server, load, config=FAST)
+        verdict = dog.watch(until=time.monotonic() + 60)
+        load.stop()
+        dog.close()
+    finally:
+        server.stop(grace_s=2)
+    assert verdict is not None and verdict.kind == "crash" and verdict.detector in ("exit", "logs")
+    timeline = (tmp_path / "watchdog.jsonl").read_text()
+    assert '"verdict"' in timeline and '"health": 200' in timeline
