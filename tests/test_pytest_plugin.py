@@ -378,7 +378,7 @@ def test_a_killed_worker_leaves_no_engine_behind(pytester):
         assert engines, "no engine started within 120 s"
         token = engines[0].environ()[OWNER_ENV]
         worker = psutil.Process(int(token.split("-")[0]))
-        assert worker.pid != pytest_proc.pid and "PYTEST_XDIST_WORKER" in worker.environ()
+        assert worker.pid != pytest_proc.pid and pytest_proc.pid in [p.pid for p in worker.parents()]
         worker.send_signal(signal.SIGKILL)
         assert not no_engine_left(before, timeout_s=45)
     finally:
@@ -431,3 +431,34 @@ def test_a_test_written_by_bisect_runs_as_is(pytester, examples):
     result.assert_outcomes(failed=1)
     (case,) = junit_cases(pytester.path / "j.xml").values()
     assert case["props"]["signature"] == "shm_broadcast_timeout" and case["props"]["gpu"] == "H200"
+
+
+@pytest.mark.slow
+def test_ray_address_places_the_soak_on_a_node_with_the_gpu_type(pytester):
+    ray = pytest.importorskip("ray")
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 0, "include_dashboard": False})
+    try:
+        cluster.add_node(num_cpus=1, num_gpus=1, resources={"accelerator_type:H20": 1})
+        ray.init(address=cluster.address, log_to_driver=False)
+        cluster.wait_for_nodes()
+        gpu_node = next(n["NodeID"] for n in ray.nodes() if n["Resources"].get("GPU"))
+        ray.shutdown()   # the pytest run under test is the driver
+        pytester.makefile(".yaml", hangs=HANG_MODEL)
+        pytester.makepyfile(f"""
+            import pytest
+
+            @pytest.mark.soak(flags={{"mtp": 1}}, duration="10m", workload={SMALL_LOAD}, gpu_type="H20",
+                              hang_model="hangs.yaml", time_scale=60)
+            def test_planted(soak_result):
+                '''no body'''
+        """)
+        result = pytester.runpytest_subprocess("--ray-address", cluster.address, "--junitxml=j.xml", *FAST,
+                                               timeout=400)
+        result.assert_outcomes(failed=1)
+        (case,) = junit_cases(pytester.path / "j.xml").values()
+        assert case["props"]["signature"] == "shm_broadcast_timeout"
+        assert case["props"]["ray_node_id"] == gpu_node
+    finally:
+        cluster.shutdown()
