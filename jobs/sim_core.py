@@ -424,9 +424,9 @@ def runner_loop(inbox: Any, outbox: Any, rank: int) -> None:
             return
 
 
-def _worker_main(inbox: Any, outbox: Any, rank: int, config: SimConfig) -> None:
+def _worker_main(inbox: Any, outbox: Any, rank: int, config: SimConfig, parent_pid: int) -> None:
     set_process_title(f"VLLM::Worker_TP{rank}")
-    die_with_parent()
+    die_with_parent(parent_pid)
     reset_child_signals()
     setup_process_logging(f"Worker_TP{rank}")
     vlog(logging.INFO, "parallel_state.py:1325",
@@ -456,7 +456,7 @@ class Executor:
                 t.start()
                 self.threads.append(t)
             else:
-                p = ctx.Process(target=_worker_main, args=(in_r, out_w, rank, config),
+                p = ctx.Process(target=_worker_main, args=(in_r, out_w, rank, config, os.getpid()),
                                 name=f"Worker_TP{rank}", daemon=False)
                 p.start()
                 in_r.close()
@@ -656,10 +656,10 @@ class EngineCore:
             self.executor.crash_next = True
 
 
-def run_engine_core(config: SimConfig, inbox: Any, outbox: Any) -> None:
-    """The engine-core process's entry point (after fork)."""
+def run_engine_core(config: SimConfig, inbox: Any, outbox: Any, parent_pid: int) -> None:
+    """The engine-core process's entry point (after fork from the API server `parent_pid`)."""
     set_process_title("VLLM::EngineCore")
-    die_with_parent()
+    die_with_parent(parent_pid)
     reset_child_signals()
     setup_process_logging("EngineCore_DP0")
     core: EngineCore | None = None

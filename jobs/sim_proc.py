@@ -159,12 +159,12 @@ def set_process_title(title: str) -> None:
         pass
 
 
-def die_with_parent() -> None:
+def die_with_parent(parent_pid: int) -> None:
     """SIGKILL this process when its parent dies (no orphans, whatever killed the parent)."""
     libc = _libc()
     if libc is not None:
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() == 1:  # the parent died before prctl took effect
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
         os._exit(1)
 
 

@@ -214,10 +214,11 @@ class RequestState:
         self.natural_stop = natural_stop
 
 
-def _core_entry(config: SimConfig, inbox: Any, outbox: Any, close: tuple[socket.socket, ...]) -> None:
+def _core_entry(config: SimConfig, inbox: Any, outbox: Any, close: tuple[socket.socket, ...],
+                parent_pid: int) -> None:
     for sock in close:      # the API server's listening socket is not the engine core's to hold
         sock.close()
-    run_engine_core(config, inbox, outbox)
+    run_engine_core(config, inbox, outbox, parent_pid)
 
 
 class EngineClient:
@@ -231,7 +232,7 @@ class EngineClient:
         ctx = mp.get_context("fork")
         self.inbox = ctx.Queue()
         self.outbox = ctx.Queue()
-        self.proc = ctx.Process(target=_core_entry, args=(config, self.inbox, self.outbox, close_in_core),
+        self.proc = ctx.Process(target=_core_entry, args=(config, self.inbox, self.outbox, close_in_core, os.getpid()),
                                 name="EngineCore_DP0", daemon=False)
         self.requests: dict[str, RequestState] = {}
         self.dead: str | None = None
@@ -449,7 +450,7 @@ class SimServer:
         if self.keep_alive_on_death:
             return
         self.exit_code = 1
-        asyncio.get_running_loop().call_later(0.5, self.stop.set)
+        asyncio.get_running_loop().call_later(1.0, self.stop.set)
 
     async def health(self, request: web.Request) -> web.Response:
         if self.client.dead is not None:

@@ -131,8 +131,9 @@ def test_shm_broadcast(tmp_path) -> None:
         check_record(rec, "shm_broadcast", started)
         workers = [p.pid for p in sp.tree if p.name().startswith("VLLM::Worker_TP")]
         assert len(workers) == 2
+        time.sleep(0.5)
+        core_dump, worker_dump = py_spy(core_pid(sp)), py_spy(workers[-1])   # while it waits
         assert sp.wait_for_log("EngineCore encountered a fatal error", 15)
-        dump = py_spy(workers[-1])
         assert sp.proc.wait(timeout=15) == 1               # the first failed request ends the server
         loader.join(timeout=15)
     finally:
@@ -144,7 +145,7 @@ def test_shm_broadcast(tmp_path) -> None:
                           r"found in 60 seconds\. This typically happens when some processes are hanging or "
                           r"doing some time-consuming work \(e\.g\. compilation, weight/kv cache quantization\)\.",
                           log)
-    assert 3 <= len(warnings) <= 6                       # every 0.6 s for 3 s
+    assert 2 <= len(warnings) <= 6                       # every 0.6 s for 3 s
     assert "TimeoutError: RPC call to sample_tokens timed out." in log
     assert re.search(r"shm_broadcast\.py\", line \d+, in acquire_read", log)
     assert "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack trace (above) " \
@@ -153,8 +154,10 @@ def test_shm_broadcast(tmp_path) -> None:
     assert log.index("No available shared memory") < log.index("RPC call to sample_tokens timed out")
     assert 503 in statuses and statuses.index(503) > statuses.index(200)
     assert re.search(r'"POST /v1/completions HTTP/1.1" 200|"GET /health HTTP/1.1" 503', log)
-    if dump is not None:
-        assert "sample_tokens_stuck" in dump
+    if core_dump is not None:                            # py-spy needs ptrace rights
+        assert "MessageQueue.acquire_read" in core_dump and "Executor.sample_tokens" in core_dump, core_dump
+    if worker_dump is not None:
+        assert "sample_tokens_stuck" in worker_dump, worker_dump
 
 
 def test_shm_broadcast_tp1_and_keep_alive(tmp_path) -> None:
