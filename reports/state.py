@@ -12,7 +12,8 @@ are not verdicts (nothing was learned) and are skipped. From the verdicts:
 - `no_verdict`            only infra errors so far
 
 Per signature: the cells it hit, the run it was first seen in, and MTTF pooled over all exposure
-of those cells (every run, hung or not): exposure / hangs, with a chi-square interval.
+of those cells (every run, hung or not): exposure / hangs, with a chi-square interval. A hang's
+exposure counts up to the moment it began (`time_to_hang_s`), not until its verdict.
 """
 
 from __future__ import annotations
@@ -97,6 +98,7 @@ class ObservationLike(Protocol):
     outcome: Outcome
     signature: str | None
     exposure_s: float
+    time_to_hang_s: float | None
 
 
 def mttf_estimate(exposure_s: float, hangs: int, confidence: float = 0.95) -> Estimate:
@@ -108,6 +110,15 @@ def mttf_estimate(exposure_s: float, hangs: int, confidence: float = 0.95) -> Es
         return Estimate(exposure_s, 0, None, est.low_s, None)
     return Estimate(exposure_s, hangs, est.point_s, float(est.low_s),
                     None if math.isinf(est.high_s) else float(est.high_s))
+
+
+def at_risk_s(ob: ObservationLike) -> float:
+    """Exposure that counts toward MTTF: for a hang only the time under load before it began
+    (`time_to_hang_s`), since the seconds between the hang and its verdict were not at risk."""
+    exposure = float(ob.exposure_s or 0.0)
+    if Outcome(ob.outcome) is Outcome.HANG and ob.time_to_hang_s is not None:
+        return min(exposure, float(ob.time_to_hang_s)) if exposure > 0 else float(ob.time_to_hang_s)
+    return exposure
 
 
 def classify(verdicts: Sequence[bool]) -> CellStatus:
@@ -144,7 +155,7 @@ def cell_states(run_ids: Sequence[str], observations: Iterable[ObservationLike])
             if ob is None:
                 continue
             state.latest = outcome
-            state.exposure_s += ob.exposure_s or 0.0
+            state.exposure_s += at_risk_s(ob)
             if outcome is Outcome.HANG:
                 state.hangs += 1
             if outcome in FAILED and ob.signature and ob.signature not in state.signatures:
@@ -167,7 +178,7 @@ def signature_summaries(run_ids: Sequence[str], observations: Iterable[Observati
     obs = [ob for ob in observations if ob.run_id in order]
     exposure_by_cell: dict[str, float] = defaultdict(float)
     for ob in obs:
-        exposure_by_cell[ob.cell_id] += ob.exposure_s or 0.0
+        exposure_by_cell[ob.cell_id] += at_risk_s(ob)
     found: dict[tuple[str, Outcome], dict] = {}
     for ob in sorted(obs, key=lambda o: order[o.run_id]):
         outcome = Outcome(ob.outcome)

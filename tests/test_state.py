@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from soakmatrix.reports.history import Observation
-from soakmatrix.reports.state import (CellStatus, cell_states, classify, mttf_estimate, new_failures,
+from soakmatrix.reports.state import (CellStatus, at_risk_s, cell_states, classify, mttf_estimate, new_failures,
                                       signature_summaries)
 
 RUNS = [f"night{i}" for i in range(1, 7)]
@@ -49,8 +49,9 @@ def test_state_of_a_cell(pattern, status, first_failing):
 def test_counts_exposure_and_mttf_of_a_flaky_cell():
     state = cell_states(RUNS, history("c1", "PHPPHP"))["c1"]
     assert (state.hangs, state.failing_runs, state.verdict_runs) == (2, 2, 6)
-    assert state.exposure_s == 6 * 3600.0 and state.last_failing_run == "night5"
-    assert state.estimate.mttf_s == pytest.approx(3 * 3600.0)
+    # a hang's exposure counts until it began (1800 s), not until the verdict
+    assert state.exposure_s == 4 * 3600.0 + 2 * 1800.0 and state.last_failing_run == "night5"
+    assert state.estimate.mttf_s == pytest.approx(9000.0)
     assert state.signatures == ["silent_stall"] and state.latest.value == "passed"
 
 
@@ -76,13 +77,20 @@ def test_signature_summary_pools_mttf_over_all_exposure_of_the_cells_it_hit():
     sigs = {s.signature: s for s in signature_summaries(RUNS, obs)}
     shm = sigs["shm_broadcast_timeout"]
     assert shm.cells == ["a", "b"] and shm.first_seen_run == "night3" and shm.last_seen_run == "night6"
-    assert shm.hits == 3 and shm.exposure_s == 10 * 3600.0
-    assert shm.estimate.mttf_s == pytest.approx(10 * 3600.0 / 3)
+    assert shm.hits == 3 and shm.exposure_s == 7 * 3600.0 + 3 * 1800.0
+    assert shm.estimate.mttf_s == pytest.approx((7 * 3600.0 + 3 * 1800.0) / 3)
     assert shm.estimate.low_s < shm.estimate.mttf_s < shm.estimate.high_s
     assert sigs["silent_stall"].estimate.mttf_s == pytest.approx(600.0) and sigs["silent_stall"].hits == 6
     assert sigs["cuda_illegal_address"].outcome.value == "crash"
     assert sigs["cuda_illegal_address"].first_seen_run == "night6"
     assert [s.signature for s in signature_summaries(RUNS, obs)][0] == "silent_stall"   # most hits first
+
+
+def test_time_after_a_hang_began_is_not_exposure():
+    hung = Observation("night1", "c", "hang", "silent_stall", exposure_s=3700.0, time_to_hang_s=2200.0)
+    passed = Observation("night2", "c", "passed", None, exposure_s=3600.0, time_to_hang_s=None)
+    assert at_risk_s(hung) == 2200.0 and at_risk_s(passed) == 3600.0
+    assert cell_states(RUNS, [hung, passed])["c"].estimate.mttf_s == pytest.approx(5800.0)
 
 
 def test_mttf_estimate_is_the_shared_statistics_module_s():
