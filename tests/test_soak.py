@@ -53,9 +53,10 @@ def spec_for(tmp_path, soak_s=8.0, backend="fake", **kw):
     return SoakSpec(**base)
 
 
-def no_process_left(result):
+def no_process_left(result, server_alive_until_teardown=True):
     pids = result.extra["teardown"]["pids"]
-    assert pids and not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+    assert pids or not server_alive_until_teardown
+    assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
                             for p in pids)
     assert result.extra["teardown"]["clean"]
 
@@ -151,7 +152,7 @@ def test_every_hang_style_of_the_simulated_engine(tmp_path, style):
         assert "VLLM::EngineCore" in stacks or "EngineCore" in stacks
         if style == "event_sync_stall":
             assert any("_to_list" in f for f in r.stuck_frames)
-    no_process_left(r)
+    no_process_left(r, server_alive_until_teardown=(style != "crash"))
 
 
 @pytest.mark.slow
@@ -164,3 +165,18 @@ def test_slow_prefills_are_not_a_hang(tmp_path):
     assert r.outcome == Outcome.PASSED, r.message
     assert r.extra["load"]["gap_max_s"] > 3        # the slow steps really happened
     no_process_left(r)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("style,detector,signature", [
+    ("shm_broadcast", "logs", "shm_broadcast_timeout"),   # warnings every 2 s at --time-scale 30
+    ("crash", "exit", "crash"),                            # the server goes away
+])
+def test_log_and_exit_detectors_alone_catch_the_simulated_engine(tmp_path, style, detector, signature):
+    model = tmp_path / "hangs.yaml"
+    model.write_text(HANG_MODEL.format(style=style).replace("mttf_s: 4", "mttf_s: 120"))
+    spec = spec_for(tmp_path, soak_s=60 * 30, backend="sim", hang_model=str(model), time_scale=30.0)
+    r = run_cell(spec, options=SoakOptions(detector_names=[detector], drain_s=5))
+    assert r.detector == detector and r.signature == signature, r.message
+    assert r.extra["time_scale"] == 30.0 and r.exposure_s >= 30 * r.extra["wall_exposure_s"] * 0.99
+    no_process_left(r, server_alive_until_teardown=(style != "crash"))
