@@ -111,7 +111,7 @@ _VLLM_SWITCHES = {
     "--disable-uvicorn-access-log", "--enable-auto-tool-choice", "--disable-frontend-multiprocessing",
     "--enable-lora", "--disable-custom-all-reduce", "--enable-sleep-mode", "--skip-tokenizer-init",
     "--enable-log-outputs", "--enable-prompt-tokens-details", "--enable-force-include-usage",
-    "--disable-fastapi-docs", "--enable-server-load-tracking", "--headless", "--api-server-count",
+    "--disable-fastapi-docs", "--enable-server-load-tracking", "--headless",
 }
 
 

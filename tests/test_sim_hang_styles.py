@@ -9,8 +9,11 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -65,7 +68,7 @@ def check_record(rec: dict, style: str, started: float) -> None:
 
 
 def py_spy(pid: int) -> str | None:
-    exe = shutil.which("py-spy") or str(Path(__import__("sys").executable).parent / "py-spy")
+    exe = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     try:
         out = subprocess.run([exe, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
@@ -169,7 +172,6 @@ def test_shm_broadcast_tp1_and_keep_alive(tmp_path) -> None:
         assert sp.wait_for_log("EngineDeadError", 15)
         loader.join(timeout=15)
         assert sp.health() == 503
-        import urllib.request
         req = urllib.request.Request(sp.url + "/v1/completions", data=b'{"prompt": "x", "max_tokens": 2}',
                                      headers={"Content-Type": "application/json"})
         with pytest.raises(urllib.error.HTTPError) as err:

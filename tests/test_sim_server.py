@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import time
 
@@ -220,7 +221,7 @@ def test_process_tree_like_vllm_and_sigterm_leaves_nothing(tmp_path) -> None:
     assert core.ppid() == sp.proc.pid
     assert all(p.cmdline()[0].startswith("VLLM::") for p in sp.tree[1:])
     pgid = sp.proc.pid
-    assert all(psutil.Process(p.pid).as_dict(["pid"]) and __import__("os").getpgid(p.pid) == pgid for p in sp.tree)
+    assert all(os.getpgid(p.pid) == pgid for p in sp.tree)      # one process group, as the launcher expects
     load(sp.url, concurrency=2, duration_s=0.5, max_tokens=8)
     assert sp.stop() == 0
     assert not sp.leftover
