@@ -214,7 +214,7 @@ class LoadDriver:
                 self._spawn(session, source, tasks)
             if tasks:
                 done, _ = await asyncio.wait(tasks, timeout=0.1, return_when=asyncio.FIRST_COMPLETED)
-                if any(t.result() is False for t in done if not t.cancelled()):
+                if any(t.cancelled() or t.exception() is not None or t.result() is False for t in done):
                     await asyncio.sleep(0.2)   # failing server: do not spin
             else:
                 await asyncio.sleep(0.05)
@@ -283,7 +283,7 @@ class LoadDriver:
         except asyncio.TimeoutError:
             self._error("timeout")
             return False
-        except aiohttp.ClientError as exc:
+        except (aiohttp.ClientError, ValueError, KeyError, TypeError) as exc:   # incl. bad JSON from the server
             self._error(type(exc).__name__)
             return False
         finally:
