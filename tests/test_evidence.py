@@ -5,6 +5,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from soakmatrix.jobs import evidence, launcher
 from soakmatrix.jobs.signatures import parse_stacks
 
@@ -31,6 +33,7 @@ def test_a_hung_py_spy_is_cut_off():
     assert text == "" and "timed out" in problem
 
 
+@pytest.mark.slow
 def test_capture_dumps_every_process_of_the_tree_and_keeps_the_rest(tmp_path, port):
     server = launcher.launch_argv([sys.executable, FAKE, "--port", str(port), "--child"], tmp_path, port)
     try:
@@ -58,6 +61,7 @@ def test_capture_dumps_every_process_of_the_tree_and_keeps_the_rest(tmp_path, po
     assert "gpu_state" in ev.artifacts or any("GPU state skipped" in n for n in ev.notes)
 
 
+@pytest.mark.slow
 def test_capture_of_a_dead_server_still_keeps_the_log(tmp_path, port):
     server = launcher.launch_argv([sys.executable, FAKE, "--port", str(port)], tmp_path, port)
     assert server.wait_ready(60) is None

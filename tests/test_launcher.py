@@ -29,6 +29,7 @@ def test_startup_failures_are_classified_never_as_hangs(code, log, outcome, need
     assert failure.outcome == outcome and needle in failure.message
 
 
+@pytest.mark.slow
 def test_a_started_server_is_ready_in_its_own_group_with_its_log(tmp_path, port):
     server = launcher.launch_argv([sys.executable, FAKE, "--port", str(port), "--child"], tmp_path, port)
     try:
@@ -43,6 +44,7 @@ def test_a_started_server_is_ready_in_its_own_group_with_its_log(tmp_path, port)
     assert report.clean and server.poll() is not None
 
 
+@pytest.mark.slow
 def test_usage_error_is_a_config_error(tmp_path, port):
     server = launcher.launch_argv([sys.executable, FAKE, "--port", str(port), "--no-such-flag"], tmp_path, port)
     try:
@@ -53,6 +55,7 @@ def test_usage_error_is_a_config_error(tmp_path, port):
     assert "unrecognized arguments: --no-such-flag" in failure.message
 
 
+@pytest.mark.slow
 def test_never_ready_is_an_infra_error_and_stop_cancels(tmp_path, port):
     server = launcher.launch_argv([sys.executable, FAKE, "--port", str(port), "--startup-s", "60"], tmp_path, port)
     try:

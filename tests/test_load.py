@@ -87,6 +87,7 @@ def server(port):
     stop.set()
 
 
+@pytest.mark.slow
 def test_closed_loop_driver_is_bounded_and_records_ttft_and_gaps(server):
     url, engine = server
     w = workload("random", concurrency=4, input_len=[5, 20], output_len=[5, 20], max_requests=30)
@@ -102,6 +103,7 @@ def test_closed_loop_driver_is_bounded_and_records_ttft_and_gaps(server):
     assert s["ttft_p50_s"] is not None and s["gap_p50_s"] is not None and s["gap_max_s"] > 0
 
 
+@pytest.mark.slow
 def test_chat_open_loop_and_non_streaming(server):
     url, _ = server
     w = workload("chat", loop="open", rate=20.0, input_len=[3, 5], output_len=[3, 5], sessions=4, turns=2,
@@ -115,6 +117,7 @@ def test_chat_open_loop_and_non_streaming(server):
     assert s["completed"] == 15 and s["failed"] == 0 and s["tokens"] >= 45
 
 
+@pytest.mark.slow
 def test_stop_abandons_requests_to_a_hung_server_promptly(port):
     _, stop = serve_in_thread(port, step_s=0.01, hang_after_s=0.5)
     try:

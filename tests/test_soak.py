@@ -19,6 +19,9 @@ from soakmatrix.matrix.outcomes import Outcome
 from soakmatrix.matrix.spec import Workload
 from soakmatrix.matrix.workloads import params_of
 
+# every test here starts a server
+pytestmark = pytest.mark.slow
+
 FAKE = str(Path(__file__).resolve().parent / "fake_openai.py")
 QUICK = SoakOptions(watchdog=WatchdogConfig(tick_s=0.25, scrape_every_s=0.5, health_every_s=1.0),
                     detector_options={"progress": {"floor_s": 3}, "stream": {"floor_s": 3}},

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 
 from soakmatrix.jobs import launcher, teardown
 
@@ -18,6 +19,7 @@ def gone(pids):
     return all(not psutil.pid_exists(p) or psutil.Process(p).status() == psutil.STATUS_ZOMBIE for p in pids)
 
 
+@pytest.mark.slow
 def test_sigterm_stops_the_tree_and_nothing_remains(tmp_path, port):
     server = launcher.launch_argv([sys.executable, FAKE, "--port", str(port), "--child"], tmp_path, port)
     assert server.wait_ready(60) is None
@@ -41,6 +43,7 @@ STUBBORN = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_sigterm_ignored_escalates_to_sigkill_including_processes_that_left_the_group(tmp_path, port):
     script = tmp_path / "stubborn.py"
     script.write_text(STUBBORN)

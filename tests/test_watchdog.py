@@ -44,6 +44,7 @@ def test_log_follower_returns_only_new_complete_lines(tmp_path):
     assert f.new_lines() == ["partial", "c"] and f.new_lines() == []
 
 
+@pytest.mark.slow
 def test_silent_hang_gets_one_verdict_and_health_stays_recorded_as_200(port):
     _, stop = serve_in_thread(port, step_s=0.01, hang_after_s=3)
     load = LoadDriver(f"http://127.0.0.1:{port}", workload(), seed=0, duration_s=60).start()
@@ -63,6 +64,7 @@ def test_silent_hang_gets_one_verdict_and_health_stays_recorded_as_200(port):
     assert dog.health and all(status == 200 for _, status in dog.health)   # a stuck engine looks healthy
 
 
+@pytest.mark.slow
 def test_a_healthy_run_with_slow_scrapes_has_no_verdict(port):
     _, stop = serve_in_thread(port, step_s=0.01)
 
