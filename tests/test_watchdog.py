@@ -103,3 +103,46 @@ def test_process_exit_is_a_crash_verdict_from_the_exit_or_log_detector(tmp_path,
     assert verdict is not None and verdict.kind == "crash" and verdict.detector in ("exit", "logs")
     timeline = (tmp_path / "watchdog.jsonl").read_text()
     assert '"verdict"' in timeline and '"health": 200' in timeline
+
+
+class Scripted:
+    """A server whose /metrics, log and exit code follow a script (no process, no socket)."""
+    def __init__(self, tmp_path):
+        self.base_url = "http://scripted"
+        self.log_path = tmp_path / "server.log"
+        self.log_path.write_text("")
+        self.tokens, self.running, self.exit_code = 0, 3, None
+
+    def poll(self):
+        return self.exit_code
+
+    def get(self, url, timeout_s):
+        if url.endswith("/health"):
+            return 200, ""
+        return 200, (f"vllm:generation_tokens_total {self.tokens}\nvllm:num_requests_running {self.running}\n")
+
+
+def test_a_log_verdict_is_dated_to_the_last_progress_and_names_the_other_detectors(tmp_path):
+    server = Scripted(tmp_path)
+    clock = [1000.0]
+    dog = Watchdog(server, None, build_detectors(["progress", "logs", "exit"]),
+                   WatchdogConfig(scrape_every_s=0.01), clock=lambda: clock[0], get=server.get)
+    dog.start()
+    try:
+        for _ in range(5):
+            server.tokens += 10
+            time.sleep(0.05)
+            clock[0] += 1
+            assert dog.tick() is None
+        progress_at = dog.last_progress_at
+        with open(server.log_path, "a") as f:
+            f.write("ERROR RuntimeError: CUDA error: an illegal memory access was encountered\n")
+        server.exit_code = 1
+        clock[0] += 1
+        verdict = dog.tick()
+    finally:
+        dog.close()
+    assert verdict.detector == "logs" and verdict.kind == "crash" and verdict.hint == "cuda_error"
+    assert verdict.since == progress_at                         # filled in from the last progress
+    assert any(a.startswith("exit: ") for a in verdict.details["also"])
+    assert '"verdict": "logs"' in (tmp_path / "watchdog.jsonl").read_text()
