@@ -374,9 +374,10 @@ class _Search:
         soak = E * (factor ** (1.0 / H) - 1.0)
         mttf = E / H
         # a hypothesis at the cap is the slowest that still counts: never soak longer than that needs
-        longest = stats.soak_for_detection(self.post.cap, 1 - delta)
+        longest = self.post.cap * np.log(1.0 / delta)     # soak_for_detection(cap, 1 - delta)
         # every probe pays its start-up: a soak much shorter than that buys little
-        return np.clip(soak, max(MIN_SOAK_MTTFS * mttf, self.s.startup_s), max(longest, self.s.startup_s))
+        shortest = max(MIN_SOAK_MTTFS * mttf, self.s.startup_s)
+        return np.clip(soak, shortest, np.maximum(longest, shortest))
 
     def choose(self, lp: np.ndarray, delta: float) -> tuple[int, float]:
         n = self.n
@@ -468,7 +469,7 @@ def _shrink_values(search: _Search, minimal_mask: int, alternatives: Mapping[str
             search.log.append(result)
             search.probes += 1
             search.gpu_hours += result.gpu_hours
-            cs = ConfigStats(-1, f"{search.label(minimal_mask)}, {e.name}={value}", flags, role="shrink",
+            cs = ConfigStats(-1, f"minimal set with {e.name}={value}", flags, role="shrink",
                              probes=1, gpu_hours=result.gpu_hours)
             search.extra_configs.append(cs)
             if result.outcome in ("config_error", "infra_error"):
