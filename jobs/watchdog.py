@@ -68,7 +68,8 @@ class Watchdog:
         """`server`: .base_url, .poll(), .log_path (a RunningServer); `load`: .snapshot() or None."""
         self.server, self.load, self.config, self.clock, self.get = server, load, config, clock, get
         self.detectors = list(detectors) if detectors is not None else build_detectors()
-        self.log = LogFollower(server.log_path) if getattr(server, "log_path", None) else None
+        # start-up lines are the launcher's business (and may mention memory or NCCL harmlessly)
+        self.log = LogFollower(server.log_path, from_start=False) if getattr(server, "log_path", None) else None
         folder = Path(artifacts_dir) if artifacts_dir else (Path(server.log_path).parent if self.log else None)
         self.timeline_path = folder / "watchdog.jsonl" if folder else None
         self._lock = threading.Lock()
