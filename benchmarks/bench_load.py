@@ -3,7 +3,8 @@
 A minimal streaming server (its own process, pinned to another core where there is one) emits one
 token per stream every `--step-ms`; the driver (pinned to one core) runs a closed loop at each
 concurrency. If the driver keeps up, tokens/s is concurrency x 1000/step-ms; where it falls behind,
-or its CPU reaches 100 %, is its ceiling. The soak's own load must stay well under it, so a soak
+or its CPU reaches 100 %, is its ceiling. On a busy machine the server starves first, so the table
+also gives the driver's CPU cost per token and the ceiling it implies (1 s of one core / that cost). The soak's own load must stay well under it, so a soak
 measures the engine, never the client.
 
     python -m benchmarks.bench_load            # concurrency 16 .. 1024, 10 s each
@@ -94,7 +95,9 @@ def measure(url: str, concurrency: int, seconds: float, output_len: int) -> dict
     cpu1 = me.cpu_times()
     drv.stop(timeout_s=10)
     s = drv.stats.summary()
+    cpu_s = (cpu1.user + cpu1.system) - (cpu0.user + cpu0.system)
     return {"concurrency": concurrency, "open": snap.open_streams, "tokens_per_s": tokens / wall,
+            "cpu_us_per_token": 1e6 * cpu_s / tokens if tokens else None,
             "requests_per_s": s["completed"] / wall, "cpu_pct": 100 * ((cpu1.user + cpu1.system) - (cpu0.user + cpu0.system)) / wall,
             "gap_p50_ms": 1000 * (s["gap_p50_s"] or 0), "gap_p99_ms": 1000 * (s["gap_p99_s"] or 0),
             "failed": s["failed"]}
@@ -119,7 +122,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.concurrency, args.seconds = "16,128", 4.0
     port = free_port()
     server = subprocess.Popen([sys.executable, "-m", "benchmarks.bench_load", "--serve", str(port),
-                               "--step-ms", str(args.step_ms)], stdout=subprocess.DEVNULL)
+                               "--step-ms", str(args.step_ms)], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
     rows = []
     try:
         if args.pin:
@@ -135,12 +139,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"load driver (one Python thread: at most one core; CPU below is its share of one core); server emits a token per stream every {args.step_ms:.0f} ms "
               f"(ideal tokens/s = concurrency x {1000 / args.step_ms:.0f})\n")
         print(f"{'streams':>7} {'open':>5} {'tokens/s':>9} {'ideal':>7} {'req/s':>6} {'driver CPU':>10} "
-              f"{'gap p50 ms':>10} {'gap p99 ms':>10}")
+              f"{'CPU us/token':>12} {'ceiling tok/s/core':>18} {'gap p50 ms':>10} {'gap p99 ms':>10}")
         for c in [int(x) for x in args.concurrency.split(",")]:
             r = measure(url, c, args.seconds, args.output_len)
             rows.append(r)
             print(f"{c:>7} {r['open']:>5} {r['tokens_per_s']:>9.0f} {c * 1000 / args.step_ms:>7.0f} "
-                  f"{r['requests_per_s']:>6.1f} {r['cpu_pct']:>9.0f}% {r['gap_p50_ms']:>10.1f} "
+                  f"{r['requests_per_s']:>6.1f} {r['cpu_pct']:>9.0f}% "
+                  f"{r['cpu_us_per_token'] or 0:>12.0f} "
+                  f"{(1e6 / r['cpu_us_per_token']) if r['cpu_us_per_token'] else 0:>18.0f} {r['gap_p50_ms']:>10.1f} "
                   f"{r['gap_p99_ms']:>10.1f}", flush=True)
     finally:
         server.terminate()
