@@ -62,7 +62,7 @@ def argparse_message(stderr: str) -> str:
     lines = [ln.strip() for ln in stderr.strip().splitlines() if ln.strip()]
     if not lines:
         return "rejected by vLLM's argument parser"
-    return re.sub(r"^\S+: (?=error: )", "", lines[-1])
+    return re.sub(r"^.*?: (?=error: )", "", lines[-1], count=1)
 
 
 def exception_message(exc: BaseException) -> str:
