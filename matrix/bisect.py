@@ -562,6 +562,33 @@ def _drop_modifiers(search: _Search, mask: int, cap: float, notes: list[str]) ->
     return mask
 
 
+def _add_rate_needed(search: _Search, mask: int, cap: float, notes: list[str]) -> int:
+    """An element outside the set without which configs containing the set hang significantly
+    less often, at an MTTF beyond the cap, is needed for the hang *within the cap*: add it.
+
+    (The search model shares one rate among configs containing the set, so a chance hang without
+    a strong modifier can make it look unnecessary; the rate test catches that.)
+    """
+    s = search.s
+    for i, e in enumerate(search.elements):
+        bit = 1 << i
+        if mask & bit:
+            continue
+        with_e = [cs for m, cs in search.configs.items() if (m & mask) == mask and m & bit]
+        without = [cs for m, cs in search.configs.items() if (m & mask) == mask and not m & bit]
+        ha, ea = sum(c.hangs for c in with_e), sum(c.exposure_s for c in with_e)
+        hb, eb = sum(c.hangs for c in without), sum(c.exposure_s for c in without)
+        if not (ea > 0 and eb > 0 and hb > 0):
+            continue
+        cmp = stats.compare_rates(ha, ea, hb, eb)
+        if cmp.p_value < 1 - s.confidence and cmp.ratio > 1 and eb / hb > cap:
+            notes.append(f"{e.name} is needed to hang within the cap: without it {hb} hang(s) in "
+                         f"{format_duration(eb)} (MTTF ~{format_duration(eb / hb)} > cap {format_duration(cap)}, "
+                         f"x{cmp.ratio:.1f} slower, p={cmp.p_value:.2g})")
+            mask |= bit
+    return mask
+
+
 def bisect(failing_flags: Mapping[str, Any], elements: Sequence[Element], oracle: ProbeOracle,
            settings: Settings = Settings(), *, signature: str | None = None,
            context: Mapping[str, str] | None = None, context_elements: Sequence[Element] = (),
@@ -623,6 +650,16 @@ def bisect(failing_flags: Mapping[str, Any], elements: Sequence[Element], oracle
                      f"< {s.confidence}")
     if status == "found" and s.verify_cap:
         top = _drop_modifiers(search, top, cap, notes)
+    if status == "found":
+        grown = _add_rate_needed(search, top, cap, notes)
+        if grown != top:
+            top = grown
+            if search.stats_of(top).hangs == 0 and search._ok[top] and not search.over_budget():
+                H, E = float(search.post.H[top]), float(search.post.E[top])
+                search.run([(top, stats.soak_for_detection(min(E / max(H, 1.0), cap), s.confidence), "certification")])
+            if search.stats_of(top).hangs == 0:
+                status = "inconclusive"
+                notes.append("the grown set was not seen to hang in its certification run")
     outside = [cs for m, cs in search.configs.items() if cs.hangs and (m & top) != top]
     if outside:
         notes.append("hangs with this signature were also seen in configs without this set ("
