@@ -73,10 +73,33 @@ def owned_engines() -> list[psutil.Process]:
     return found
 
 
-def no_engine_left(before: set[int], timeout_s: float = 30.0) -> list[int]:
+def with_children(procs: list[psutil.Process]) -> list[psutil.Process]:
+    """The processes and their descendants (an engine core retitles itself, hiding its environment)."""
+    out = []
+    for p in procs:
+        try:
+            out += [p, *p.children(recursive=True)]
+        except psutil.Error:
+            continue
+    return out
+
+
+def alive(procs: list[psutil.Process]) -> list[int]:
+    left = []
+    for p in procs:
+        try:
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                left.append(p.pid)
+        except psutil.Error:
+            continue
+    return left
+
+
+def no_engine_left(before: set[int], tree: list[psutil.Process] = (), timeout_s: float = 30.0) -> list[int]:
+    """Pids still running after `timeout_s`: new token carriers and any of `tree`."""
     deadline = time.monotonic() + timeout_s
     while True:
-        left = [p.pid for p in owned_engines() if p.pid not in before]
+        left = [p.pid for p in owned_engines() if p.pid not in before] + alive(list(tree))
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(0.5)
@@ -332,7 +355,7 @@ def test_hand_written_soak_with_the_fixtures(pytester):
     assert planted["result"] == "failure" and "signature: shm_broadcast_timeout" in planted["message"]
     assert "stuck frames (innermost first)" in planted["message"]
     assert planted["props"]["signature"] == "shm_broadcast_timeout" and planted["props"]["outcome"] == "hang"
-    assert not no_engine_left(before, timeout_s=10)
+    assert not no_engine_left(before, timeout_s=15)
 
 
 @pytest.mark.slow
@@ -379,8 +402,11 @@ def test_a_killed_worker_leaves_no_engine_behind(pytester):
         token = engines[0].environ()[OWNER_ENV]
         worker = psutil.Process(int(token.split("-")[0]))
         assert worker.pid != pytest_proc.pid and pytest_proc.pid in [p.pid for p in worker.parents()]
+        time.sleep(2)   # the engine core is up by now
+        tree = with_children([p for p in owned_engines() if p.pid not in before])
+        assert len(tree) >= 2   # API server and engine core
         worker.send_signal(signal.SIGKILL)
-        assert not no_engine_left(before, timeout_s=45)
+        assert not no_engine_left(before, tree, timeout_s=45)
     finally:
         try:
             os.killpg(pytest_proc.pid, signal.SIGKILL)
