@@ -228,6 +228,28 @@ def test_a_marker_mistake_is_an_error_naming_the_key(pytester):
     assert case["result"] == "error" and "flags.cuda_graphs: unknown flag" in case["message"]
 
 
+def test_markers_on_modules_and_classes_soak_every_test_in_them(pytester):
+    pytester.makepyfile("""
+        import pytest
+
+        pytestmark = pytest.mark.soak(flags={"mtp": 0}, duration="1m")
+
+        def test_module_level():
+            pass
+
+        @pytest.mark.soak(duration="2m")
+        class TestGroup:
+            def test_in_class(self):
+                pass
+
+        def helper():
+            pass
+    """)
+    result = pytester.runpytest_subprocess("--setup-plan", "-p", "no:cacheprovider")
+    out = result.stdout.str()
+    assert out.count("SETUP    F soak_result") == 2 and out.count("SETUP    F soak_cell") == 2
+
+
 MATRIX = """\
 name: pt
 models:
