@@ -89,3 +89,15 @@ def test_sim_engine_on_ray_gives_the_virtual_answer(tmp_path):
     leftovers = [p for p in psutil.process_iter(["pid", "cmdline"])
                  if p.info["pid"] not in before and str(tmp_path) in " ".join(p.info["cmdline"] or [])]
     assert not leftovers
+
+
+@pytest.mark.slow
+def test_emitted_regression_test_runs_under_the_soak_plugin_and_catches_the_hang(tmp_path):
+    out = soakmatrix("bisect", str(DEMO), "--cell", FAILING, "--virtual", "--quiet", "--seed", "3", "--no-shrink",
+                     "--emit-test", str(tmp_path / "test_regression.py"))
+    assert out.returncode == 1, out.stderr
+    # the bug is still planted in the simulated engine, so the regression test must fail with its signature
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path / "test_regression.py")],
+                         capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert run.returncode == 1, run.stdout[-2000:]
+    assert "shm_broadcast_timeout" in run.stdout
