@@ -155,7 +155,7 @@ class Posterior:
         self.cap = cap_s
         self.pi0 = slow_zero_prior
         self.K = np.arange(1 << n, dtype=np.int64)
-        self.size = np.bitwise_count(self.K).astype(np.int64)
+        self.size = sum((self.K >> i) & 1 for i in range(n)) if n else np.zeros(1, dtype=np.int64)
         # prior: triggers are usually one to three flags: every set of 1-3 flags equally likely
         # (so a pair needs no more evidence than a single flag), larger sets x0.1 per extra flag,
         # the baseline itself (the empty set) unlikely
