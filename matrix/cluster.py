@@ -45,6 +45,27 @@ def sim_fleet(gpus: Mapping[str, GpuType], nodes_per_type: int = 1, cpus_per_nod
             for label, count in sorted(by_label.items()) for _ in range(nodes_per_type)]
 
 
+def gcs_endpoint(address: str) -> tuple[str, int] | None:
+    """(host, port) of a plain `host:port` GCS address; None for `auto`, `ray://...`, `local`."""
+    if "://" in address or ":" not in address:
+        return None
+    host, _, port = address.rpartition(":")
+    return (host, int(port)) if port.isdigit() and host else None
+
+
+def check_reachable(address: str, timeout_s: float = 10.0) -> None:
+    """Fail fast on an address nothing listens on: Ray itself retries such a GCS for ever."""
+    endpoint = gcs_endpoint(address)
+    if endpoint is None:
+        return
+    import socket
+
+    try:
+        socket.create_connection(endpoint, timeout=timeout_s).close()
+    except OSError as exc:
+        raise ConnectionError(f"nothing answers at {address} ({exc.strerror or exc})") from exc
+
+
 class ClusterHandle:
     """A connected Ray session; `close()` disconnects and stops what this process started."""
 
@@ -71,6 +92,7 @@ def connect(address: str | None, *, backend: str, gpus: Mapping[str, GpuType],
 
     quiet = {"log_to_driver": False, "logging_level": logging.WARNING, "include_dashboard": False}
     if address:
+        check_reachable(address)
         ray.init(address=address, runtime_env=dict(runtime_env) if runtime_env else None,
                  log_to_driver=False, logging_level=logging.WARNING)
         return ClusterHandle(f"Ray cluster at {address}", ray.shutdown)

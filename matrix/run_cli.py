@@ -16,7 +16,7 @@ from typing import Any, Sequence, TextIO
 from soakmatrix.jobs.result import CellResult
 from soakmatrix.jobs.soak_spec import SoakSpec
 
-from .outcomes import EXIT_OK, Outcome, exit_code
+from .outcomes import EXIT_INFRA, EXIT_OK, Outcome, exit_code
 from .plan import Plan, PlannedCell, plan
 from .progress import Progress
 from .spec import Matrix, Profile, format_duration, load_matrix
@@ -181,7 +181,13 @@ def execute(matrix: Matrix, profile: Profile, cells: Sequence[PlannedCell], args
         startup_timeout = make_spec(cells[0]).startup_timeout_s if cells else 0.0
         cap = cap_seconds(profile.soak_s, startup_timeout, profile.cap_s, scale)
         interrupted = stopped_early = False
-        with connect(address, backend=args.backend, gpus=matrix.gpus) as cluster:
+        try:
+            cluster = connect(address, backend=args.backend, gpus=matrix.gpus)
+        except (ConnectionError, RuntimeError, TimeoutError, ValueError) as exc:
+            print(f"soakmatrix {kind}: cannot reach Ray{' at ' + address if address else ''}: "
+                  f"{type(exc).__name__}: {exc}", file=stream)
+            return EXIT_INFRA   # no verdict; the run stays unfinished for --resume
+        with cluster:
             print(f"soakmatrix {kind}: on {cluster.description}", file=stream)
             launcher = RayLauncher()
             never = unplaceable(todo, launcher.nodes())

@@ -5,7 +5,7 @@ import os
 import psutil
 import pytest
 
-from soakmatrix.matrix.cluster import NodeShape, address_from, sim_fleet
+from soakmatrix.matrix.cluster import NodeShape, address_from, check_reachable, gcs_endpoint, sim_fleet
 from soakmatrix.matrix.spec import GpuType
 
 
@@ -14,6 +14,14 @@ def test_cli_address_wins_over_environment():
     assert address_from(None, {"RAY_ADDRESS": "10.0.0.1:6379"}) == "10.0.0.1:6379"
     assert address_from(None, {}) is None
     assert address_from("", {"RAY_ADDRESS": ""}) is None
+
+
+def test_gcs_endpoint_and_an_unreachable_address_fails_fast():
+    assert gcs_endpoint("10.0.0.1:6379") == ("10.0.0.1", 6379)
+    assert gcs_endpoint("auto") is None and gcs_endpoint("ray://head:10001") is None
+    from conftest import free_port
+    with pytest.raises(ConnectionError, match="nothing answers"):
+        check_reachable(f"127.0.0.1:{free_port()}", timeout_s=2)
 
 
 def test_sim_fleet_one_node_per_ray_label_with_its_gpu_count():
