@@ -424,9 +424,11 @@ def test_a_killed_worker_leaves_no_engine_behind(pytester):
         token = engines[0].environ()[OWNER_ENV]
         worker = psutil.Process(int(token.split("-")[0]))
         assert worker.pid != pytest_proc.pid and pytest_proc.pid in [p.pid for p in worker.parents()]
-        time.sleep(2)   # the engine core is up by now
-        tree = with_children([p for p in owned_engines() if p.pid not in before])
-        assert len(tree) >= 2   # API server and engine core
+        tree: list[psutil.Process] = []
+        while time.monotonic() < deadline + 60 and len(tree) < 2:   # the API server and its engine core
+            tree = with_children([p for p in owned_engines() if p.pid not in before])
+            time.sleep(0.5)
+        assert len(tree) >= 2, f"the engine core did not start: {tree}"
         worker.send_signal(signal.SIGKILL)
         assert not no_engine_left(before, tree, timeout_s=45)
     finally:
