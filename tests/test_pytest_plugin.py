@@ -43,6 +43,11 @@ hangs:
     when: {mtp: [1]}
     min_running: 1
     mttf_s: 60
+  - id: boom
+    style: crash
+    when: {enforce_eager: [true]}
+    min_running: 1
+    mttf_s: 60
 """
 SMALL_LOAD = '{"kind": "random", "concurrency": 4, "input_len": [16, 64], "output_len": [8, 32]}'
 FAST = ["--soak-drain", "5", "-p", "no:cacheprovider"]
@@ -306,9 +311,16 @@ def test_a_passing_soak_and_a_planted_hang(pytester):
                           hang_model="hangs.yaml", time_scale=60)
         def test_planted():
             '''no body'''
+
+        @pytest.mark.soak(flags={{"enforce_eager": True}}, duration="10m", workload={SMALL_LOAD},
+                          hang_model="hangs.yaml", time_scale=60)
+        def test_crashing():
+            '''no body'''
     """)
+    before = {p.pid for p in owned_engines()}
     result = pytester.runpytest_subprocess("--junitxml=j.xml", *FAST, timeout=300)
-    result.assert_outcomes(passed=1, failed=1)
+    result.assert_outcomes(passed=1, failed=2)
+    assert not no_engine_left(before, timeout_s=15)
     out = result.stdout.str()
     assert "signature: shm_broadcast_timeout" in out and "stuck frames" in out
     cases = junit_cases(pytester.path / "j.xml")
@@ -325,6 +337,9 @@ def test_a_passing_soak_and_a_planted_hang(pytester):
     folder = Path(props["artifacts"])
     assert (folder / "server.log").exists() and json.loads((folder / "result.json").read_text())["outcome"] == "hang"
     assert (folder / "evidence").is_dir()
+    crashing = cases["test_crashing"]
+    assert crashing["result"] == "failure" and crashing["props"]["outcome"] == "crash"
+    assert "soak crash" in crashing["message"]
 
 
 @pytest.mark.slow
@@ -392,8 +407,10 @@ def test_two_xdist_workers_soak_side_by_side_on_their_own_gpus(pytester):
         def test_soak(n):
             '''no body'''
     """)
+    before = {p.pid for p in owned_engines()}
     result = pytester.runpytest_subprocess("-n", "2", "--soak-gpus", "2", "--junitxml=j.xml", *FAST, timeout=300)
     result.assert_outcomes(passed=2)
+    assert not no_engine_left(before, timeout_s=15)
     props = [c["props"] for c in junit_cases(pytester.path / "j.xml").values()]
     assert sorted(p["worker"] for p in props) == ["gw0", "gw1"]
     assert sorted(p["cuda_visible_devices"] for p in props) == ["0", "1"]
