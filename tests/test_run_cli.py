@@ -65,13 +65,22 @@ def store_of(out: Path):
     return HistoryStore(out / "history.sqlite")
 
 
+DASHBOARD_PORT = {}
+
+
 @pytest.fixture(scope="module")
 def cluster():
-    """A two-node cluster (head without GPUs, one node with 2 simulated H200s) the CLI joins by address."""
+    """A two-node cluster (head without GPUs, one node with 2 simulated H200s) the CLI joins by
+    address; its head runs the job server so `ray job submit` works too."""
     ray = pytest.importorskip("ray")
     from ray.cluster_utils import Cluster
 
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 0, "include_dashboard": False})
+    from conftest import free_port
+
+    DASHBOARD_PORT["port"] = free_port()
+    c = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 1, "num_gpus": 0, "include_dashboard": True, "dashboard_host": "127.0.0.1",
+        "dashboard_port": DASHBOARD_PORT["port"]})
     c.add_node(num_cpus=1, num_gpus=2, resources={"accelerator_type:H200": 1})
     ray.init(address=c.address, log_to_driver=False)
     c.wait_for_nodes()
@@ -212,3 +221,91 @@ def test_ctrl_c_cancels_cleanly_and_tears_every_server_down(tmp_path, cluster):
     with store_of(out) as store:
         [run] = store.runs()
         assert run.status is None and store.results(run.id) == []   # nothing half-done recorded
+
+
+# -- the CI examples ---------------------------------------------------------------------------------
+
+CI = REPO / "matrix" / "ci"
+
+
+def soakmatrix_commands(text: str) -> list[list[str]]:
+    """Every `soakmatrix run|smoke ...` command in a CI file, continuation lines joined, CI
+    expressions and shell variables replaced by placeholders."""
+    import re
+    import shlex
+
+    text = re.sub(r"\$\{\{[^}]*\}\}", "X", text.replace("\\\n", " "))
+    text = re.sub(r"\$\$?\{?\(?[A-Za-z_][A-Za-z_0-9]*\}?\)?", "X", text)
+    out = []
+    for line in text.splitlines():
+        m = re.search(r"\bsoakmatrix (run|smoke) (.*)", line)
+        if m and not m.group(2).startswith('"X'):
+            args = shlex.split(m.group(2).split(" || ")[0].split(";")[0], comments=True)
+            out.append([m.group(1), *(a for a in args if a != "X")])   # a lone X was an optional flag
+    return out
+
+
+def test_ci_examples_schedule_nightly_and_smoke_pull_requests_with_real_options():
+    import argparse
+    import importlib
+
+    import yaml
+
+    workflow = yaml.safe_load((CI / "github-actions.yml").read_text())
+    triggers = workflow.get("on", workflow.get(True))
+    assert "schedule" in triggers and "pull_request" in triggers
+    assert triggers["schedule"][0]["cron"].count(" ") == 4
+    pipeline = yaml.safe_load((CI / "buildkite.yml").read_text())
+    assert any("schedule" in step.get("if", "") for step in pipeline["steps"] if isinstance(step, dict))
+    commands = []
+    for name in ("github-actions.yml", "buildkite.yml"):
+        found = soakmatrix_commands((CI / name).read_text())
+        assert {c[0] for c in found} >= {"run", "smoke"}, name
+        commands += found
+    for command, *rest in commands:
+        module = importlib.import_module(f"soakmatrix.matrix.{command}_cli")
+        parser = argparse.ArgumentParser(exit_on_error=False)
+        module.configure(parser)
+        parser.parse_args(rest)   # raises on an option the CLI does not have
+    assert any("--fail-fast" in c and "--changed-files" in c for c in commands)
+    assert any("--profile" in c and "nightly" in c for c in commands)
+    subprocess.run(["bash", "-n", str(CI / "ray-job-submit.sh")], check=True)
+
+
+def test_kuberay_manifest_has_one_worker_group_per_gpu_type_of_the_nightly_matrix():
+    import yaml
+
+    from soakmatrix.matrix.spec import load_matrix
+
+    docs = list(yaml.safe_load_all((CI / "kuberay-raycluster.yaml").read_text()))
+    [cluster] = [d for d in docs if d["kind"] == "RayCluster"]
+    assert cluster["apiVersion"] == "ray.io/v1"
+    assert cluster["spec"]["headGroupSpec"]["rayStartParams"]["num-gpus"] == "0"
+    groups = cluster["spec"]["workerGroupSpecs"]
+    nightly = load_matrix(EXAMPLES / "nightly.yaml")
+    assert len(groups) == len(nightly.gpus)
+    for gpu in nightly.gpus.values():
+        import json
+        [group] = [g for g in groups
+                   if json.loads(json.loads(g["rayStartParams"]["resources"])) == {f"accelerator_type:{gpu.ray_label}": 1}]
+        assert group["rayStartParams"]["num-gpus"] == str(gpu.count)
+        limits = group["template"]["spec"]["containers"][0]["resources"]["limits"]
+        assert limits["nvidia.com/gpu"] == str(gpu.count)
+        assert group["minReplicas"] == group["replicas"] == group["maxReplicas"]
+
+
+@pytest.mark.slow
+def test_ray_job_submit_example_runs_the_matrix_on_the_cluster(tmp_path, cluster):
+    matrix = write_matrix(tmp_path, "jobsubmit", soak="5m")
+    out = tmp_path / "out"
+    env = {"RAY_DASHBOARD": f"http://127.0.0.1:{DASHBOARD_PORT['port']}",
+           "SOAKMATRIX": f"{sys.executable} -m soakmatrix.matrix.cli",
+           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    result = subprocess.run([str(CI / "ray-job-submit.sh"), str(matrix), "--out", str(out)], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=400, env={**os.environ, **env})
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    assert "on Ray cluster at" in result.stdout           # it joined the cluster, started none
+    with store_of(out) as store:
+        results = store.results(store.latest_run_id())
+    assert len(results) == 8 and all(r.outcome is Outcome.PASSED for r in results)
+    assert_gone(str(out))
