@@ -13,7 +13,6 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
