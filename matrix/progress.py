@@ -84,7 +84,7 @@ class Progress:
     """Implements schedule.Events for a terminal or a log."""
 
     def __init__(self, total: int, stream: TextIO | None = None, tty: bool | None = None,
-                 clock: Callable[[], float] = time.time, min_redraw_s: float = 0.5):
+                 clock: Callable[[], float] = time.time, min_redraw_s: float = 0.5, log_every_s: float = 60.0):
         self.stream = stream or sys.stderr
         self.tty = self.stream.isatty() if tty is None else tty
         self.clock = clock
@@ -93,6 +93,8 @@ class Progress:
         self._last_draw = 0.0
         self._min_redraw = min_redraw_s
         self._drawn = False
+        self._log_every = log_every_s
+        self._logged_at = self.began
 
     def note(self, text: str) -> None:
         """A message that stays (a finding, a warning): above the status line on a TTY."""
@@ -121,7 +123,15 @@ class Progress:
             self.note(event_line(result.outcome.value, pc.name, result_detail(result)))
 
     def tick(self) -> None:
-        self._draw()
+        """On a TTY redraw; in a log, a status line every `log_every_s` so a quiet night shows life."""
+        if self.tty:
+            self._draw()
+            return
+        now = self.clock()
+        if now - self._logged_at >= self._log_every:
+            self._logged_at = now
+            self.stream.write("status   " + status_line(self.tally, now, now - self.began) + "\n")
+            self.stream.flush()
 
     def close(self) -> None:
         if self.tty:

@@ -115,6 +115,11 @@ def overran(started_at: float | None, now: float, cap_s: float, grace_s: float) 
     return started_at is not None and now - started_at > cap_s + grace_s
 
 
+def stranded(waiting: Sequence[PlannedCell], nodes: Sequence[Node]) -> dict[str, str]:
+    """Waiting cells that no live node can host any more (their GPU type's nodes were lost)."""
+    return unplaceable(waiting, nodes)
+
+
 def lower_bound_makespan(cells: Sequence[PlannedCell], gpus_by_label: Mapping[str, float],
                          duration: Callable[[PlannedCell], float] | None = None) -> float:
     """max over GPU types of (GPU-seconds of that type / GPUs of that type): no schedule beats it."""
@@ -235,6 +240,8 @@ class Running:
     started_at: float | None = None
     killed_for_cap: bool = False
     retries: list[str] = field(default_factory=list)
+    stranded_since: float | None = None   # first seen waiting with no live node able to host it
+    never_placed: str | None = None       # why it was given up on while waiting
 
 
 @dataclass
@@ -258,9 +265,12 @@ def run_cells(cells: Sequence[PlannedCell], make_spec: Callable[[PlannedCell], S
               events: Events, *, retries: int, cap_s: float, fail_fast: bool = False,
               poll_s: float = 1.0, grace_s: float = STOP_GRACE_S,
               order: Callable[[Sequence[PlannedCell]], list[PlannedCell]] | None = None,
+              recheck_s: float = 30.0, stranded_grace_s: float = 120.0,
               clock: Callable[[], float] = time.time) -> RunSummary:
     """Submit every cell (largest first unless `order` says otherwise), retry infra errors elsewhere, report each result as it ends.
 
+    A waiting cell whose GPU type no live node offers any more (its nodes were lost) is given up
+    after `stranded_grace_s` as infra_error instead of pending for ever (nodes may come back).
     Ctrl-C (KeyboardInterrupt) and `fail_fast` cancel the remaining cells; cancelled cells are not
     results (a resumed run reruns them). Results already reported are never lost.
     """
@@ -275,6 +285,7 @@ def run_cells(cells: Sequence[PlannedCell], make_spec: Callable[[PlannedCell], S
         running[handle] = Running(pc, spec, failed_on, retries=carried)
         by_attempt[(pc.id, spec.attempt)] = handle
 
+    last_recheck = clock()
     try:
         for pc in (order or dispatch_order)(cells):
             submit(pc, make_spec(pc), frozenset(), [])
@@ -290,7 +301,7 @@ def run_cells(cells: Sequence[PlannedCell], make_spec: Callable[[PlannedCell], S
                 result = _collect(launcher, handle, item, cap_s)
                 if item.retries:
                     result.retries = [*item.retries, *result.retries]
-                if should_retry(result, retries):
+                if should_retry(result, retries) and item.never_placed is None:
                     events.cell_retrying(item.pc, result)
                     failed_on = item.failed_on | ({item.node} if item.node else frozenset())
                     spec = replace(item.spec, attempt=item.spec.attempt + 1)
@@ -306,6 +317,9 @@ def run_cells(cells: Sequence[PlannedCell], make_spec: Callable[[PlannedCell], S
                 if not item.killed_for_cap and overran(item.started_at, now, cap_s, grace_s):
                     item.killed_for_cap = True
                     launcher.cancel(handle, force=True)
+            if now - last_recheck >= recheck_s:
+                last_recheck = now
+                _give_up_stranded(launcher, running, now, stranded_grace_s)
             events.tick()
     except (KeyboardInterrupt, _StopRun) as exc:
         summary.interrupted = isinstance(exc, KeyboardInterrupt)
@@ -323,11 +337,29 @@ def _retry_note(result: CellResult) -> str:
     return f"attempt {result.attempt}{where}: {result.message}"
 
 
+def _give_up_stranded(launcher: Launcher, running: dict[Any, Running], now: float, grace_s: float) -> None:
+    waiting = {h: item for h, item in running.items() if item.started_at is None and item.never_placed is None}
+    if not waiting:
+        return
+    problems = stranded([item.pc for item in waiting.values()], launcher.nodes())
+    for handle, item in waiting.items():
+        problem = problems.get(item.pc.id)
+        if problem is None:
+            item.stranded_since = None
+            continue
+        item.stranded_since = item.stranded_since or now
+        if now - item.stranded_since >= grace_s:
+            item.never_placed = problem
+            launcher.cancel(handle, force=False)
+
+
 def _collect(launcher: Launcher, handle: Any, item: Running, cap_s: float) -> CellResult:
     try:
         result = launcher.result(handle)
     except Exception as exc:  # noqa: BLE001 - every way a task can die is an infra error
-        if item.killed_for_cap:
+        if item.never_placed is not None:
+            message = f"never placed: {item.never_placed}"
+        elif item.killed_for_cap:
             message = f"overran its hard cap of {cap_s:.0f} s and did not stop; killed"
         else:
             message = f"{type(exc).__name__}: {_first_line(exc)}"

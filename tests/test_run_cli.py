@@ -309,3 +309,66 @@ def test_ray_job_submit_example_runs_the_matrix_on_the_cluster(tmp_path, cluster
         results = store.results(store.latest_run_id())
     assert len(results) == 8 and all(r.outcome is Outcome.PASSED for r in results)
     assert_gone(str(out))
+
+
+# -- progress on the terminal ------------------------------------------------------------------------
+
+def _progress_fixture():
+    import io
+
+    from soakmatrix.jobs.result import CellResult
+    from soakmatrix.matrix.plan import plan
+    from soakmatrix.matrix.spec import load_matrix
+
+    matrix = load_matrix(EXAMPLES / "demo.yaml")
+    cells = plan(matrix).cells[:3]
+
+    def result(pc, outcome, **kw):
+        return CellResult(pc.id, pc.name, outcome, gpu_count=pc.gpu_count, started_at=0.0, ended_at=3600.0, **kw)
+    return io.StringIO(), cells, result
+
+
+def test_progress_in_a_log_is_one_plain_line_per_event_with_periodic_status():
+    from soakmatrix.matrix.progress import Progress
+
+    stream, cells, result = _progress_fixture()
+    now = [0.0]
+    progress = Progress(3, stream=stream, tty=False, clock=lambda: now[0], log_every_s=60)
+    progress.cell_started(cells[0], 1, "node-a")
+    progress.cell_started(cells[1], 1, "node-b")
+    now[0] = 30
+    progress.cell_finished(cells[0], result(cells[0], Outcome.HANG, signature="shm_broadcast_timeout",
+                                            time_to_hang_s=480))
+    progress.cell_retrying(cells[1], result(cells[1], Outcome.INFRA_ERROR, message="node lost"))
+    now[0] = 61
+    progress.tick()
+    progress.close()
+    lines = stream.getvalue().splitlines()
+    assert "\r" not in stream.getvalue() and "\x1b" not in stream.getvalue()
+    assert lines[0].startswith("start ") and cells[0].name in lines[0]
+    assert any(line.startswith("hang ") and "shm_broadcast_timeout" in line and "after 8m" in line for line in lines)
+    assert any(line.startswith("retry ") and "node lost" in line for line in lines)
+    status = [line for line in lines if line.startswith("status")]
+    assert len(status) == 1 and "1/3 done" in status[0] and "1 hang" in status[0] and "1 retried" in status[0]
+    assert "1/3 done" in lines[-1] and "GPU-h" in lines[-1]
+
+
+def test_progress_on_a_tty_redraws_one_status_line_and_keeps_findings():
+    from soakmatrix.matrix.progress import Progress
+
+    stream, cells, result = _progress_fixture()
+    now = [0.0]
+    progress = Progress(3, stream=stream, tty=True, clock=lambda: now[0])
+    progress.cell_started(cells[0], 1, "node-a")
+    now[0] = 1800
+    progress.tick()
+    assert "1 running" in stream.getvalue() and "0.50 GPU-h" in stream.getvalue()   # half an hour on 1 GPU
+    progress.cell_finished(cells[0], result(cells[0], Outcome.PASSED))
+    progress.cell_finished(cells[1], result(cells[1], Outcome.CRASH, message="Traceback: boom"))
+    progress.close()
+    text = stream.getvalue()
+    assert "\r\x1b[2K" in text
+    kept = [line.split("\r\x1b[2K")[-1] for line in text.split("\n")[:-1]]   # what stays on screen
+    assert any(line.startswith("crash ") and "boom" in line for line in kept)   # findings stay on screen
+    assert not any(line.startswith("passed ") for line in kept)                 # passes only count
+    assert "2/3 done" in text.split("\r\x1b[2K")[-1]

@@ -468,3 +468,37 @@ def test_ray_cancel_stops_running_cells_cleanly(ray_cluster, fleet):
     assert summary.interrupted and summary.results == []
     assert sorted(summary.unfinished) == sorted(pc.id for pc in pcs)
     assert time.time() - t0 < 120   # stopped long before the 300 s soak
+
+
+def test_run_cells_gives_up_a_waiting_cell_whose_gpu_type_is_gone(fleet):
+    matrix, cells = fleet
+    rtx = cell(cells, "RTX5090", 1)
+    now = [0.0]
+
+    class NodeGone(FakeLauncher):
+        """The RTX node is lost before the cell starts: the task would wait for ever."""
+
+        def submit(self, spec, ray_label, avoid_nodes, cap_s):
+            handle = super().submit(spec, ray_label, avoid_nodes, cap_s)
+            self._started.clear()
+            return handle
+
+        def wait(self, handles, timeout_s):
+            now[0] += 20
+            return [h for h, _ in self.cancelled if h in handles]
+
+        def result(self, handle):
+            raise RuntimeError("TaskCancelledError")
+
+        def cancel(self, handle, force):
+            self.cancelled.append((handle, force))
+
+    launcher = NodeGone([n for n in NODES if "GeForce-RTX-5090" not in n.accelerators], None,
+                        pick_node=lambda spec, label, avoid: "")
+    summary = run_cells([rtx], lambda pc: spec_of(matrix, pc), launcher, Recorder(), retries=2, cap_s=600,
+                        poll_s=0, recheck_s=30, stranded_grace_s=60, clock=lambda: now[0])
+    [result] = summary.results
+    assert result.outcome is Outcome.INFRA_ERROR and result.message.startswith("never placed: ")
+    assert "accelerator_type:GeForce-RTX-5090" in result.message
+    assert len(launcher.submitted) == 1          # not retried: nowhere to retry
+    assert 60 <= now[0] <= 200
