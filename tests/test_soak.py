@@ -183,3 +183,31 @@ def test_log_and_exit_detectors_alone_catch_the_simulated_engine(tmp_path, style
     assert r.detector == detector and r.signature == signature, r.message
     assert r.extra["time_scale"] == 30.0 and r.exposure_s >= 30 * r.extra["wall_exposure_s"] * 0.99
     no_process_left(r, server_alive_until_teardown=(style != "crash"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind,params", [
+    ("chat", {"sessions": 4, "turns": 3, "shared_prefix_len": 200}),
+    ("ramp", {"concurrency": 2, "peak": 12, "ramp_s": 8, "spike_every_s": 6, "spike_len_s": 2}),
+    ("trickle", {"idle_s": 4, "max_burst": 2, "burst_every_s": 1}),
+])
+def test_every_workload_kind_runs_clean_against_the_simulated_engine(tmp_path, kind, params):
+    spec = spec_for(tmp_path, soak_s=16, backend="sim", workload=workload(kind, **params))
+    r = run_cell(spec, options=SoakOptions(drain_s=20))
+    assert r.outcome == Outcome.PASSED, r.message
+    assert r.requests > 3 and r.extra["load"]["failed"] == 0
+    no_process_left(r)
+
+
+@pytest.mark.slow
+def test_seed_004_shape_a_hang_while_idle_is_caught_when_the_trickle_resumes(tmp_path):
+    # the engine hangs during an idle gap; the metrics still say 0 running, only the client sees it
+    model = tmp_path / "hangs.yaml"
+    model.write_text(HANG_MODEL.format(style="silent_stall").replace("min_running: 1", "min_running: 0")
+                     .replace("mttf_s: 4", "mttf_s: 2"))
+    spec = spec_for(tmp_path, soak_s=60, backend="sim", hang_model=str(model),
+                    workload=workload("trickle", idle_s=5, max_burst=2, burst_every_s=1))
+    r = run_cell(spec)
+    assert r.outcome == Outcome.HANG and r.signature == "silent_stall", r.message
+    assert r.detector in ("stream", "progress")
+    no_process_left(r)
