@@ -325,6 +325,9 @@ def run_cells(cells: Sequence[PlannedCell], make_spec: Callable[[PlannedCell], S
         summary.interrupted = isinstance(exc, KeyboardInterrupt)
         summary.unfinished = sorted({item.pc.id for item in running.values()})
         _cancel_all(launcher, running, grace_s)
+    except BaseException:
+        _cancel_all(launcher, running, grace_s)   # e.g. the store failed: stop the servers, then say why
+        raise
     return summary
 
 
@@ -365,6 +368,7 @@ def _collect(launcher: Launcher, handle: Any, item: Running, cap_s: float) -> Ce
             message = f"{type(exc).__name__}: {_first_line(exc)}"
         return infra_result(item.spec, message, node=item.node, started_at=item.started_at)
     result.attempt = item.spec.attempt
+    item.node = item.node or str(result.extra.get("ray_node_id", ""))
     if not result.node and item.node:
         result.node = item.node
     result.extra.setdefault("ray_node_id", item.node)

@@ -502,3 +502,23 @@ def test_run_cells_gives_up_a_waiting_cell_whose_gpu_type_is_gone(fleet):
     assert "accelerator_type:GeForce-RTX-5090" in result.message
     assert len(launcher.submitted) == 1          # not retried: nowhere to retry
     assert 60 <= now[0] <= 200
+
+
+def test_run_cells_cancels_everything_when_recording_a_result_fails(fleet):
+    matrix, cells = fleet
+    h200 = [pc for pc in cells if pc.cell.gpu == "H200"][:3]
+
+    class OneAtATime(FakeLauncher):
+        def wait(self, handles, timeout_s):
+            live = [h for h in handles if h in self._pending]
+            return [min(live)] if live else []
+
+    class DiskFull(Recorder):
+        def cell_finished(self, pc, result):
+            raise OSError("disk full")
+
+    launcher = OneAtATime(NODES, lambda spec, node: passed(spec))
+    with pytest.raises(OSError, match="disk full"):
+        run_cells(h200, lambda pc: spec_of(matrix, pc), launcher, DiskFull(), retries=0, cap_s=60, poll_s=0,
+                  grace_s=1)
+    assert {h for h, force in launcher.cancelled if not force} == {2, 3}
