@@ -94,9 +94,11 @@ def measure_false_alarms(out: Path, hours: float, parallel: int, cell_s: float) 
 
 
 def summarise(latency: list[dict], alarms: list[dict]) -> str:
-    lines = ["", "Detection latency from the hang's true start (simulated engine, --time-scale 1)", "",
-             f"{'style':<17} {'hangs':>5} {'found':>5} {'sig ok':>6} {'median s':>9} {'p90 s':>7} "
-             f"{'worst s':>8}  detectors"]
+    lines = []
+    if latency:
+        lines += ["", "Detection latency from the hang's true start (simulated engine, --time-scale 1)", "",
+                  f"{'style':<17} {'hangs':>5} {'found':>5} {'sig ok':>6} {'median s':>9} {'p90 s':>7} "
+                  f"{'worst s':>8}  detectors"]
     for style in dict.fromkeys(r["style"] for r in latency):
         rows = [r for r in latency if r["style"] == style]
         found = [r for r in rows if r["outcome"] in ("hang", "crash") and r["latency_s"] is not None]
