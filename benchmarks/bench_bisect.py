@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -196,10 +197,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="100 seeds per case")
     parser.add_argument("--seeds", type=int, help="seeds per case (default 1000, --quick 100)")
     parser.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1))
-    parser.add_argument("--filter", default="", help="only cases whose name contains this")
+    parser.add_argument("--filter", default="", help="only cases whose name matches this regular expression")
     args = parser.parse_args(argv)
     seeds = args.seeds or (100 if args.quick else 1000)
-    todo = [c for c in cases() if args.filter in c.name]
+    todo = [c for c in cases() if re.search(args.filter, c.name)]
     print(f"bisect benchmark: {seeds} seeds per case, start-up {STARTUP_S / 60:.0f} min per probe, "
           f"TP 1, stated confidence {CONFIDENCE}; GPU-hours mean/p90; exact = returned exactly a true minimal "
           f"set; false-min = returned a wrong set as minimal", flush=True)

@@ -37,7 +37,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hang-model", help="hang-model file (default: the matrix's sim.hang_model)")
     parser.add_argument("--seed", type=int, help="virtual oracle seed (default: the hang model's)")
     parser.add_argument("--calibration-hangs", type=int, default=2, help="hangs of the failing cell first (default 2)")
-    parser.add_argument("--parallel", type=int, default=None, help="probes per batch (default 1 virtual, 4 on Ray)")
+    parser.add_argument("--parallel", type=int, default=None, help="probes per batch (default 1 virtual, 2 on Ray; more finish sooner but spend more GPU-hours)")
     parser.add_argument("--budget-gpu-hours", type=float, help="stop (inconclusive) after this many GPU-hours")
     parser.add_argument("--max-probes", type=int, default=200)
     parser.add_argument("--no-shrink", action="store_true", help="do not try other values of the set's flags")
@@ -161,7 +161,7 @@ def main(args: argparse.Namespace) -> int:
             progress(f"soakmatrix bisect: on {cluster.description}")
         oracle = SoakOracle(matrix, profile, pc.cell.model, pc.cell.gpu, pc.cell.workload,
                             backend=args.backend, out_dir=args.out)
-        parallel = args.parallel or 4
+        parallel = args.parallel or 2
     settings = bis.Settings(confidence=args.confidence, mttf_cap_s=cap, startup_s=profile.startup_s,
                             calibration_hangs=max(1, args.calibration_hangs), parallel=max(1, parallel),
                             max_probes=args.max_probes, budget_gpu_hours=args.budget_gpu_hours,
