@@ -32,9 +32,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_run_options(parser)
 
 
-def add_run_options(parser: argparse.ArgumentParser) -> None:
+def add_run_options(parser: argparse.ArgumentParser, default_profile: str = "the first") -> None:
     parser.add_argument("matrix", help="matrix YAML file")
-    parser.add_argument("--profile", help="profile name (default: the first)")
+    parser.add_argument("--profile", help=f"profile name (default: {default_profile})")
     parser.add_argument("--backend", choices=("sim", "vllm"), default="sim",
                         help="engine: the simulated vLLM server (default) or real `vllm serve`")
     parser.add_argument("--ray-address", help="Ray cluster to use (default: $RAY_ADDRESS, else a local cluster)")

@@ -23,7 +23,7 @@ DEFAULT_PROFILE = "smoke"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    add_run_options(parser)
+    add_run_options(parser, default_profile=f"{DEFAULT_PROFILE!r} if the matrix has it, else the first")
     parser.add_argument("--changed-files", metavar="FILE|-",
                         help="paths changed by the PR, one per line (`git diff --name-only`); - reads stdin")
     parser.add_argument("--fail-fast", action="store_true", help="cancel the rest at the first hang or crash")
