@@ -38,26 +38,32 @@ class Evidence:
 
 
 def pyspy_dump(pid: int, timeout_s: float = 20.0, native: bool = True,
-               runner: Callable[..., subprocess.CompletedProcess] = subprocess.run) -> tuple[str, str | None]:
-    """py-spy's dump of one process: (text, problem). A py-spy that hangs is killed at the timeout."""
+               runner: Callable[..., subprocess.CompletedProcess] = subprocess.run,
+               attempts: int = 2) -> tuple[str, str | None]:
+    """py-spy's dump of one process: (text, problem). A py-spy that hangs is killed at the timeout;
+    one that fails (a transient ptrace error, no unwinding support for --native) is retried without
+    --native, then once more."""
     exe = shutil.which("py-spy") or _venv_pyspy()
     if exe is None:
         return "", "py-spy not found"
-    argv = [exe, "dump", "--pid", str(pid), *(["--native"] if native else [])]
-    try:
-        done = runner(argv, capture_output=True, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        return "", f"py-spy timed out after {timeout_s:.0f} s on pid {pid}"
-    except OSError as exc:
-        return "", f"py-spy failed: {exc}"
-    if done.returncode != 0:
-        problem = (done.stderr or done.stdout).strip().splitlines()
-        if native:   # --native needs unwinding support that some builds and kernels lack
-            text, again = pyspy_dump(pid, timeout_s, native=False, runner=runner)
-            if not again:
-                return text, None
-        return done.stdout, f"py-spy exit {done.returncode} on pid {pid}: {problem[-1] if problem else ''}"
-    return done.stdout, None
+    problem = ""
+    for attempt in range(attempts):
+        for with_native in ((True, False) if native else (False,)):
+            argv = [exe, "dump", "--pid", str(pid), *(["--native"] if with_native else [])]
+            try:
+                done = runner(argv, capture_output=True, text=True, timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                return "", f"py-spy timed out after {timeout_s:.0f} s on pid {pid}"
+            except OSError as exc:
+                return "", f"py-spy failed: {exc}"
+            if done.returncode == 0 and done.stdout.strip():
+                return done.stdout, None
+            lines = (done.stderr or done.stdout).strip().splitlines()
+            problem = f"py-spy exit {done.returncode} on pid {pid}: {lines[-1] if lines else ''}"
+        if not psutil.pid_exists(pid):
+            break
+        time.sleep(0.5)
+    return "", problem
 
 
 def _venv_pyspy() -> str | None:
@@ -119,9 +125,11 @@ def scheduler_dump_lines(lines: Sequence[str], context: int = 12) -> list[str]:
 
 
 def capture(server: Any, folder: str | Path, *, pyspy_timeout_s: float = 20.0, budget_s: float = 90.0,
-            tail_lines: int = 50, dump_dirs: Sequence[str | Path] | None = None, pyspy: Callable[..., tuple[str, str | None]] = pyspy_dump,
+            tail_lines: int = 50, dump_dirs: Sequence[str | Path] | None = None,
+            stop: Any = None, pyspy: Callable[..., tuple[str, str | None]] = pyspy_dump,
             scrape: Callable[[str, float], str] = scrape_text) -> Evidence:
-    """Everything worth keeping about a stuck server (a RunningServer: .pid, .base_url, .log_text())."""
+    """Everything worth keeping about a stuck server (a RunningServer: .pid, .base_url, .log_text()).
+    `stop` (a threading.Event) cuts the stack dumps short when the cell is cancelled."""
     t0 = time.monotonic()
     ev = Evidence(Path(folder))
     ev.folder.mkdir(parents=True, exist_ok=True)
@@ -131,6 +139,9 @@ def capture(server: Any, folder: str | Path, *, pyspy_timeout_s: float = 20.0, b
     for proc in tree(server.pid):
         if time.monotonic() - t0 > budget_s:
             ev.notes.append("evidence budget spent: some processes not dumped")
+            break
+        if stop is not None and stop.is_set():
+            ev.notes.append("cancelled: some processes not dumped")
             break
         try:
             name = " ".join(proc.cmdline()[:4]) or proc.name()

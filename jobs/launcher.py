@@ -77,6 +77,14 @@ def classify_startup_failure(exit_code: int | None, log_text: str, waited_s: flo
                           f"{_last_error(tail)}", exit_code)
 
 
+PORT_TAKEN = re.compile(r"[Aa]ddress already in use|EADDRINUSE")
+
+
+def port_taken(failure: StartupFailure | None) -> bool:
+    """The free port we picked was taken by someone else before the server bound it (a race)."""
+    return failure is not None and failure.outcome is Outcome.INFRA_ERROR and bool(PORT_TAKEN.search(failure.message))
+
+
 def _line_of(text: str, pos: int) -> str:
     start = text.rfind("\n", 0, pos) + 1
     end = text.find("\n", pos)

@@ -33,6 +33,7 @@ from .soak_spec import SoakSpec
 from .watchdog import Watchdog, WatchdogConfig
 
 EventSink = Callable[[str, dict], None]
+PORT_RETRIES = 2   # a port race at start-up is retried in place, not reported
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,13 @@ def _soak(spec: SoakSpec, engine: Engine, result: CellResult, stop: threading.Ev
     dog: Watchdog | None = None
     try:
         failure = server.wait_ready(spec.startup_timeout_s, stop)
+        for _ in range(PORT_RETRIES):
+            if not launcher.port_taken(failure):
+                break
+            # another process took the free port between our pick and the server's bind: new port
+            server.stop(grace_s=options.teardown_grace_s)
+            server = launcher.launch(engine, spec)
+            failure = server.wait_ready(spec.startup_timeout_s, stop)
         if failure is not None:
             result.outcome = failure.outcome
             result.message = failure.message
@@ -131,7 +139,7 @@ def _soak(spec: SoakSpec, engine: Engine, result: CellResult, stop: threading.Ev
             return
         emit("verdict", {"detector": verdict.detector, "kind": verdict.kind, "message": verdict.message})
         load.stop(timeout_s=5)
-        ev = evidence_mod.capture(server, folder / "evidence", pyspy_timeout_s=options.pyspy_timeout_s)
+        ev = evidence_mod.capture(server, folder / "evidence", pyspy_timeout_s=options.pyspy_timeout_s, stop=stop)
         result.artifacts.update(ev.artifacts)
         emit("evidence", {"artifacts": sorted(ev.artifacts), "seconds": round(ev.seconds, 1)})
         log_lines = server.log_text(4_000_000).splitlines()[-options.log_lines_for_classifier:]

@@ -40,6 +40,7 @@ class Engine:
         self.first_load_at: float | None = None
         self.hung = False
         self.next_id = 0
+        self.port = 0
 
     async def run(self) -> None:
         while True:
@@ -131,8 +132,9 @@ def make_app(engine: Engine) -> web.Application:
     return app
 
 
-def serve_in_thread(port: int, **engine_kw) -> tuple[Engine, threading.Event]:
-    """Serve on 127.0.0.1:port from a daemon thread; set the returned event to stop."""
+def serve_in_thread(port: int = 0, **engine_kw) -> tuple[Engine, threading.Event]:
+    """Serve on 127.0.0.1:port (0: a port the OS picks, race-free; see `engine.port`) from a daemon
+    thread; set the returned event to stop."""
     engine = Engine(**engine_kw)
     stop = threading.Event()
     ready = threading.Event()
@@ -142,6 +144,7 @@ def serve_in_thread(port: int, **engine_kw) -> tuple[Engine, threading.Event]:
             runner = web.AppRunner(make_app(engine))
             await runner.setup()
             await web.TCPSite(runner, "127.0.0.1", port).start()
+            engine.port = runner.addresses[0][1]
             ready.set()
             while not stop.is_set():
                 await asyncio.sleep(0.05)
@@ -151,6 +154,22 @@ def serve_in_thread(port: int, **engine_kw) -> tuple[Engine, threading.Event]:
     threading.Thread(target=run, daemon=True).start()
     ready.wait(10)
     return engine, stop
+
+
+def start_fake(folder, *args: str, attempts: int = 3):
+    """This script as a server process under the soak job's launcher, ready; a port taken between
+    our pick and its bind (other test runs share the machine) is retried on a new port.
+    Returns (RunningServer, StartupFailure | None)."""
+    from soakmatrix.jobs import launcher
+
+    for _ in range(attempts):
+        port = launcher.free_port()
+        server = launcher.launch_argv([sys.executable, __file__, "--port", str(port), *args], folder, port)
+        failure = server.wait_ready(60)
+        if not launcher.port_taken(failure):
+            return server, failure
+        server.stop(grace_s=2)
+    return server, failure
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,16 +1,14 @@
 """Evidence capture: stacks of the whole tree, watchdog dumps, metrics, logs; bounded when py-spy hangs."""
 
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from soakmatrix.jobs import evidence, launcher
+from fake_openai import start_fake
+from soakmatrix.jobs import evidence
 from soakmatrix.jobs.signatures import parse_stacks
-
-FAKE = str(Path(__file__).resolve().parent / "fake_openai.py")
 
 SCHED_LOG = """INFO ok
 ERROR 11-21 [dump_input.py:69] Dumping input data for V1 LLM engine (v0.33.0) with config: model='m'
@@ -26,6 +24,17 @@ def test_scheduler_dump_lines_are_picked_out():
     assert "INFO ok" not in lines
 
 
+def test_a_failing_py_spy_is_retried_without_native_and_reported():
+    calls = []
+
+    def failing(argv, **kw):
+        calls.append(argv)
+        return subprocess.CompletedProcess(argv, 1, "", "Error: Failed to suspend process")
+    text, problem = evidence.pyspy_dump(1, runner=failing)
+    assert text == "" and "Failed to suspend process" in problem
+    assert "--native" in calls[0] and "--native" not in calls[1]
+
+
 def test_a_hung_py_spy_is_cut_off():
     def hanging(argv, **kw):
         raise subprocess.TimeoutExpired(argv, kw["timeout"])
@@ -34,10 +43,10 @@ def test_a_hung_py_spy_is_cut_off():
 
 
 @pytest.mark.slow
-def test_capture_dumps_every_process_of_the_tree_and_keeps_the_rest(tmp_path, port):
-    server = launcher.launch_argv([sys.executable, FAKE, "--port", str(port), "--child"], tmp_path, port)
+def test_capture_dumps_every_process_of_the_tree_and_keeps_the_rest(tmp_path):
+    server, failure = start_fake(tmp_path, "--child")
     try:
-        assert server.wait_ready(60) is None
+        assert failure is None
         (tmp_path / "VLLM_STACK_DUMP_for_EngineCore_123.log").write_text(
             'Thread 0x00007f0000000001 (most recent call first):\n'
             '  File "/x/vllm/v1/worker/gpu_model_runner.py", line 7102 in _to_list\n')
@@ -51,10 +60,10 @@ def test_capture_dumps_every_process_of_the_tree_and_keeps_the_rest(tmp_path, po
     pids = {t.process.split(":")[0] for text in ev.stack_texts for t in parse_stacks(text) if t.process}
     assert str(server.pid) in pids and len(pids) == 2, ev.notes      # the server and its child
     assert Path(ev.artifacts["py_spy"]).read_text().count("Process ") == 2
-    assert "VLLM_STACK_DUMP_for_EngineCore_123.log" in ev.artifacts
+    assert "VLLM_STACK_DUMP_for_EngineCore_123.log" in ev.artifacts, ev.notes
     assert any(t.frames and t.frames[0].function == "_to_list" for text in ev.stack_texts
                for t in parse_stacks(text))
-    assert "vllm:generation_tokens_total" in Path(ev.artifacts["metrics"]).read_text()
+    assert "vllm:generation_tokens_total" in Path(ev.artifacts["metrics"]).read_text(), ev.notes
     assert "SchedulerOutput(" in Path(ev.artifacts["scheduler_dump"]).read_text()
     assert ev.log_tail and ev.log_tail[-1].startswith("ERROR 11-21 [core.py:866]")
     # no GPU here: skipped with a note, not an error
@@ -62,9 +71,9 @@ def test_capture_dumps_every_process_of_the_tree_and_keeps_the_rest(tmp_path, po
 
 
 @pytest.mark.slow
-def test_capture_of_a_dead_server_still_keeps_the_log(tmp_path, port):
-    server = launcher.launch_argv([sys.executable, FAKE, "--port", str(port)], tmp_path, port)
-    assert server.wait_ready(60) is None
+def test_capture_of_a_dead_server_still_keeps_the_log(tmp_path):
+    server, failure = start_fake(tmp_path)
+    assert failure is None
     server.stop(grace_s=5)
     ev = evidence.capture(server, tmp_path / "evidence")
     assert "py_spy" not in ev.artifacts and ev.log_tail

@@ -8,6 +8,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from fake_openai import start_fake
 from soakmatrix.jobs import launcher
 from soakmatrix.jobs.launcher import classify_startup_failure
 from soakmatrix.matrix.outcomes import Outcome
@@ -30,11 +31,11 @@ def test_startup_failures_are_classified_never_as_hangs(code, log, outcome, need
 
 
 @pytest.mark.slow
-def test_a_started_server_is_ready_in_its_own_group_with_its_log(tmp_path, port):
-    server = launcher.launch_argv([sys.executable, FAKE, "--port", str(port), "--child"], tmp_path, port)
+def test_a_started_server_is_ready_in_its_own_group_with_its_log(tmp_path):
+    server, failure = start_fake(tmp_path, "--child")
     try:
-        assert server.wait_ready(60) is None
-        assert server.base_url == f"http://127.0.0.1:{port}"
+        assert failure is None
+        assert server.base_url == f"http://127.0.0.1:{server.port}"
         assert os.getpgid(server.pid) == server.pid != os.getpgid(0)
         kids = psutil.Process(server.pid).children()
         assert kids and all(os.getpgid(k.pid) == server.pid for k in kids)
@@ -45,14 +46,21 @@ def test_a_started_server_is_ready_in_its_own_group_with_its_log(tmp_path, port)
 
 
 @pytest.mark.slow
-def test_usage_error_is_a_config_error(tmp_path, port):
-    server = launcher.launch_argv([sys.executable, FAKE, "--port", str(port), "--no-such-flag"], tmp_path, port)
+def test_usage_error_is_a_config_error(tmp_path):
+    server, failure = start_fake(tmp_path, "--no-such-flag")
     try:
-        failure = server.wait_ready(60)
+        pass
     finally:
         server.stop(grace_s=2)
     assert failure.outcome == Outcome.CONFIG_ERROR and failure.exit_code == 2
     assert "unrecognized arguments: --no-such-flag" in failure.message
+    assert not launcher.port_taken(failure)
+
+
+def test_a_port_race_is_recognised():
+    failure = classify_startup_failure(1, "OSError: [Errno 98] error while attempting to bind on address "
+                                          "('127.0.0.1', 8000): Address already in use", 1)
+    assert launcher.port_taken(failure) and failure.outcome == Outcome.INFRA_ERROR
 
 
 @pytest.mark.slow

@@ -81,9 +81,9 @@ def test_open_loop_arrivals_are_poisson_at_the_rate():
 
 
 @pytest.fixture
-def server(port):
-    engine, stop = serve_in_thread(port, step_s=0.01)
-    yield f"http://127.0.0.1:{port}", engine
+def server():
+    engine, stop = serve_in_thread(step_s=0.01)
+    yield f"http://127.0.0.1:{engine.port}", engine
     stop.set()
 
 
@@ -118,8 +118,9 @@ def test_chat_open_loop_and_non_streaming(server):
 
 
 @pytest.mark.slow
-def test_stop_abandons_requests_to_a_hung_server_promptly(port):
-    _, stop = serve_in_thread(port, step_s=0.01, hang_after_s=0.5)
+def test_stop_abandons_requests_to_a_hung_server_promptly():
+    engine, stop = serve_in_thread(step_s=0.01, hang_after_s=0.5)
+    port = engine.port
     try:
         w = workload("random", concurrency=3, input_len=[5, 5], output_len=[500, 500])
         drv = LoadDriver(f"http://127.0.0.1:{port}", w, seed=0, duration_s=60).start()

@@ -10,6 +10,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from fake_openai import start_fake
 from soakmatrix.jobs import launcher, teardown
 
 FAKE = str(Path(__file__).resolve().parent / "fake_openai.py")
@@ -20,9 +21,10 @@ def gone(pids):
 
 
 @pytest.mark.slow
-def test_sigterm_stops_the_tree_and_nothing_remains(tmp_path, port):
-    server = launcher.launch_argv([sys.executable, FAKE, "--port", str(port), "--child"], tmp_path, port)
-    assert server.wait_ready(60) is None
+def test_sigterm_stops_the_tree_and_nothing_remains(tmp_path):
+    server, failure = start_fake(tmp_path, "--child")
+    assert failure is None
+    port = server.port
     pids = [p.pid for p in teardown.tree(server.pid)]
     assert len(pids) == 2
     report = server.stop(grace_s=10)

@@ -1,20 +1,16 @@
 """The watchdog against a live server: one verdict naming the detector and when; /health never trusted."""
 
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
-from fake_openai import serve_in_thread
-from soakmatrix.jobs import launcher
+from fake_openai import serve_in_thread, start_fake
 from soakmatrix.jobs.detector import build_detectors
 from soakmatrix.jobs.load import LoadDriver
 from soakmatrix.jobs.watchdog import LogFollower, Watchdog, WatchdogConfig, http_get
 from soakmatrix.matrix.spec import Workload
 from soakmatrix.matrix.workloads import params_of
 
-FAKE = str(Path(__file__).resolve().parent / "fake_openai.py")
 FAST = WatchdogConfig(tick_s=0.2, scrape_every_s=0.5, health_every_s=0.5)
 
 
@@ -45,8 +41,9 @@ def test_log_follower_returns_only_new_complete_lines(tmp_path):
 
 
 @pytest.mark.slow
-def test_silent_hang_gets_one_verdict_and_health_stays_recorded_as_200(port):
-    _, stop = serve_in_thread(port, step_s=0.01, hang_after_s=3)
+def test_silent_hang_gets_one_verdict_and_health_stays_recorded_as_200():
+    engine, stop = serve_in_thread(step_s=0.01, hang_after_s=3)
+    port = engine.port
     load = LoadDriver(f"http://127.0.0.1:{port}", workload(), seed=0, duration_s=60).start()
     dog = Watchdog(InThread(port), load, build_detectors(options={"progress": {"floor_s": 3},
                                                                   "stream": {"floor_s": 3}}), FAST)
@@ -65,8 +62,9 @@ def test_silent_hang_gets_one_verdict_and_health_stays_recorded_as_200(port):
 
 
 @pytest.mark.slow
-def test_a_healthy_run_with_slow_scrapes_has_no_verdict(port):
-    _, stop = serve_in_thread(port, step_s=0.01)
+def test_a_healthy_run_with_slow_scrapes_has_no_verdict():
+    engine, stop = serve_in_thread(step_s=0.01)
+    port = engine.port
 
     def slow_get(url, timeout_s):
         if url.endswith("/metrics"):
@@ -88,11 +86,10 @@ def test_a_healthy_run_with_slow_scrapes_has_no_verdict(port):
 
 
 @pytest.mark.slow
-def test_process_exit_is_a_crash_verdict_from_the_exit_or_log_detector(tmp_path, port):
-    server = launcher.launch_argv([sys.executable, FAKE, "--port", str(port), "--hang-after-s", "2",
-                                   "--hang-style", "exit"], tmp_path, port)
+def test_process_exit_is_a_crash_verdict_from_the_exit_or_log_detector(tmp_path):
+    server, failure = start_fake(tmp_path, "--hang-after-s", "2", "--hang-style", "exit")
     try:
-        assert server.wait_ready(60) is None
+        assert failure is None
         load = LoadDriver(server.base_url, workload(), seed=0, duration_s=60).start()
         dog = Watchdog(server, load, config=FAST)
         verdict = dog.watch(until=time.monotonic() + 60)
