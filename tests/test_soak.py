@@ -211,3 +211,25 @@ def test_seed_004_shape_a_hang_while_idle_is_caught_when_the_trickle_resumes(tmp
     assert r.outcome == Outcome.HANG and r.signature == "silent_stall", r.message
     assert r.detector in ("stream", "progress")
     no_process_left(r)
+
+
+def test_a_port_taken_at_start_up_is_retried_on_a_new_port(tmp_path):
+    import socket
+
+    class RacedEngine(FakeEngine):
+        """The first launch meets a port someone else grabbed after we picked it."""
+        def __init__(self, taken):
+            super().__init__()
+            self.taken, self.calls = taken, 0
+
+        def command(self, spec, host, port):
+            self.calls += 1
+            return super().command(spec, host, self.taken if self.calls == 1 else port)
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        engine = RacedEngine(holder.getsockname()[1])
+        r = run_cell(spec_for(tmp_path, soak_s=3), engine=engine, options=QUICK)
+    assert engine.calls == 2 and r.outcome == Outcome.PASSED, r.message
+    assert "address already in use" in Path(r.artifacts["server_log"]).read_text().lower()
