@@ -129,9 +129,34 @@ def test_planted_shm_broadcast_hang_is_classified(tmp_path):
     assert_nothing_left(result, seen)
 
 
-def test_planted_crash_is_classified_as_crash(tmp_path):
-    result, seen = soak(tmp_path, {"prefix_caching": True, "enforce_eager": True}, soak_s=240, style="crash")
-    assert result.outcome.value == "crash", result.message
-    assert result.signature == "crash"
-    assert result.extra["true_hang"]["style"] == "crash"
-    assert_nothing_left(result, seen)
+def test_planted_crash_through_the_cli_is_a_crash_finding(tmp_path):
+    """`soakmatrix run --backend vllm` on a private Ray cluster offering the matrix's `cpu` type."""
+    import json
+    import subprocess
+    import sys
+
+    hangs = tmp_path / "crash.yaml"
+    hangs.write_text("seed: 5\nhangs:\n  - {id: planted-crash, style: crash, when: {enforce_eager: true}, "
+                     "min_running: 1, mttf_s: 6}\n")
+    text = MATRIX.read_text()
+    text = text.replace("prefix_caching: [true, false]", "prefix_caching: [true]")
+    text = text.replace("enforce_eager: [true, false]", "enforce_eager: [true]")
+    text = text.replace("soak: 60s", "soak: 4m").replace("hang_model: hangs/vllm_cpu.yaml", f"hang_model: {hangs}")
+    matrix = tmp_path / "crash-matrix.yaml"
+    matrix.write_text(text)
+    out = tmp_path / "out"
+    soakmatrix = [sys.executable, "-m", "soakmatrix.matrix.cli"]
+    run = subprocess.run([sys.executable, "-m", "soakmatrix.fixtures.cpu_ray", *soakmatrix, "run", str(matrix),
+                          "--backend", "vllm", "--out", str(out)], capture_output=True, text=True, timeout=900)
+    assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-3000:]     # 1: a hang or crash was found
+    results = [json.loads(p.read_text()) for p in out.rglob("result.json")]
+    assert len(results) == 1, run.stdout[-2000:]
+    result = results[0]
+    assert (result["outcome"], result["signature"]) == ("crash", "crash"), result["message"]
+    assert result["extra"]["true_hang"]["style"] == "crash"
+    assert "crash" in (out / "junit.xml").read_text()
+    teardown = result["extra"]["teardown"]
+    assert teardown["clean"], teardown
+    alive = [pid for pid in teardown["pids"]
+             if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+    assert not alive, f"vLLM processes left behind: {alive}"
