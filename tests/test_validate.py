@@ -10,7 +10,6 @@ import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 from types import SimpleNamespace as NS
 
 import pytest
