@@ -11,11 +11,13 @@ hypothesis has a closed form in (hangs, exposure) pooled over its fast configs, 
 every config informs every hypothesis, and an unknown lambda needs no plug-in estimate.
 
 Search. Calibrate the failing cell (several hangs: the MTTF gets an interval and, by default, the
-cap). Then repeatedly pick the config whose outcome tells most per expected GPU-hour (mutual
+cap, which then follows the MTTF pooled over the likeliest set's configs). Then repeatedly pick the config whose outcome tells most per expected GPU-hour (mutual
 information / cost) and soak it until its first hang or, failing that, until "it is fast" has
 dropped to alpha / (expected remaining probes): the soak that confidence demands, corrected for
 the number of probes. Stop when the most probable set has posterior >= confidence and was itself
-seen to hang (the certification run). Then shrink multi-valued flags of the set toward baseline.
+seen to hang (the certification run). A strong modifier that the shared-rate model dropped rejoins
+the set when a rate test shows the hang without it is slower than the cap; with an explicit cap,
+each flag of the set is also soaked out to the cap. Then shrink multi-valued flags toward baseline.
 A second, independent trigger (an OR of conjunctions) shows as hangs in configs without the
 answer: the search still converges on one minimal set and the result says others may exist.
 """
@@ -33,13 +35,12 @@ from . import stats
 from .oracle import Probe, ProbeOracle, ProbeResult
 from .spec import format_duration
 
-SMALL_SET = 3
+SMALL_SET = 3              # sets of 1..SMALL_SET flags are equally likely a priori
+LARGE_SET_FACTOR = 0.1     # each flag beyond that divides a set's prior by 10
+BASELINE_PRIOR = 0.02      # prior weight of "the baseline itself hangs", relative to one small set
 MIN_SOAK_MTTFS = 0.5       # a probe soaks at least this many MTTFs (and at least its start-up)
 CAP_BOUND_CONFIDENCE = 0.99
-SOAK_STEPS = (1.0, 2.0, 3.0, 5.0)   # shorter soaks considered, in MTTFs
-LARGE_SET_FACTOR = 0.1
-BASELINE_PRIOR = 0.02   # prior weight of "the baseline itself hangs", relative to one small set
-MAX_ELEMENTS = 16   # hypotheses are every subset: 2^16 of them is still milliseconds
+MAX_ELEMENTS = 16          # hypotheses are every subset: 2^16 of them is still milliseconds
 
 
 @dataclass(frozen=True)
@@ -54,8 +55,8 @@ class Element:
 @dataclass(frozen=True)
 class Settings:
     confidence: float = 0.95
-    mttf_cap_s: float | None = None     # None: cap_factor x the failing cell's calibrated MTTF
-    cap_factor: float = 2.0             # x the 99% upper bound: two hangs in E give a cap ~13 E
+    mttf_cap_s: float | None = None     # None: cap_factor x the pooled MTTF's 99% upper bound
+    cap_factor: float = 2.0             # two calibration hangs in E start the cap at ~13 E
     startup_s: float = 600.0            # expected start-up per probe (for choosing probes)
     calibration_hangs: int = 2
     calibration_max_soak_s: float | None = None   # per calibration probe; None: 24 h (or 8 x cap)
