@@ -33,6 +33,8 @@ class StreamState:
     oldest_waiting_first_token_since: float | None = None   # earliest start of a stream with no token yet
     waiting_first_token_prompt_len: int = 0  # longest prompt among streams still waiting for a token
     tokens: int = 0                          # tokens received so far (all streams)
+    consecutive_failures: int = 0            # requests failed in a row (server errors, refused connections)
+    last_error: str | None = None
 
 
 @dataclass(frozen=True)
@@ -79,7 +81,7 @@ def register(name: str) -> Callable[[Callable[..., Detector]], Callable[..., Det
     return add
 
 
-DEFAULT_DETECTORS = ("progress", "stream", "logs", "exit")
+DEFAULT_DETECTORS = ("progress", "stream", "logs", "exit", "errors")
 
 
 def build_detectors(names: Sequence[str] = DEFAULT_DETECTORS,
@@ -95,7 +97,7 @@ def build_detectors(names: Sequence[str] = DEFAULT_DETECTORS,
 
 def load_builtin() -> None:
     """Import the built-in detector modules so they register themselves."""
-    from . import detect_exit, detect_logs, detect_progress, detect_stream  # noqa: F401
+    from . import detect_errors, detect_exit, detect_logs, detect_progress, detect_stream  # noqa: F401
 
 
 class StallThreshold:

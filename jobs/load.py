@@ -48,6 +48,8 @@ class LoadStats:
     stopped_at: float | None = None
     last_token_at: float | None = None
     max_gap_s: float = 0.0
+    consecutive_failures: int = 0
+    last_error: str | None = None
     errors: dict[str, int] = field(default_factory=dict)
     ttft_s: deque = field(default_factory=lambda: deque(maxlen=SAMPLE_CAP))
     gaps_s: deque = field(default_factory=lambda: deque(maxlen=SAMPLE_CAP))
@@ -140,7 +142,8 @@ class LoadDriver:
                 at=now, open_streams=len(self.stats.open), last_token_at=self.stats.last_token_at,
                 oldest_waiting_first_token_since=min((o.started for o in waiting), default=None),
                 waiting_first_token_prompt_len=max((o.prompt_len for o in waiting), default=0),
-                tokens=self.stats.tokens)
+                tokens=self.stats.tokens, consecutive_failures=self.stats.consecutive_failures,
+                last_error=self.stats.last_error)
 
     def __enter__(self) -> "LoadDriver":
         return self.start()
@@ -156,7 +159,7 @@ class LoadDriver:
         try:
             loop.run_until_complete(self._main())
         except Exception as exc:   # the driver must never take the job down
-            self._error(f"driver: {type(exc).__name__}: {exc}")
+            self._error(f"driver: {type(exc).__name__}: {exc}", counts_as_failure=False)
         finally:
             with self.stats.lock:
                 self.stats.stopped_at = self.clock()
@@ -243,7 +246,7 @@ class LoadDriver:
                 data = await r.json(content_type=None)
                 return data["data"][0]["id"]
         except Exception as exc:
-            self._error(f"models: {type(exc).__name__}")
+            self._error(f"models: {type(exc).__name__}", counts_as_failure=False)
             return "default"
 
     async def _request(self, session: aiohttp.ClientSession, source: RequestSource, spec: RequestSpec) -> bool:
@@ -271,6 +274,7 @@ class LoadDriver:
                     text.append(_choice_text(data))
                 with self.stats.lock:
                     self.stats.completed += 1
+                    self.stats.consecutive_failures = 0
                     if usage_tokens is not None:
                         # the server's count is exact (a chunk may carry several tokens)
                         self.stats.tokens += max(0, usage_tokens - entry.chunks)
@@ -278,7 +282,7 @@ class LoadDriver:
                 source.answered(spec, "".join(text))
                 return True
         except asyncio.CancelledError:
-            self._error("cancelled")
+            self._error("cancelled", counts_as_failure=False)   # our own stop, not the server's
             raise
         except asyncio.TimeoutError:
             self._error("timeout")
@@ -329,9 +333,12 @@ class LoadDriver:
             self.stats.tokens += count
             self.stats.last_token_at = now
 
-    def _error(self, what: str) -> None:
+    def _error(self, what: str, counts_as_failure: bool = True) -> None:
         with self.stats.lock:
             self.stats.errors[what] = self.stats.errors.get(what, 0) + 1
+            if counts_as_failure:
+                self.stats.consecutive_failures += 1
+                self.stats.last_error = what
 
 
 def _choice_text(data: Mapping[str, Any]) -> str:

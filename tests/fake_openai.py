@@ -4,7 +4,8 @@ Deterministic and small on purpose: a step loop emits one token per step to ever
 `--slow-prefill-s` makes a long prompt stall every stream for that long (a legitimate slow step);
 `--hang-after-s` stops the step loop (a silent stall: /health stays 200) and writes the true start
 to `--hang-record`; `--hang-style shm` also prints vLLM's shm_broadcast/RPC-timeout lines, `exit`
-dies with a traceback instead; `--child` adds a child process so the server is a process tree.
+dies with a traceback instead, `error` answers every request with a 500 (a dead engine behind a
+living API server); `--child` adds a child process so the server is a process tree.
 Run as a script (`python tests/fake_openai.py --port P`) or in-process with `serve_in_thread`.
 """
 
@@ -50,6 +51,9 @@ class Engine:
                     and time.monotonic() - self.first_load_at >= self.hang_after_s and self.queues):
                 self._hang()
             if self.hung:
+                if self.hang_style == "error":
+                    for q in list(self.queues.values()):
+                        q.put_nowait(None)   # ends every open stream early
                 await asyncio.sleep(self.warn_every_s)
                 if self.hang_style == "shm":
                     print("INFO (EngineCore) [shm_broadcast.py:681] No available shared memory broadcast "
@@ -88,6 +92,8 @@ def make_app(engine: Engine) -> web.Application:
 
     async def generate(request: web.Request) -> web.StreamResponse:
         body = await request.json()
+        if engine.hung and engine.hang_style == "error":   # a dead engine behind a living API server
+            return web.json_response({"error": "EngineDeadError"}, status=500)
         chat = request.path.endswith("chat/completions")
         prompt = " ".join(m["content"] for m in body["messages"]) if chat else body["prompt"]
         words = len(prompt.split())
@@ -101,13 +107,15 @@ def make_app(engine: Engine) -> web.Application:
             engine.pending_prefill.append(rid)
         try:
             if not body.get("stream"):
-                text = "".join([await q.get() for _ in range(n)])
+                text = "".join([(await q.get()) or "" for _ in range(n)])
                 choice = {"message": {"role": "assistant", "content": text}} if chat else {"text": text}
                 return web.json_response({"choices": [choice], "usage": {"completion_tokens": n}})
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
             await resp.prepare(request)
             for _ in range(n):
                 piece = await q.get()
+                if piece is None:
+                    break
                 choice = {"delta": {"content": piece}} if chat else {"text": piece}
                 await resp.write(f"data: {json.dumps({'choices': [choice]})}\n\n".encode())
             usage = {"choices": [], "usage": {"completion_tokens": n}}
@@ -179,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--slow-prefill-s", type=float, default=0.0)
     p.add_argument("--slow-prompt-words", type=int, default=400)
     p.add_argument("--hang-after-s", type=float)
-    p.add_argument("--hang-style", choices=["silent", "shm", "exit"], default="silent")
+    p.add_argument("--hang-style", choices=["silent", "shm", "exit", "error"], default="silent")
     p.add_argument("--hang-record")
     p.add_argument("--startup-s", type=float, default=0.0)
     p.add_argument("--child", action="store_true")

@@ -132,3 +132,17 @@ def test_stop_abandons_requests_to_a_hung_server_promptly():
         assert drv.finished and time.monotonic() - t0 < 10
     finally:
         stop.set()
+
+
+@pytest.mark.slow
+def test_failures_in_a_row_are_counted_and_reset_by_a_success():
+    engine, stop = serve_in_thread(step_s=0.01, hang_after_s=1.0, hang_style="error")
+    try:
+        w = workload("random", concurrency=2, input_len=[5, 5], output_len=[5, 10])
+        drv = LoadDriver(f"http://127.0.0.1:{engine.port}", w, seed=0, duration_s=4).start()
+        time.sleep(4.5)
+        snap = drv.snapshot()
+        drv.stop()
+    finally:
+        stop.set()
+    assert drv.stats.completed > 0 and snap.consecutive_failures >= 5 and snap.last_error == "http 500"

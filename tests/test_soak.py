@@ -233,3 +233,11 @@ def test_a_port_taken_at_start_up_is_retried_on_a_new_port(tmp_path):
         r = run_cell(spec_for(tmp_path, soak_s=3), engine=engine, options=QUICK)
     assert engine.calls == 2 and r.outcome == Outcome.PASSED, r.message
     assert "address already in use" in Path(r.artifacts["server_log"]).read_text().lower()
+
+
+def test_a_dead_engine_behind_a_living_api_server_is_a_crash_not_a_pass(tmp_path):
+    r = run_cell(spec_for(tmp_path, soak_s=30), engine=FakeEngine("--hang-after-s", "2", "--hang-style", "error"),
+                 options=QUICK)
+    assert r.outcome == Outcome.CRASH and r.detector == "errors" and r.signature == "crash", r.message
+    assert "requests in a row failed" in r.message
+    no_process_left(r)
