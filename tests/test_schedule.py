@@ -522,3 +522,28 @@ def test_run_cells_cancels_everything_when_recording_a_result_fails(fleet):
         run_cells(h200, lambda pc: spec_of(matrix, pc), launcher, DiskFull(), retries=0, cap_s=60, poll_s=0,
                   grace_s=1)
     assert {h for h, force in launcher.cancelled if not force} == {2, 3}
+
+
+def dies_on_first_attempt(spec, stop=None, on_event=None):
+    """A soak job whose worker process is killed on the first attempt (OOM killer, segfault)."""
+    import os
+    import signal
+
+    if spec.attempt == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return sleepy_run_cell(spec, stop, on_event)
+
+
+@pytest.mark.slow
+def test_ray_killed_worker_is_infra_error_and_retried(ray_cluster, fleet):
+    from soakmatrix.matrix.schedule import RayLauncher
+
+    matrix, cells = fleet
+    pc = cell(cells, "H200", 1)
+    rec = Recorder()
+    summary = run_cells([pc], lambda pc: spec_of(matrix, pc, soak_s=0.5), RayLauncher(run_cell=dies_on_first_attempt),
+                        rec, retries=1, cap_s=120, poll_s=0.2)
+    [result] = summary.results
+    assert [r.outcome for r in rec.retrying] == [Outcome.INFRA_ERROR]
+    assert "Worker" in rec.retrying[0].message or "died" in rec.retrying[0].message.lower()
+    assert result.outcome is Outcome.PASSED and result.attempt == 2 and len(result.retries) == 1
