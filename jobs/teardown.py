@@ -90,7 +90,7 @@ def teardown(server: Any, grace_s: float = 10.0, kill_wait_s: float = 5.0) -> Te
     _reap(server)
     report.pids = sorted({*report.pids, *(p.pid for p in late)})
     report.survivors = sorted(p.pid for p in alive if _alive(p))
-    report.port_listening = port_listening(server.port, server.host)
+    report.port_listening = port_listening(server.port, server.host, owners=report.pids)
     report.gpu_pids = sorted(set(gpu_memory_pids()) & set(report.pids))
     report.seconds = time.monotonic() - t0
     return report
@@ -124,12 +124,15 @@ def _signal_group(pgid: int, sig: int) -> None:
         pass
 
 
-def port_listening(port: int, host: str = "127.0.0.1") -> bool:
-    """Does anything still listen on the port? (listening sockets only, not TIME_WAIT leftovers)"""
+def port_listening(port: int, host: str = "127.0.0.1", owners: list[int] | None = None) -> bool:
+    """Does anything still listen on the port? (listening sockets only, not TIME_WAIT leftovers.)
+    With `owners`, only sockets of those pids (or of unknown owner) count: on a shared node another
+    job may legitimately bind the same port number once ours is free."""
     try:
         for c in psutil.net_connections(kind="tcp"):
             if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port:
-                return True
+                if owners is None or c.pid is None or c.pid in owners:
+                    return True
         return False
     except (psutil.AccessDenied, PermissionError):
         import socket
@@ -210,7 +213,7 @@ def preflight(state_dir: str | Path) -> str | None:
     for leak in leaks:
         pids = [pid for pid in leak.get("pids", []) if _same_process(pid, leak.get("create_times", {}))]
         port = leak.get("port")
-        port_busy = bool(port) and port_listening(int(port))
+        port_busy = bool(port) and port_listening(int(port), owners=leak.get("pids") or None)
         if pids or port_busy:
             still.append(leak)
             what = ", ".join([*(f"pid {p}" for p in pids), *([f"port {port}"] if port_busy else [])])
