@@ -121,7 +121,9 @@ def fault_env(spec: SoakSpec) -> dict[str, str]:
         "SOAKMATRIX_FAULTS": str(Path(spec.hang_model).resolve()),
         "SOAKMATRIX_HANG_RECORD": str(Path(spec.artifacts_dir).resolve() / HANG_RECORD_NAME),
         "SOAKMATRIX_GPU_TYPE": spec.gpu_type,
-        "SOAKMATRIX_FAULT_SEED": f"{spec.seed}:{spec.attempt}",
+        # the run folder too: every probe of a bisection (same cell, same seed) is its own folder and
+        # must draw its own time to hang, or repeated probes would not be independent trials
+        "SOAKMATRIX_FAULT_SEED": f"{spec.seed}:{spec.attempt}:{Path(spec.artifacts_dir).resolve()}",
     }
 
 

@@ -69,7 +69,11 @@ def test_a_hang_model_switches_the_fault_plugin_on(tmp_path):
     assert env["SOAKMATRIX_FAULTS"] == str(hangs.resolve())
     assert env["SOAKMATRIX_HANG_RECORD"] == str((tmp_path / "cell" / "sim-hangs.jsonl").resolve())
     assert env["SOAKMATRIX_GPU_TYPE"] == "cpu"
-    assert env["SOAKMATRIX_FAULT_SEED"] == "4:2"   # another attempt draws another time to hang
+    # another attempt or another run folder (a bisection's repeated probes) draws another time to hang
+    assert env["SOAKMATRIX_FAULT_SEED"] == f"4:2:{(tmp_path / 'cell').resolve()}"
+    other = VllmEngine().command(spec(tmp_path, hang_model=str(hangs), artifacts_dir=str(tmp_path / "probe-2")),
+                                 "127.0.0.1", 1).env
+    assert other["SOAKMATRIX_FAULT_SEED"] != env["SOAKMATRIX_FAULT_SEED"]
 
 
 def test_the_cells_own_env_wins(tmp_path):
