@@ -74,3 +74,16 @@ def test_a_leak_is_reported_to_the_next_cell_until_it_is_gone(tmp_path):
         survivor.wait()
     assert teardown.preflight(tmp_path) is None
     assert not teardown.leak_file(tmp_path).exists()
+
+
+def test_only_our_own_listening_sockets_count_as_a_leak():
+    import os
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        assert teardown.port_listening(port)
+        assert teardown.port_listening(port, owners=[os.getpid()])
+        assert not teardown.port_listening(port, owners=[os.getpid() + 100000])   # another job's socket
+    assert not teardown.port_listening(port)
