@@ -122,7 +122,9 @@ def _soak(spec: SoakSpec, engine: Engine, result: CellResult, stop: threading.Ev
             load.stop_sending()   # the soak is over; what is still in flight may yet hang
             verdict = dog.watch(until=time.monotonic() + options.drain_s, stop=stop,
                                 done=lambda: load.finished or load.snapshot().open_streams == 0)
-        load_end = verdict.at if verdict is not None else time.time()
+        # exposure ends where the hang began (the last progress), so MTTF estimates (exposure / hangs)
+        # do not count the detection delay as time the engine survived
+        load_end = time.time() if verdict is None else (verdict.since if verdict.since is not None else verdict.at)
         stats = load.stats.summary()
         result.tokens, result.requests = int(stats["tokens"]), int(stats["completed"])
         result.exposure_s = max(0.0, load_end - load_start) * scale
@@ -136,6 +138,7 @@ def _soak(spec: SoakSpec, engine: Engine, result: CellResult, stop: threading.Ev
             return
         if verdict is None:
             _passed(result, stats)
+            _attach_sim_record(result, folder)   # a simulated hang no detector saw shows up here
             return
         emit("verdict", {"detector": verdict.detector, "kind": verdict.kind, "message": verdict.message})
         load.stop(timeout_s=5)
