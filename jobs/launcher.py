@@ -202,7 +202,10 @@ def launch(engine: Engine, spec: SoakSpec, host: str = HOST, port: int | None = 
     port = port or free_port(host)
     command = engine.command(spec, host, port)
     Path(spec.artifacts_dir).mkdir(parents=True, exist_ok=True)
-    (Path(spec.artifacts_dir) / "command.txt").write_text(" ".join(_quote(a) for a in command.argv) + "\n")
+    # what a maintainer pastes to reproduce: the cell's own environment, then the argv
+    env = {**dict(spec.env), **dict(command.env)}
+    prefix = "".join(f"{k}={_quote(str(v))} " for k, v in sorted(env.items()))
+    (Path(spec.artifacts_dir) / "command.txt").write_text(prefix + " ".join(_quote(a) for a in command.argv) + "\n")
     return start(command, spec.artifacts_dir, host, port, extra_env=spec.env)
 
 

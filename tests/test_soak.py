@@ -242,3 +242,10 @@ def test_a_dead_engine_behind_a_living_api_server_is_a_crash_not_a_pass(tmp_path
     assert r.outcome == Outcome.CRASH and r.detector == "errors" and r.signature == "crash", r.message
     assert "requests in a row failed" in r.message
     no_process_left(r)
+
+
+def test_the_command_file_reproduces_the_launch_with_its_environment(tmp_path):
+    r = run_cell(spec_for(tmp_path, soak_s=2, env={"VLLM_LOG_STATS_INTERVAL": "1"}), engine=FakeEngine(),
+                 options=QUICK)
+    line = Path(r.artifacts["command"]).read_text()
+    assert line.startswith("VLLM_LOG_STATS_INTERVAL=1 ") and "fake_openai.py --port " in line
