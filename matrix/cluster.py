@@ -102,23 +102,41 @@ def connect(address: str | None, *, backend: str, gpus: Mapping[str, GpuType],
     return start_local(sim_fleet(gpus))
 
 
-def start_local(shapes: list[NodeShape]) -> ClusterHandle:
-    """A multi-node Ray cluster on this machine (`ray.cluster_utils.Cluster`), this process its driver."""
+def start_local(shapes: list[NodeShape], attempts: int = 3) -> ClusterHandle:
+    """A multi-node Ray cluster on this machine (`ray.cluster_utils.Cluster`), this process its driver.
+
+    On a loaded machine a raylet can miss Ray's fixed 30 s registration window; the processes of a
+    failed start are stopped (only this process's own new children) and the start is tried again.
+    """
+    if not shapes:
+        raise ValueError("a local cluster needs at least one node")
+    failure: BaseException | None = None
+    for _ in range(attempts):
+        before = _own_children()
+        try:
+            return _start_local_once(shapes)
+        except Exception as exc:  # noqa: BLE001 - Ray raises plain Exception on a slow start
+            failure = exc
+            _stop_new_children(before)
+    raise RuntimeError(f"the local Ray cluster did not start in {attempts} attempts: {failure}") from failure
+
+
+def _start_local_once(shapes: list[NodeShape]) -> ClusterHandle:
     import ray
     from ray.cluster_utils import Cluster
 
-    if not shapes:
-        raise ValueError("a local cluster needs at least one node")
     head, *rest = shapes
-    cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": head.num_cpus, "num_gpus": head.num_gpus, "resources": dict(head.resources),
-        "include_dashboard": False})
+    cluster = Cluster(initialize_head=False)
     try:
+        cluster.add_node(num_cpus=head.num_cpus, num_gpus=head.num_gpus, resources=dict(head.resources),
+                         include_dashboard=False)
         for shape in rest:
             cluster.add_node(num_cpus=shape.num_cpus, num_gpus=shape.num_gpus, resources=dict(shape.resources))
         ray.init(address=cluster.address, log_to_driver=False, logging_level=logging.WARNING)
         cluster.wait_for_nodes()
     except BaseException:
+        if ray.is_initialized():
+            ray.shutdown()
         cluster.shutdown()
         raise
 
@@ -129,3 +147,27 @@ def start_local(shapes: list[NodeShape]) -> ClusterHandle:
     labels = ", ".join(f"{s.num_gpus} x {next(iter(s.resources), '?').removeprefix(ACCELERATOR_PREFIX)}"
                        for s in shapes)
     return ClusterHandle(f"local Ray cluster, {len(shapes)} node(s) with simulated GPUs: {labels}", shutdown)
+
+
+def _own_children() -> set[int]:
+    import psutil
+
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+def _stop_new_children(before: set[int], timeout_s: float = 10.0) -> None:
+    """Stop the processes this process started since `before` (a half-started Ray node)."""
+    import psutil
+
+    new = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+    for p in new:
+        try:
+            p.terminate()
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(new, timeout=timeout_s)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass

@@ -65,3 +65,29 @@ def test_local_sim_cluster_advertises_fake_gpu_types_and_stops_cleanly():
     assert not ray.is_initialized()
     psutil.wait_procs(ray_processes_of(os.getpid()), timeout=30)
     assert ray_processes_of(os.getpid()) == []
+
+
+def test_a_failed_local_start_is_cleaned_up_and_retried(monkeypatch):
+    import subprocess
+
+    from soakmatrix.matrix import cluster as cluster_mod
+
+    spawned = []
+
+    def flaky_start(shapes):
+        if not spawned:
+            spawned.append(subprocess.Popen(["sleep", "60"]))   # a half-started node's process
+            raise Exception("The current node timed out during startup.")
+        return cluster_mod.ClusterHandle("ok", lambda: None)
+
+    monkeypatch.setattr(cluster_mod, "_start_local_once", flaky_start)
+    handle = cluster_mod.start_local([NodeShape(1, {"accelerator_type:H200": 1.0})])
+    assert handle.description == "ok"
+    assert spawned[0].wait(timeout=15) is not None            # stopped, not left behind
+
+    def always_fails(shapes):
+        raise Exception("GCS overloaded")
+
+    monkeypatch.setattr(cluster_mod, "_start_local_once", always_fails)
+    with pytest.raises(RuntimeError, match="did not start in 2 attempts: GCS overloaded"):
+        cluster_mod.start_local([NodeShape(1)], attempts=2)
