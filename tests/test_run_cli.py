@@ -80,7 +80,9 @@ def cluster():
     DASHBOARD_PORT["port"] = free_port()
     c = Cluster(initialize_head=True, head_node_args={
         "num_cpus": 1, "num_gpus": 0, "include_dashboard": True, "dashboard_host": "127.0.0.1",
-        "dashboard_port": DASHBOARD_PORT["port"]})
+        "dashboard_port": DASHBOARD_PORT["port"],
+        # the job agent's default port may belong to another Ray cluster on this machine
+        "dashboard_agent_listen_port": free_port()})
     c.add_node(num_cpus=1, num_gpus=2, resources={"accelerator_type:H200": 1})
     ray.init(address=c.address, log_to_driver=False)
     c.wait_for_nodes()
