@@ -2,6 +2,7 @@
 planted hang, and false alarms over a healthy soak (10 minutes; `--quick`: 2).
 
     python -m benchmarks.bench_vllm [--quick] [--stalls N] [--soak-s S] [--out DIR]
+    python -m benchmarks.bench_vllm --bisect      # flag bisection on the real engine (about 40 min)
 
 Every run goes through the soak job (`jobs.soak.run_cell`) with `VllmEngine`, the tiny model and the
 CPU demo matrix (fixtures/vllm_cpu.yaml), exactly as `soakmatrix run --backend vllm` does.
@@ -55,6 +56,29 @@ def run(soak_s: float, stalls: int, out: Path) -> list[dict]:
     return rows
 
 
+BISECT_CELL = "d5e6f16b3e32"   # fixtures/vllm_cpu_bisect.yaml's failing cell
+
+
+def bisect(out: Path) -> int:
+    """`soakmatrix bisect --backend vllm` over five CPU-meaningful flags with a planted two-flag trigger
+    (prefix_caching=false AND chunked_prefill=false); prints the minimal set, probes and wall time."""
+    import subprocess
+
+    t0 = time.time()
+    cmd = [sys.executable, "-m", "soakmatrix.fixtures.cpu_ray", sys.executable, "-m", "soakmatrix.matrix.cli",
+           "bisect", str(REPO / "fixtures" / "vllm_cpu_bisect.yaml"), "--cell", BISECT_CELL, "--backend", "vllm",
+           "--mttf-cap", "30s", "--no-shrink", "--parallel", "1", "--out", str(out / "bisect"), "--json"]
+    run = subprocess.run(cmd, capture_output=True, text=True)
+    text = run.stdout[run.stdout.find("{"):]
+    result = json.loads(text) if text else {}
+    print(f"status {result.get('status')}, minimal set {result.get('minimal')} (planted: "
+          f"['chunked_prefill', 'prefix_caching']), {result.get('probes')} probes, "
+          f"{time.time() - t0:.0f} s wall, exit {run.returncode}")
+    for verdict in result.get("verdicts", []):
+        print(f"  {verdict['flag']:<16} {verdict['text']}")
+    return 0 if result.get("minimal") == ["chunked_prefill", "prefix_caching"] else 1
+
+
 def table(rows: list[dict]) -> str:
     cols = ["run", "outcome", "signature", "startup_s", "exposure_s", "tokens", "latency_s", "false_alarms"]
     widths = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in cols}
@@ -77,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--soak-s", type=float, help="healthy soak length (default 600, quick 120)")
     parser.add_argument("--stalls", type=int, help="planted silent stalls to time (default 3, quick 1)")
     parser.add_argument("--out", help="artifacts folder (default: a temporary folder)")
+    parser.add_argument("--bisect", action="store_true", help="run the real-engine flag bisection instead")
     args = parser.parse_args(argv)
     try:
         import vllm  # noqa: F401
@@ -86,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     soak_s = args.soak_s or (120.0 if args.quick else 600.0)
     stalls = args.stalls if args.stalls is not None else (1 if args.quick else 3)
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="bench-vllm-"))
+    if args.bisect:
+        return bisect(out)
     t0 = time.time()
     rows = run(soak_s, stalls, out)
     print(table(rows))
