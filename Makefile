@@ -26,8 +26,11 @@ install-test: $(VENV)/.test
 chromium:
 	@command -v chromium >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; }
 
+# exit 1 means "hangs found": the demo plants them, so that is its success; 2 and 3 are real errors
 demo: install
-	$(BIN)/soakmatrix run matrix/examples/demo.yaml --out out/demo
+	@$(BIN)/soakmatrix run matrix/examples/demo.yaml --out out/demo; code=$$?; \
+	  echo "JUnit: out/demo/junit.xml  dashboard: out/demo/dashboard/index.html  (exit $$code)"; \
+	  [ $$code -le 1 ]
 
 test: install-test install-vllm chromium
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
@@ -40,7 +43,9 @@ install-vllm: install-test
 # the demo matrix on the real vLLM engine with the tiny model built offline (4 cells, one canary hang),
 # on a private Ray cluster whose node offers the matrix's `cpu` GPU type
 demo-vllm: install-vllm
-	$(BIN)/python -m soakmatrix.fixtures.cpu_ray $(BIN)/soakmatrix run fixtures/vllm_cpu.yaml --backend vllm --out out/demo-vllm
+	@$(BIN)/python -m soakmatrix.fixtures.cpu_ray $(BIN)/soakmatrix run fixtures/vllm_cpu.yaml --backend vllm --out out/demo-vllm; \
+	  code=$$?; echo "JUnit: out/demo-vllm/junit.xml  dashboard: out/demo-vllm/dashboard/index.html  (exit $$code)"; \
+	  [ $$code -le 1 ]
 
 # what a developer runs between edits: no servers, no clusters, no vLLM
 test-fast: install-test
