@@ -118,7 +118,8 @@ def test_planted_event_sync_stall_shows_the_to_list_frame(tmp_path):
 
 
 def test_planted_shm_broadcast_hang_is_classified(tmp_path):
-    env = {"VLLM_RINGBUFFER_WARNING_INTERVAL": "2", "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "12"}
+    # short enough that vLLM warns before the verdict; the RPC timeout stays after the evidence is taken
+    env = {"VLLM_RINGBUFFER_WARNING_INTERVAL": "2", "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "40"}
     result, seen = soak(tmp_path, {"prefix_caching": True, "enforce_eager": True}, soak_s=240,
                         style="shm_broadcast", env=env)
     assert result.outcome.value == "hang", result.message
