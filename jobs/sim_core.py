@@ -478,8 +478,13 @@ class Executor:
         self.mq.enqueue(msg)
 
     def sample_tokens(self, step_s: float) -> list[Any]:
+        # Only a planted hang runs on the scaled clocks: a worker that is merely slow (two busy cores,
+        # a long prefill) waits on vLLM's real ones, so the simulator never invents a hang of its own.
+        planted = self.hang_rank is not None
+        timeout = self.clocks.rpc_timeout_s if planted else self.clocks.rpc_timeout_nominal
+        warning = self.clocks.ring_warning_s if planted else self.clocks.ring_warning_nominal
         try:
-            return self.mq.dequeue(step_s, self.clocks.rpc_timeout_s)
+            return self.mq.dequeue(step_s, timeout, warning)
         except TimeoutError as exc:
             raise TimeoutError("RPC call to sample_tokens timed out.") from exc
 

@@ -37,15 +37,18 @@ class MessageQueue:
         for conn in self.writers:
             conn.send(obj)
 
-    def dequeue(self, expected_s: float, timeout_s: float | None) -> list[Any]:
+    def dequeue(self, expected_s: float, timeout_s: float | None,
+                warning_interval_s: float | None = None) -> list[Any]:
         """Every reader's answer to the last broadcast."""
-        return self.acquire_read(expected_s, timeout_s)
+        return self.acquire_read(expected_s, timeout_s, warning_interval_s)
 
-    def acquire_read(self, expected_s: float, timeout_s: float | None) -> list[Any]:
+    def acquire_read(self, expected_s: float, timeout_s: float | None,
+                     warning_interval_s: float | None = None) -> list[Any]:
         answers: list[Any] = [None] * len(self.readers)
         pending = dict(enumerate(self.readers))
+        interval = self.warning_interval_s if warning_interval_s is None else warning_interval_s
         grace_end = time.monotonic() + max(0.0, expected_s) + 0.25
-        next_warning = grace_end + self.warning_interval_s
+        next_warning = grace_end + interval
         deadline = None if timeout_s is None else grace_end + timeout_s
         while pending:
             now = time.monotonic()
@@ -53,7 +56,7 @@ class MessageQueue:
                 raise TimeoutError
             if now >= next_warning:
                 vlog(logging.INFO, "shm_broadcast.py:683", SHM_WARNING, self.nominal_warning_interval_s)
-                next_warning += self.warning_interval_s
+                next_warning += interval
             limit = next_warning if deadline is None else min(next_warning, deadline)
             for conn in wait(list(pending.values()), timeout=max(0.0, limit - now)):
                 for index, c in list(pending.items()):
