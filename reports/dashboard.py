@@ -17,7 +17,6 @@ import html
 import json
 import math
 import os
-import tempfile
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -32,6 +31,7 @@ from soakmatrix.matrix.flags import format_value
 from soakmatrix.matrix.outcomes import Outcome
 from soakmatrix.matrix.spec import format_duration
 
+from .files import write_atomic
 from .history import CellInfo, HistoryStore, Observation, Run
 from .tables import bisection_view
 from .state import CellState, CellStatus, SignatureSummary, cell_states, new_failures, signature_summaries
@@ -416,12 +416,4 @@ def _short_run(run_id: str) -> str:
 
 
 def _write_atomic(path: Path, text: str) -> Path:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return write_atomic(path, lambda fh: fh.write(text.encode("utf-8")))

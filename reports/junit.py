@@ -21,7 +21,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-import tempfile
 import xml.etree.ElementTree as ElementTree
 from datetime import datetime, timezone
 from pathlib import Path
@@ -33,6 +32,8 @@ from junitparser import xunit2
 from soakmatrix.jobs.result import CellResult
 from soakmatrix.matrix.flags import format_value
 from soakmatrix.matrix.outcomes import Outcome
+
+from .files import write_atomic
 
 CLASSNAME_PREFIX = "soakmatrix"
 MAX_LOG_LINES = 60        # last log lines kept in system-out
@@ -245,16 +246,7 @@ def merge_junit(paths: Sequence[str | os.PathLike], out: str | os.PathLike) -> P
 
 
 def _write_atomic(xml: xunit2.JUnitXml, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            xml.write(fh)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return write_atomic(path, xml.write)
 
 
 def _cut(line: str) -> str:
