@@ -10,9 +10,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import traceback
 from typing import Sequence
 
-from .outcomes import EXIT_USAGE
+from .outcomes import EXIT_INFRA, EXIT_USAGE
 from .yamlsrc import SpecError
 
 # command -> (module, one-line help)
@@ -59,6 +60,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"soakmatrix {name}: interrupted", file=sys.stderr)
         return 130
+    except Exception:  # noqa: BLE001 - a bug of ours is no verdict, never exit 1 ("hang found")
+        traceback.print_exc()
+        print(f"soakmatrix {name}: internal error (above); no verdict", file=sys.stderr)
+        return EXIT_INFRA
 
 
 if __name__ == "__main__":

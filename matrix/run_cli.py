@@ -24,6 +24,7 @@ from .spec import Matrix, Profile, format_duration, load_matrix
 HELP = ("Run a matrix profile on Ray: one task per cell on a node with the right GPU type and count; "
         "a local cluster with simulated GPUs unless --ray-address or RAY_ADDRESS names one.")
 
+JUNIT_EVERY_S = 10.0
 DASHBOARD_EVERY_S = 30.0
 EXIT_INTERRUPTED = 130
 
@@ -88,8 +89,9 @@ def verdict_ids(results: Sequence[CellResult]) -> set[str]:
 
 
 class ResultSink:
-    """Implements schedule.Events for the results: store first (nothing finished is lost), then
-    JUnit every cell, the dashboard at most every DASHBOARD_EVERY_S."""
+    """Implements schedule.Events for the results: the store first, at every cell (nothing finished is
+    lost); JUnit at most every JUNIT_EVERY_S and the dashboard at most every DASHBOARD_EVERY_S (each
+    rewrite reads the whole run, so writing both per cell would grow with the square of the cells)."""
 
     def __init__(self, store: Any, run_id: Any, store_path: Path, out: Path, suite: str,
                  properties: dict[str, str], clock=time.time):
@@ -98,6 +100,8 @@ class ResultSink:
         self.junit_path = out / "junit.xml"
         self.dashboard_dir = out / "dashboard"
         self._dashboard_at = 0.0
+        self._junit_at = 0.0
+        self._junit_stale = self._dashboard_stale = False
         self.warnings: list[str] = []
 
     def cell_started(self, pc: PlannedCell, attempt: int, node: str) -> None:
@@ -108,22 +112,26 @@ class ResultSink:
 
     def cell_finished(self, pc: PlannedCell, result: CellResult) -> None:
         self.store.record(self.run_id, result)
-        self.write_junit()
-        if self.clock() - self._dashboard_at >= DASHBOARD_EVERY_S:
-            self.write_dashboard()
+        self._junit_stale = self._dashboard_stale = True
+        self.tick()
 
     def tick(self) -> None:
-        pass
+        now = self.clock()
+        if self._junit_stale and now - self._junit_at >= JUNIT_EVERY_S:
+            self.write_junit()
+        if self._dashboard_stale and now - self._dashboard_at >= DASHBOARD_EVERY_S:
+            self.write_dashboard()
 
     def write_junit(self) -> None:
         from soakmatrix.reports.junit import write_junit
 
+        self._junit_at, self._junit_stale = self.clock(), False
         write_junit(self.store.results(self.run_id), self.junit_path, self.suite, properties=self.properties)
 
     def write_dashboard(self) -> Path | None:
         from soakmatrix.reports.dashboard import build_dashboard
 
-        self._dashboard_at = self.clock()
+        self._dashboard_at, self._dashboard_stale = self.clock(), False
         try:
             return build_dashboard(self.store_path, self.dashboard_dir)
         except Exception as exc:  # noqa: BLE001 - a report failing must not stop the soak
