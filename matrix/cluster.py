@@ -97,7 +97,8 @@ def connect(address: str | None, *, backend: str, gpus: Mapping[str, GpuType],
                  log_to_driver=False, logging_level=logging.WARNING)
         return ClusterHandle(f"Ray cluster at {address}", ray.shutdown)
     if backend != "sim":
-        ray.init(**quiet)
+        # "local" always starts a fresh cluster: a bare init() would join whatever Ray already runs here
+        ray.init(address="local", **quiet)
         return ClusterHandle("local Ray (this machine's GPUs)", ray.shutdown)
     return start_local(sim_fleet(gpus))
 
