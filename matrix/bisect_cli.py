@@ -47,6 +47,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ray-address", help="Ray cluster address (default: RAY_ADDRESS or a local cluster)")
     parser.add_argument("--out", default="bisect-out", help="soak job artifacts (real probes)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    parser.add_argument("--store", metavar="FILE",
+                        help="history store (SQLite) to record the result in; `soakmatrix report` shows it")
 
 
 def find_cell(cells: list[PlannedCell], key: str, matrix: Matrix) -> PlannedCell:
@@ -176,10 +178,15 @@ def main(args: argparse.Namespace) -> int:
     finally:
         if cluster is not None:
             cluster.close()
+    doc = to_json(result)
+    doc.update({"matrix": matrix.file, "cell": {"id": pc.id, "name": pc.name},
+                "oracle": "virtual" if args.virtual else f"soak ({args.backend})"})
+    if args.store:
+        from soakmatrix.reports.history import HistoryStore
+
+        with HistoryStore(args.store) as store:
+            store.record_bisection(pc.id, doc)
     if args.json:
-        doc = to_json(result)
-        doc.update({"matrix": matrix.file, "cell": {"id": pc.id, "name": pc.name},
-                    "oracle": "virtual" if args.virtual else f"soak ({args.backend})"})
         json.dump(doc, sys.stdout, indent=2, sort_keys=True, default=str)
         sys.stdout.write("\n")
     else:

@@ -101,3 +101,20 @@ def test_emitted_regression_test_runs_under_the_soak_plugin_and_catches_the_hang
                          capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert run.returncode == 1, run.stdout[-2000:]
     assert "shm_broadcast_timeout" in run.stdout
+
+
+def test_store_records_the_bisection_for_the_dashboard(tmp_path):
+    store = tmp_path / "history.sqlite"
+    out = soakmatrix("bisect", str(DEMO), "--cell", FAILING, "--virtual", "--quiet", "--no-shrink", "--seed", "3",
+                     "--store", str(store))
+    assert out.returncode == 1, out.stderr
+    from soakmatrix.reports.history import HistoryStore
+
+    with HistoryStore(store) as history:
+        (report,) = history.bisections()
+    assert report["cell"]["name"] == FAILING
+    assert sorted(report["minimal"]) == ["cudagraph_mode", "mtp"]
+    dashboard = soakmatrix("report", str(store), "--out", str(tmp_path / "site"))
+    assert dashboard.returncode == 0, dashboard.stderr
+    page = (tmp_path / "site" / "index.html").read_text()
+    assert "cudagraph_mode" in page and "necessary" in page
