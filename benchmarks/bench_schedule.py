@@ -85,6 +85,9 @@ def start_fleet():
     from ray import cloudpickle
     from ray.cluster_utils import Cluster
 
+    from soakmatrix.matrix.cluster import loopback_only
+
+    loopback_only()
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 0, "include_dashboard": False})
     for label, gpus in FLEET:

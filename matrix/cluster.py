@@ -85,6 +85,23 @@ class ClusterHandle:
         self.close()
 
 
+LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+def loopback_only() -> None:
+    """Make a cluster started on this machine talk over 127.0.0.1 only.
+
+    Ray otherwise advertises the machine's network address for its GCS and raylets; a one-machine
+    cluster has no use for the network. Ray's switch for this is the flag it uses on laptops (with it
+    off, `get_node_ip_address` answers the loopback address); the environment carries it to the
+    processes Ray starts, the module attribute to this already-imported one.
+    """
+    os.environ[LOOPBACK_ENV] = "0"
+    import ray._private.ray_constants as ray_constants
+
+    ray_constants.ENABLE_RAY_CLUSTER = False
+
+
 def connect(address: str | None, *, backend: str, gpus: Mapping[str, GpuType],
             runtime_env: Mapping[str, Any] | None = None) -> ClusterHandle:
     """Connect to `address`, or start a local cluster (fake GPU nodes for the sim backend)."""
@@ -98,6 +115,7 @@ def connect(address: str | None, *, backend: str, gpus: Mapping[str, GpuType],
         return ClusterHandle(f"Ray cluster at {address}", ray.shutdown)
     if backend != "sim":
         # "local" always starts a fresh cluster: a bare init() would join whatever Ray already runs here
+        loopback_only()
         ray.init(address="local", **quiet)
         return ClusterHandle("local Ray (this machine's GPUs)", ray.shutdown)
     return start_local(sim_fleet(gpus))
@@ -127,6 +145,7 @@ def _start_local_once(shapes: list[NodeShape]) -> ClusterHandle:
     from ray.cluster_utils import Cluster
 
     head, *rest = shapes
+    loopback_only()
     cluster = Cluster(initialize_head=False)
     try:
         cluster.add_node(num_cpus=head.num_cpus, num_gpus=head.num_gpus, resources=dict(head.resources),

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 from pathlib import Path
+
+# Every Ray cluster a test starts (in this process or a CLI it runs) stays on 127.0.0.1: Ray would
+# otherwise advertise the machine's network address (see soakmatrix.matrix.cluster.loopback_only).
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 
 import pytest
 
@@ -25,3 +31,13 @@ def port() -> int:
 @pytest.fixture
 def examples() -> Path:
     return EXAMPLES
+
+
+@pytest.fixture(autouse=True)
+def default_sigint():
+    """Every test starts with Ctrl-C at Python's default. A library that leaves SIGINT ignored in
+    the test process would make every later subprocess ignore it too (an ignored signal survives
+    exec), and the Ctrl-C tests would then wait for a driver that never hears them."""
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
