@@ -15,8 +15,9 @@ cap, which then follows the MTTF pooled over the likeliest set's configs). Then 
 information / cost) and soak it until its first hang or, failing that, until "it is fast" has
 dropped to alpha / (expected remaining probes): the soak that confidence demands, corrected for
 the number of probes. Stop when the most probable set has posterior >= confidence and was itself
-seen to hang (the certification run). A strong modifier that the shared-rate model dropped rejoins
-the set when a rate test shows the hang without it is slower than the cap; with an explicit cap,
+seen to hang (the certification run). Then a rate check lets the rate drop by a factor without one
+flag outside the set (_ModifierModel) and soaks the configs that tell until it is sure whether the
+hang without that flag is slower than the cap (the flag then joins the set); with an explicit cap,
 each flag of the set is also soaked out to the cap. Then shrink multi-valued flags toward baseline.
 A second, independent trigger (an OR of conjunctions) shows as hangs in configs without the
 answer: the search still converges on one minimal set and the result says others may exist.
@@ -40,6 +41,7 @@ LARGE_SET_FACTOR = 0.1     # each flag beyond that divides a set's prior by 10
 BASELINE_PRIOR = 0.02      # prior weight of "the baseline itself hangs", relative to one small set
 MIN_SOAK_MTTFS = 0.5       # a probe soaks at least this many MTTFs (and at least its start-up)
 CAP_BOUND_CONFIDENCE = 0.99
+POINT_CAP_FACTOR = 3.0     # the default cap settles at this many times the pooled MTTF
 MAX_ELEMENTS = 16          # hypotheses are every subset: 2^16 of them is still milliseconds
 
 
@@ -138,9 +140,17 @@ def default_gpu_count(flags: Mapping[str, Any]) -> int:
 
 
 def default_cap(hangs: int, exposure_s: float, factor: float = 2.0) -> float:
-    """The MTTF cap derived from the failing cell: `factor` x its MTTF's 99% upper bound, so a noisy
-    calibration (two lucky early hangs) does not put the failing cell itself above the cap."""
-    return factor * stats.mttf_upper_bound(hangs, exposure_s, CAP_BOUND_CONFIDENCE)
+    """The MTTF cap derived from the failing cell (later: from the configs that share its rate).
+
+    `factor` x the MTTF's 99% upper bound while few hangs are in (so a noisy calibration, two
+    lucky early hangs, does not put the failing cell itself above the cap), tightening to
+    POINT_CAP_FACTOR x the point estimate as hangs pool up, never below the upper bound. A cap that
+    settles near a fixed multiple of the MTTF keeps a modifier's verdict (is the hang without it
+    slower than the cap?) away from a coin toss on the cap's own noise."""
+    upper = stats.mttf_upper_bound(hangs, exposure_s, CAP_BOUND_CONFIDENCE)
+    if hangs <= 0:
+        return factor * upper
+    return max(upper, min(factor * upper, POINT_CAP_FACTOR * exposure_s / hangs))
 
 
 # -- the posterior over hypotheses ------------------------------------------------------------------
@@ -563,31 +573,157 @@ def _drop_modifiers(search: _Search, mask: int, cap: float, notes: list[str]) ->
     return mask
 
 
-def _add_rate_needed(search: _Search, mask: int, cap: float, notes: list[str]) -> int:
-    """An element outside the set without which configs containing the set hang significantly
-    less often, at an MTTF beyond the cap, is needed for the hang *within the cap*: add it.
+MODIFIER_PRIOR = 0.1                  # prior P(some flag outside the set changes the rate)
+MODIFIER_FACTORS = (4.0, 8.0, 16.0, 32.0, 64.0)   # how much slower without it (log-uniform)
+MODIFIER_SOAKS = (1.0, 2.0, 4.0)     # candidate soaks of a modifier probe, in pooled MTTFs
+MAX_MODIFIER_PROBES = 40
 
-    (The search model shares one rate among configs containing the set, so a chance hang without
-    a strong modifier can make it look unnecessary; the rate test catches that.)
-    """
+
+class _ModifierModel:
+    """Is the set enough to hang within the cap, or is one more flag needed for the rate?
+
+    The search's model gives every config that contains the set one shared rate. Here the rate
+    may drop by a factor r (a grid, log-uniform) without one flag j outside the set: hypotheses
+    `none` (prior 1 - MODIFIER_PRIOR) and (j, r). With a 1/lambda prior, each has a closed-form
+    likelihood in the hangs and exposure of the configs containing the set, split by j. Under
+    (j, r), j is *needed* when the hang without it is slower than the cap (r / lambda > cap_j,
+    cap_j derived from the configs with j when no cap was given)."""
+
+    def __init__(self, search: "_Search", mask: int, candidates: list[int], cap: float | None):
+        self.search, self.mask, self.candidates, self.cap = search, mask, candidates, cap
+        rows = [(m, cs.hangs, cs.exposure_s) for m, cs in search.configs.items()
+                if (m & mask) == mask and cs.exposure_s > 0]
+        self.H = float(sum(h for _, h, _ in rows))
+        self.E = float(sum(e for _, _, e in rows))
+        J, R = len(candidates), len(MODIFIER_FACTORS)
+        self.r = np.array(MODIFIER_FACTORS)
+        HA = np.array([sum(h for m, h, _ in rows if m >> j & 1) for j in candidates], dtype=float)
+        EA = np.array([sum(e for m, _, e in rows if m >> j & 1) for j in candidates], dtype=float)
+        HB, EB = self.H - HA, self.E - EA
+        self.HA, self.EA, self.HB, self.EB = HA, EA, HB, EB
+        Eeff = EA[:, None] + EB[:, None] / self.r[None, :]                     # J x R
+        self.Eeff = np.maximum(Eeff, 1e-9)
+        log_ml = -HB[:, None] * np.log(self.r)[None, :] - self.H * np.log(self.Eeff)
+        log_none = -self.H * math.log(max(self.E, 1e-9))
+        prior_j = math.log(MODIFIER_PRIOR / max(J * R, 1))
+        logs = np.concatenate([[math.log(1 - MODIFIER_PRIOR) + log_none], (prior_j + log_ml).ravel()])
+        w = np.exp(logs - logs.max())
+        w /= w.sum()
+        self.p_none = float(w[0])
+        self.post = w[1:].reshape(J, R)
+        if cap is not None:
+            caps = np.full(J, cap)
+        else:
+            caps = np.array([min(search.initial_cap, default_cap(int(ha), ea, search.s.cap_factor)) if ha > 0
+                             else search.initial_cap for ha, ea in zip(HA, EA)])
+        self.caps = caps
+        # P(lambda < r / cap_j): the hang without j is slower than the cap
+        self.p_slow = special.gammainc(max(self.H, 1e-9), self.r[None, :] / caps[:, None] * self.Eeff)
+        self.needed = (self.post * self.p_slow).sum(axis=1)                     # per candidate
+
+    @property
+    def p_enough(self) -> float:
+        return 1.0 - float(self.needed.sum())
+
+    def choose(self) -> tuple[int, float] | None:
+        """The config and soak whose outcome tells most about which flag (if any) is needed, per
+        expected GPU-hour."""
+        s = self.search
+        J = len(self.candidates)
+        # the answer variable: 0 = the set is enough, 1 + i = candidate i is needed
+        lam_none = max(self.H, 0.5) / max(self.E, 1e-9)
+        lam = np.maximum(self.H, 0.5) / self.Eeff                                   # J x R
+        answer_none = np.zeros(J + 1)
+        answer_none[0] = self.p_none
+        mttf = 1.0 / lam_none
+        options = {self.mask}
+        for j in self.candidates:
+            options.add(self.mask | 1 << j)
+            options.add(s.full & ~(1 << j))
+        best, best_score = None, 0.0
+        for c in sorted(options):
+            if not s._ok[c]:
+                continue
+            has = np.array([c >> j & 1 for j in self.candidates], dtype=bool)
+            rate = np.where(has[:, None], lam, lam / self.r[None, :])                 # J x R
+            for k in MODIFIER_SOAKS:
+                soak = k * mttf
+                p_h_none = -math.expm1(-lam_none * soak)
+                p_h = -np.expm1(-rate * soak)
+                # joint P(answer, hang) with each (j, r) split into "j needed" and "set enough"
+                joint_h = np.zeros(J + 1)
+                joint_n = np.zeros(J + 1)
+                joint_h[0] = self.p_none * p_h_none
+                joint_n[0] = self.p_none * (1 - p_h_none)
+                need = self.post * self.p_slow
+                enough = self.post * (1 - self.p_slow)
+                joint_h[1:] = (need * p_h).sum(axis=1)
+                joint_n[1:] = (need * (1 - p_h)).sum(axis=1)
+                joint_h[0] += (enough * p_h).sum()
+                joint_n[0] += (enough * (1 - p_h)).sum()
+                info = _mutual_information(joint_h, joint_n)
+                mean_load_none = (1 - math.exp(-lam_none * soak)) / lam_none
+                mean_load = (-np.expm1(-rate * soak) / rate)
+                load = self.p_none * mean_load_none + float((self.post * mean_load).sum())
+                cost = s._cost[c] * (s.s.startup_s + load)
+                score = info / cost
+                if score > best_score:
+                    best, best_score = (c, soak), score
+        return best
+
+
+def _mutual_information(joint_h: np.ndarray, joint_n: np.ndarray) -> float:
+    total = joint_h.sum() + joint_n.sum()
+    if total <= 0:
+        return 0.0
+    joint = np.stack([joint_h, joint_n]) / total
+    py = joint.sum(axis=0, keepdims=True)
+    po = joint.sum(axis=1, keepdims=True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        terms = np.where(joint > 0, joint * np.log2(joint / (po * py)), 0.0)
+    return float(terms.sum())
+
+
+def _rate_check(search: _Search, mask: int, cap: float | None, notes: list[str]) -> tuple[int, float | None]:
+    """A flag outside the set without which the hang is slower than the cap is needed for the hang
+    *within the cap*: soak the configs that tell (the set alone, the set plus one flag, the failing
+    cell without one flag) until the modifier model is sure either way, and add such a flag.
+
+    Returns the grown set and, with a default cap, the cap derived from the configs that share the
+    set's rate."""
     s = search.s
-    for i, e in enumerate(search.elements):
-        bit = 1 << i
-        if mask & bit:
-            continue
-        with_e = [cs for m, cs in search.configs.items() if (m & mask) == mask and m & bit]
-        without = [cs for m, cs in search.configs.items() if (m & mask) == mask and not m & bit]
-        ha, ea = sum(c.hangs for c in with_e), sum(c.exposure_s for c in with_e)
-        hb, eb = sum(c.hangs for c in without), sum(c.exposure_s for c in without)
-        if not (ea > 0 and eb > 0 and hb > 0):
-            continue
-        cmp = stats.compare_rates(ha, ea, hb, eb)
-        if cmp.p_value < 1 - s.confidence and cmp.ratio > 1 and eb / hb > cap:
-            notes.append(f"{e.name} is needed to hang within the cap: without it {hb} hang(s) in "
-                         f"{format_duration(eb)} (MTTF ~{format_duration(eb / hb)} > cap {format_duration(cap)}, "
-                         f"x{cmp.ratio:.1f} slower, p={cmp.p_value:.2g})")
-            mask |= bit
-    return mask
+    alpha = 1.0 - s.confidence
+    cap_out = cap if cap is not None else search.post.cap
+    for _ in range(search.n):
+        candidates = [j for j in range(search.n) if not mask >> j & 1]
+        if not candidates:
+            break
+        probes = 0
+        while True:
+            model = _ModifierModel(search, mask, candidates, cap)
+            if model.p_enough >= 1 - alpha or model.needed.max() >= 1 - alpha:
+                break
+            pick = model.choose() if probes < MAX_MODIFIER_PROBES and not search.over_budget() else None
+            if pick is None:
+                notes.append(f"the rate check stopped undecided (probe or GPU-hour budget): P(the set is "
+                             f"enough to hang within the cap) = {model.p_enough:.3f}")
+                return mask, None
+            search.run([(pick[0], pick[1], "rate check")])
+            probes += 1
+        if model.p_enough >= 1 - alpha:
+            if cap is None:
+                cap_out = min(search.initial_cap, default_cap(int(model.H), model.E, s.cap_factor))
+            break
+        i = int(np.argmax(model.needed))
+        j = candidates[i]
+        cap_j = float(model.caps[i])
+        r = float((model.post[i] * MODIFIER_FACTORS).sum() / max(model.post[i].sum(), 1e-12))
+        notes.append(f"{search.elements[j].name} is needed to hang within the cap: without it the hang is "
+                     f"~x{r:.0f} slower (MTTF beyond the cap {format_duration(cap_j)}; "
+                     f"P = {model.needed[i]:.3f})")
+        mask |= 1 << j
+        cap_out = cap_j if cap is None else cap
+    return mask, cap_out
 
 
 def bisect(failing_flags: Mapping[str, Any], elements: Sequence[Element], oracle: ProbeOracle,
@@ -652,7 +788,11 @@ def bisect(failing_flags: Mapping[str, Any], elements: Sequence[Element], oracle
     if status == "found" and s.verify_cap:
         top = _drop_modifiers(search, top, cap, notes)
     if status == "found":
-        grown = _add_rate_needed(search, top, cap, notes)
+        grown, rate_cap = _rate_check(search, top, s.mttf_cap_s, notes)
+        if rate_cap is None:
+            status = "inconclusive"
+        elif s.mttf_cap_s is None:
+            cap = rate_cap
         if grown != top:
             top = grown
             if search.stats_of(top).hangs == 0 and search._ok[top] and not search.over_budget():

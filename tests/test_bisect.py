@@ -115,7 +115,7 @@ def test_unrelated_hangs_of_another_signature_do_not_count():
     model = planted(6, ["f1"], extra=[background])
     hits = 0
     for seed in range(10):
-        result = run_virtual(model, 6, seed, signature="shm_broadcast_timeout")
+        result = run_virtual(model, 6, seed, Settings(confidence=0.99), signature="shm_broadcast_timeout")
         assert result.signature == "shm_broadcast_timeout"
         hits += result.minimal == ["f1"]
         assert any(cs.other_hangs for cs in result.configs) or seed  # noise is seen at least once
@@ -181,3 +181,41 @@ def test_parallel_batches_reach_the_same_answer():
 def test_too_many_elements_is_a_clear_error():
     with pytest.raises(ValueError, match="at most"):
         bisect(failing(17), elements(17), DeterministicOracle({"f0"}), gpu_count=lambda f: 1)
+
+
+class RateOracle:
+    """Configs with f0 hang after exactly `t_with` when f2 is on, after `t_without` when it is off."""
+
+    def __init__(self, t_with: float, t_without: float):
+        self.t_with, self.t_without = t_with, t_without
+
+    def run(self, probes):
+        out = []
+        for p in probes:
+            t = (self.t_with if p.flags["f2"] else self.t_without) if p.flags["f0"] else float("inf")
+            hung = t < p.soak_s
+            exposure = t if hung else p.soak_s
+            out.append(ProbeResult(p, "hang" if hung else "passed", "shm_broadcast_timeout" if hung else None,
+                                   exposure, (600.0 + exposure) / 3600.0))
+        return out
+
+
+def test_a_flag_without_which_the_hang_is_slower_than_the_cap_joins_the_set():
+    # without f2 the hang still comes, but 8x later: beyond the default cap (a few x the MTTF), so
+    # hanging within the cap needs f2 too, however early a chance hang without it came
+    result = bisect(failing(5), elements(5), RateOracle(MTTF, 8 * MTTF), Settings(confidence=0.99),
+                    gpu_count=lambda f: 1)
+    assert result.status == "found"
+    assert result.minimal == ["f0", "f2"]
+    assert result.mttf_cap_s < 8 * MTTF
+    assert any("f2 is needed to hang within the cap" in note for note in result.notes)
+    f2 = {v.element.name: v for v in result.verdicts}["f2"]
+    assert f2.kind == "necessary" and "slower than the cap" in f2.text
+
+
+def test_a_flag_that_barely_changes_the_rate_stays_out_of_the_set():
+    result = bisect(failing(5), elements(5), RateOracle(MTTF, 1.2 * MTTF), Settings(confidence=0.99),
+                    gpu_count=lambda f: 1)
+    assert result.status == "found"
+    assert result.minimal == ["f0"]
+    assert not any("needed to hang within the cap" in note for note in result.notes)
