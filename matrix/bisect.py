@@ -69,6 +69,7 @@ class Settings:
     verify_cap: bool | None = None      # soak each element out to the cap; None: only with an explicit cap
     probe_correction: float = 1.0       # per-probe miss = alpha / (expected remaining probes)^this
     slow_zero_prior: float = 0.99       # how conclusive one hang is: odds ~ 2 cap / (M (1 - this))
+    modifier_prior: float = 0.3         # P(one flag outside the set slows the hang x6 or more); 0: no rate check
 
 
 @dataclass
@@ -573,10 +574,11 @@ def _drop_modifiers(search: _Search, mask: int, cap: float, notes: list[str]) ->
     return mask
 
 
-MODIFIER_PRIOR = 0.1                  # prior P(some flag outside the set changes the rate)
-MODIFIER_FACTORS = (4.0, 8.0, 16.0, 32.0, 64.0)   # how much slower without it (log-uniform)
-MODIFIER_SOAKS = (1.0, 2.0, 4.0)     # candidate soaks of a modifier probe, in pooled MTTFs
-MAX_MODIFIER_PROBES = 40
+# How much slower the hang may be without one flag outside the set: log-uniform from twice the
+# default cap's factor up (a factor nearer the cap's would be a coin toss on the cap's own noise).
+MODIFIER_FACTORS = tuple(2.0 * POINT_CAP_FACTOR * 2.0 ** i for i in range(4))   # x6, x12, x24, x48
+MODIFIER_SOAKS = (1.0, 2.0, 4.0)     # candidate soaks of a rate-check probe, in pooled MTTFs
+MAX_MODIFIER_PROBES = 100
 
 
 class _ModifierModel:
@@ -584,7 +586,7 @@ class _ModifierModel:
 
     The search's model gives every config that contains the set one shared rate. Here the rate
     may drop by a factor r (a grid, log-uniform) without one flag j outside the set: hypotheses
-    `none` (prior 1 - MODIFIER_PRIOR) and (j, r). With a 1/lambda prior, each has a closed-form
+    `none` (prior 1 - Settings.modifier_prior) and (j, r). With a 1/lambda prior, each has a closed-form
     likelihood in the hangs and exposure of the configs containing the set, split by j. Under
     (j, r), j is *needed* when the hang without it is slower than the cap (r / lambda > cap_j,
     cap_j derived from the configs with j when no cap was given)."""
@@ -605,8 +607,9 @@ class _ModifierModel:
         self.Eeff = np.maximum(Eeff, 1e-9)
         log_ml = -HB[:, None] * np.log(self.r)[None, :] - self.H * np.log(self.Eeff)
         log_none = -self.H * math.log(max(self.E, 1e-9))
-        prior_j = math.log(MODIFIER_PRIOR / max(J * R, 1))
-        logs = np.concatenate([[math.log(1 - MODIFIER_PRIOR) + log_none], (prior_j + log_ml).ravel()])
+        q = search.s.modifier_prior
+        prior_j = math.log(q / max(J * R, 1)) if q > 0 else -math.inf
+        logs = np.concatenate([[math.log(1 - q) + log_none], (prior_j + log_ml).ravel()])
         w = np.exp(logs - logs.max())
         w /= w.sum()
         self.p_none = float(w[0])

@@ -26,6 +26,13 @@ HELP = ("Find the smallest set of flags (relative to the matrix baseline) that s
         "cell's signature, with stated confidence, spending few GPU-hours.")
 
 
+def _probability(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"{text}: must be at least 0 and below 1")
+    return value
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("matrix", help="matrix YAML file")
     parser.add_argument("--cell", required=True, help="the failing cell: its id or its name (see `soakmatrix plan`)")
@@ -40,6 +47,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--parallel", type=int, default=None, help="probes per batch (default 1 virtual, 2 on Ray; more finish sooner but spend more GPU-hours)")
     parser.add_argument("--budget-gpu-hours", type=float, help="stop (inconclusive) after this many GPU-hours")
     parser.add_argument("--max-probes", type=int, default=200)
+    parser.add_argument("--modifier-prior", type=_probability, default=bis.Settings.modifier_prior,
+                        help="prior probability that one flag outside the set slows the hang x6 or more; the rate "
+                             "check after the search settles whether it is needed to hang within the cap "
+                             f"(default {bis.Settings.modifier_prior}; 0 skips the check)")
     parser.add_argument("--no-shrink", action="store_true", help="do not try other values of the set's flags")
     parser.add_argument("--json", action="store_true", help="one JSON document")
     parser.add_argument("--emit-test", metavar="PATH", help="write a pytest regression test for the minimal set")
@@ -167,7 +178,7 @@ def main(args: argparse.Namespace) -> int:
     settings = bis.Settings(confidence=args.confidence, mttf_cap_s=cap, startup_s=profile.startup_s,
                             calibration_hangs=max(1, args.calibration_hangs), parallel=max(1, parallel),
                             max_probes=args.max_probes, budget_gpu_hours=args.budget_gpu_hours,
-                            shrink_values=not args.no_shrink)
+                            shrink_values=not args.no_shrink, modifier_prior=args.modifier_prior)
     if progress:
         progress(f"soakmatrix bisect: cell {pc.id} {pc.name}: {len(movable)} flag(s) differ from the baseline "
                  f"({', '.join(e.name for e in movable) or 'none'})"

@@ -66,6 +66,8 @@ def test_usage_errors_name_the_problem():
     assert out.returncode == 2 and "--confidence" in out.stderr
     out = soakmatrix("bisect", str(DEMO), "--cell", FAILING, "--virtual", "--mttf-cap", "soon")
     assert out.returncode == 2 and "--mttf-cap" in out.stderr
+    out = soakmatrix("bisect", str(DEMO), "--cell", FAILING, "--virtual", "--modifier-prior", "1")
+    assert out.returncode == 2 and "--modifier-prior" in out.stderr and "below 1" in out.stderr
 
 
 def test_a_cell_that_does_not_hang_is_not_reproduced():
