@@ -42,6 +42,8 @@ BASELINE_PRIOR = 0.02      # prior weight of "the baseline itself hangs", relati
 MIN_SOAK_MTTFS = 0.5       # a probe soaks at least this many MTTFs (and at least its start-up)
 CAP_BOUND_CONFIDENCE = 0.99
 POINT_CAP_FACTOR = 3.0     # the default cap settles at this many times the pooled MTTF
+STAGE_HANGS = 6           # until this many hangs are pooled, a search probe soaks at most STAGE_MTTFS
+STAGE_MTTFS = 5.0
 MAX_ELEMENTS = 16          # hypotheses are every subset: 2^16 of them is still milliseconds
 
 
@@ -397,6 +399,10 @@ class _Search:
         H, E = self._rate_pool(lp)
         mttf = E / H
         full_soak = self._soak_for(p_fast, H, E, delta)
+        if H < STAGE_HANGS:
+            # lambda is still vague: refuting a config now would take a soak of many MTTFs that
+            # positives (which pool more hangs) will soon shorten; soak a few MTTFs and come back
+            full_soak = np.minimum(full_soak, max(STAGE_MTTFS * mttf, self.s.startup_s))
         best, best_score, best_soak = 0, -np.inf, 0.0
         # the soak that settles the question, or a shorter one that is worth more per GPU-hour
         for soak in [full_soak]:

