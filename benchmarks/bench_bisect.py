@@ -1,6 +1,7 @@
 """Bisection cost and correctness in virtual time (issue 6, point 6).
 
-Planted conjunctions of k of n boolean flags (n in 6, 10, 12; k in 1, 2, 3) at MTTF 10 min, 38 min
+Planted conjunctions of k of n boolean flags (n in 6, 10, 12; k in 1, 2, 3; at random positions
+among the n, drawn per seed) at MTTF 10 min, 38 min
 or 2 h, with and without an x8 modifier (a further flag of the failing cell that makes the hang 8x
 more frequent: without it MTTF is 8x longer, still a hang), and an OR of two conjunctions. Every
 probe pays a 10-minute start-up; TP = 1, so GPU-hours are hours of (start-up + load).
