@@ -14,8 +14,9 @@ Search. Calibrate the failing cell (several hangs: the MTTF gets an interval and
 cap, which then follows the MTTF pooled over the likeliest set's configs). Then repeatedly pick the config whose outcome tells most per expected GPU-hour (mutual
 information / cost) and soak it until its first hang or, failing that, until "it is fast" has
 dropped to alpha / (expected remaining probes): the soak that confidence demands, corrected for
-the number of probes. Stop when the most probable set has posterior >= confidence and was itself
-seen to hang (the certification run). Then a rate check lets the rate drop by a factor without one
+the number of probes (while few hangs are pooled, at most a few MTTFs: staged). Stop when the most
+probable set has posterior >= confidence, every config it says is slow was soaked in full at least
+once, and the set itself was seen to hang (the certification run). Then a rate check lets the rate drop by a factor without one
 flag outside the set (_ModifierModel) and soaks the configs that tell until it is sure whether the
 hang without that flag is slower than the cap (the flag then joins the set); with an explicit cap,
 each flag of the set is also soaked out to the cap. Then shrink multi-valued flags toward baseline.
@@ -280,6 +281,8 @@ class _Search:
         self.probes = 0
         self.alpha = 1.0 - settings.confidence
         self.post: Posterior | None = None
+        self._staged = False
+        self.full_soaked: set[int] = set()     # configs soaked at least once without staging
         masks = range(1 << self.n)
         if gpu_count is default_gpu_count and not any(e.name == "tp" for e in self.elements):
             self._cost = np.full(1 << self.n, float(gpu_count(self.failing)))
@@ -399,6 +402,7 @@ class _Search:
         H, E = self._rate_pool(lp)
         mttf = E / H
         full_soak = self._soak_for(p_fast, H, E, delta)
+        self._staged = H < STAGE_HANGS
         if H < STAGE_HANGS:
             # lambda is still vague: refuting a config now would take a soak of many MTTFs that
             # positives (which pool more hangs) will soon shorten; soak a few MTTFs and come back
@@ -416,6 +420,15 @@ class _Search:
             if score[i] > best_score:
                 best, best_score, best_soak = i, float(score[i]), float(soak[i])
         return best, best_soak
+
+    def _staged_passes(self, top: int) -> int | None:
+        """A config that top says is slow, never hung, and was only ever soaked while the rate was
+        vague (staged), or None."""
+        for mask, cs in self.configs.items():
+            if top & ~mask and cs.hangs == 0 and cs.exposure_s > 0 and mask not in self.full_soaked \
+                    and self._ok[mask] and cs.role == "search":
+                return mask
+        return None
 
     def _follow_cap(self, lp: np.ndarray) -> np.ndarray:
         """A default cap tracks the MTTF pooled over the likeliest set's configs (more hangs than
@@ -436,6 +449,16 @@ class _Search:
             top = int(np.argmax(lp))
             p_top = math.exp(lp[top])
             if p_top >= s.confidence:
+                doubtful = self._staged_passes(top)
+                if doubtful is not None:
+                    # the answer leans on a config that only ever passed a staged soak, read on a
+                    # rate from a handful of hangs: soak it in full before believing it is slow
+                    H, E = self._rate_pool(lp)
+                    p_c = np.array([float(np.exp(lp)[self.post.subsets_of(doubtful)].sum())])
+                    soak = float(self._soak_for(np.maximum(p_c, 0.5), H, E, self.alpha / 2)[0])
+                    self.full_soaked.add(doubtful)
+                    self.run([(doubtful, soak, "search")])
+                    continue
                 if self.stats_of(top).hangs > 0:
                     return
                 # certification: the answer itself must be seen to hang
@@ -453,6 +476,8 @@ class _Search:
             hallucinated: list[tuple[int, int, float]] = []
             for _ in range(max(1, s.parallel)):
                 mask, soak = self.choose(lp, delta)
+                if not self._staged:
+                    self.full_soaked.add(mask)
                 batch.append((mask, soak, "search"))
                 if len(batch) < s.parallel:
                     # imagine the likelier outcome so the next pick in the batch asks something new
