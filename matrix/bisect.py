@@ -16,9 +16,10 @@ information / cost) and soak it until its first hang or, failing that, until "it
 dropped to alpha / (expected remaining probes): the soak that confidence demands, corrected for
 the number of probes (while few hangs are pooled, at most a few MTTFs: staged). Stop when the most
 probable set has posterior >= confidence, every config it says is slow was soaked in full at least
-once, and the set itself was seen to hang (the certification run). Then a rate check lets the rate drop by a factor without one
-flag outside the set (_ModifierModel) and soaks the configs that tell until it is sure whether the
-hang without that flag is slower than the cap (the flag then joins the set); with an explicit cap,
+once, and the set itself was seen to hang (the certification run). Then a rate check lets the rate
+drop by a factor without one flag outside the set (_ModifierModel) and soaks the configs that tell
+until it is sure whether the hang without that flag is slower than the cap (the flag then joins
+the set); with an explicit cap,
 each flag of the set is also soaked out to the cap. Then shrink multi-valued flags toward baseline.
 A second, independent trigger (an OR of conjunctions) shows as hangs in configs without the
 answer: the search still converges on one minimal set and the result says others may exist.
@@ -667,9 +668,10 @@ class _ModifierModel:
         # the answer variable: 0 = the set is enough, 1 + i = candidate i is needed
         lam_none = max(self.H, 0.5) / max(self.E, 1e-9)
         lam = np.maximum(self.H, 0.5) / self.Eeff                                   # J x R
-        answer_none = np.zeros(J + 1)
-        answer_none[0] = self.p_none
         mttf = 1.0 / lam_none
+        # each (j, r) splits into "j needed" and "the set is enough"
+        need = self.post * self.p_slow
+        enough = self.post * (1 - self.p_slow)
         options = {self.mask}
         for j in self.candidates:
             options.add(self.mask | 1 << j)
@@ -684,13 +686,11 @@ class _ModifierModel:
                 soak = k * mttf
                 p_h_none = -math.expm1(-lam_none * soak)
                 p_h = -np.expm1(-rate * soak)
-                # joint P(answer, hang) with each (j, r) split into "j needed" and "set enough"
+                # joint P(answer, hang)
                 joint_h = np.zeros(J + 1)
                 joint_n = np.zeros(J + 1)
                 joint_h[0] = self.p_none * p_h_none
                 joint_n[0] = self.p_none * (1 - p_h_none)
-                need = self.post * self.p_slow
-                enough = self.post * (1 - self.p_slow)
                 joint_h[1:] = (need * p_h).sum(axis=1)
                 joint_n[1:] = (need * (1 - p_h)).sum(axis=1)
                 joint_h[0] += (enough * p_h).sum()
