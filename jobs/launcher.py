@@ -2,7 +2,14 @@
 
 `launch(engine, spec)` picks a free port on 127.0.0.1, starts the engine's `LaunchCommand` in its
 own process group (so teardown can signal the whole tree) with stdout and stderr captured to
-`<artifacts>/server.log`, and returns a `RunningServer`. `RunningServer.wait_ready()` polls
+`<artifacts>/server.log`, and returns a `RunningServer`. Each server gets a private temp directory
+(`<system temp>/soakmatrix-XXXXXXXX`) as its `TMPDIR` and `VLLM_RPC_BASE_PATH`, so vLLM's ZMQ IPC
+sockets (`<uuid4>`) and torch.distributed's `vllm_dist_<uuid>` file land there and
+`RunningServer.stop()` removes them with it; a `TMPDIR` or `VLLM_RPC_BASE_PATH` the cell's env or
+the command sets wins (a `TMPDIR` set there is the server's own: it is neither replaced nor
+deleted). Torch inductor's default cache (`<system temp>/torchinductor_<user>`: the CPU build's
+150 MB precompiled headers, found through TMPDIR) stays shared: the private dir holds a symlink to
+it. `RunningServer.wait_ready()` polls
 `/v1/models`; a server that exits before it is ready with a usage error (exit code 2, an argparse
 `error:` line, a rejected configuration) is a `config_error`, one that never comes up is an
 `infra_error`; never a hang.
@@ -10,10 +17,13 @@ own process group (so teardown can signal the whole tree) with stdout and stderr
 
 from __future__ import annotations
 
+import getpass
 import os
 import re
+import shutil
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 import urllib.error
@@ -28,6 +38,14 @@ from .engine import Engine, LaunchCommand
 from .soak_spec import SoakSpec
 
 HOST = "127.0.0.1"
+# the private temp dir's prefix: short, so `<temp>/soakmatrix-XXXXXXXX/<uuid4>` stays far below the
+# 107-byte limit of a unix socket path
+TMP_PREFIX = "soakmatrix-"
+# where vLLM puts its ZMQ IPC sockets (defaults to tempfile.gettempdir(), i.e. TMPDIR)
+RPC_BASE_ENV = "VLLM_RPC_BASE_PATH"
+# names the private temp dir in the server's environment, for whoever reaps a server whose
+# RunningServer is gone (fixtures/pytest_reaper.py, after a killed pytest worker)
+OWNED_TMP_ENV = "SOAKMATRIX_TMPDIR"
 
 # Lines that say the engine refused its flags (vLLM's argparse, its config validation, the sim's own).
 CONFIG_ERROR_PATTERNS: list[re.Pattern] = [
@@ -109,6 +127,7 @@ class RunningServer:
     command: LaunchCommand
     started_at: float = field(default_factory=time.time)
     ready_at: float | None = None
+    tmp_dir: Path | None = None   # the server's private TMPDIR, removed by stop(); None: the env's own
     _log_file: Any = None
 
     @property
@@ -161,9 +180,17 @@ class RunningServer:
     def stop(self, grace_s: float = 10.0):
         """Tear the whole process group down (see teardown.py); returns the teardown report."""
         from .teardown import teardown
-        report = teardown(self, grace_s=grace_s)
-        self.close_log()
+        try:
+            report = teardown(self, grace_s=grace_s)
+        finally:
+            self.close_log()
+            self.remove_tmp_dir()
         return report
+
+    def remove_tmp_dir(self) -> None:
+        """Delete the private temp dir (IPC sockets, vllm_dist files) once the server is down."""
+        if self.tmp_dir is not None:
+            shutil.rmtree(self.tmp_dir, ignore_errors=True)
 
     def close_log(self) -> None:
         if self._log_file is not None and not self._log_file.closed:
@@ -186,15 +213,48 @@ def models_answer(base_url: str, timeout_s: float = 5.0) -> bool:
 
 def start(command: LaunchCommand, artifacts_dir: str | Path, host: str, port: int,
           extra_env: Mapping[str, str] | None = None) -> RunningServer:
-    """Start `command` in a new session (own process group), output appended to server.log."""
+    """Start `command` in a new session (own process group), output appended to server.log, with a
+    private TMPDIR (see the module docstring) unless the cell's env or the command sets one."""
     folder = Path(artifacts_dir)
     folder.mkdir(parents=True, exist_ok=True)
     log_path = folder / "server.log"
+    explicit = {**dict(extra_env or {}), **dict(command.env)}
+    env = {**os.environ, **explicit, "PYTHONUNBUFFERED": "1"}
+    env.pop(OWNED_TMP_ENV, None)   # inherited from a server that started us: not ours to delete
+    tmp_dir: Path | None = None
     log_file = open(log_path, "ab", buffering=0)
-    env = {**os.environ, **dict(extra_env or {}), **dict(command.env), "PYTHONUNBUFFERED": "1"}
-    process = subprocess.Popen(list(command.argv), env=env, cwd=command.cwd, stdin=subprocess.DEVNULL,
-                               stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
-    return RunningServer(process, host, port, log_path, command, _log_file=log_file)
+    try:
+        if "TMPDIR" not in explicit:
+            tmp_dir = Path(tempfile.mkdtemp(prefix=TMP_PREFIX))
+            _share_inductor_cache(tmp_dir)
+            env["TMPDIR"] = env[OWNED_TMP_ENV] = str(tmp_dir)
+            if RPC_BASE_ENV not in explicit:
+                env[RPC_BASE_ENV] = str(tmp_dir)
+        process = subprocess.Popen(list(command.argv), env=env, cwd=command.cwd, stdin=subprocess.DEVNULL,
+                                   stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
+    except BaseException:
+        log_file.close()
+        if tmp_dir is not None:
+            shutil.rmtree(tmp_dir, ignore_errors=True)
+        raise
+    return RunningServer(process, host, port, log_path, command, tmp_dir=tmp_dir, _log_file=log_file)
+
+
+def _share_inductor_cache(tmp_dir: Path) -> None:
+    """`<tmp_dir>/torchinductor_<user>` -> the system temp dir's: torch finds its default cache (the
+    CPU build's precompiled headers, 150 MB each) under TMPDIR, and a private TMPDIR would rebuild
+    them for every server and delete them with it. rmtree removes the link, not the cache."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = f"uid_{os.getuid()}"
+    name = "torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", user)   # torch's default_cache_dir()
+    shared = Path(tempfile.gettempdir()) / name
+    try:
+        shared.mkdir(exist_ok=True)
+        (tmp_dir / name).symlink_to(shared, target_is_directory=True)
+    except OSError:
+        pass   # then the server has a cache of its own, removed with it
 
 
 def launch(engine: Engine, spec: SoakSpec, host: str = HOST, port: int | None = None) -> RunningServer:

@@ -1,8 +1,13 @@
 """The launcher: own process group, log capture, readiness, start-up failures as outcomes."""
 
+import getpass
+import json
 import os
+import stat
 import sys
+import tempfile
 import threading
+import time
 from pathlib import Path
 
 import psutil
@@ -14,6 +19,37 @@ from soakmatrix.jobs.launcher import classify_startup_failure
 from soakmatrix.matrix.outcomes import Outcome
 
 FAKE = str(Path(__file__).resolve().parent / "fake_openai.py")
+
+# What vLLM leaves in its temp dir: a ZMQ IPC socket named by a uuid4 (VLLM_RPC_BASE_PATH) and
+# torch.distributed's vllm_dist_<uuid> file (tempfile.gettempdir(), i.e. TMPDIR), and it opens torch
+# inductor's default cache dir (TMPDIR too); then it says where they are and waits to be stopped.
+LEAVES_TEMP_FILES = """
+import getpass, json, os, socket, sys, tempfile, time
+tmp = tempfile.gettempdir()
+inductor = os.path.join(tmp, "torchinductor_" + getpass.getuser())   # torch's default cache dir
+os.makedirs(inductor, exist_ok=True)
+ipc = socket.socket(socket.AF_UNIX)
+ipc.bind(os.path.join(os.environ.get("VLLM_RPC_BASE_PATH", tmp), "0b9e1c2a-5d4f-4e3b-9a8c-7f6e5d4c3b2a"))
+ipc.listen()
+with open(os.path.join(tmp, "vllm_dist_0b9e1c2a5d4f4e3b9a8c7f6e5d4c3b2a"), "w") as f:
+    f.write("store")
+print("TEMP " + json.dumps({"tmp": tmp, "TMPDIR": os.environ.get("TMPDIR"),
+                            "rpc": os.environ.get("VLLM_RPC_BASE_PATH"),
+                            "inductor": os.path.realpath(inductor)}), flush=True)
+time.sleep(600)
+"""
+
+
+def temp_report(server, timeout_s: float = 30.0) -> dict:
+    """What LEAVES_TEMP_FILES printed once its files exist."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for line in server.log_text().splitlines():
+            if line.startswith("TEMP "):
+                return json.loads(line[5:])
+        assert server.poll() is None, server.log_text()
+        time.sleep(0.1)
+    raise AssertionError(f"no TEMP line after {timeout_s} s: {server.log_text()}")
 
 
 @pytest.mark.parametrize("code,log,outcome,needle", [
@@ -55,6 +91,7 @@ def test_usage_error_is_a_config_error(tmp_path):
     assert failure.outcome == Outcome.CONFIG_ERROR and failure.exit_code == 2
     assert "unrecognized arguments: --no-such-flag" in failure.message
     assert not launcher.port_taken(failure)
+    assert server.tmp_dir is not None and not server.tmp_dir.exists()   # gone on a start-up failure too
 
 
 def test_a_port_race_is_recognised():
@@ -74,4 +111,65 @@ def test_never_ready_is_an_infra_error_and_stop_cancels(tmp_path, port):
         assert server.wait_ready(60, stop).message == "cancelled"
     finally:
         report = server.stop(grace_s=2)
+    assert report.clean and not server.tmp_dir.exists()
+
+
+@pytest.mark.slow
+def test_each_server_gets_a_private_temp_dir_that_stop_removes(tmp_path, port):
+    server = launcher.launch_argv([sys.executable, "-c", LEAVES_TEMP_FILES], tmp_path, port)
+    try:
+        seen = temp_report(server)
+        private = server.tmp_dir
+        assert private is not None and seen["tmp"] == seen["TMPDIR"] == seen["rpc"] == str(private)
+        assert private.parent == Path(tempfile.gettempdir()) and private.name.startswith("soakmatrix-")
+        sock = private / "0b9e1c2a-5d4f-4e3b-9a8c-7f6e5d4c3b2a"
+        assert stat.S_ISSOCK(sock.stat().st_mode) and len(str(sock)) < 108
+        assert (private / "vllm_dist_0b9e1c2a5d4f4e3b9a8c7f6e5d4c3b2a").read_text() == "store"
+        # torch inductor's cache (precompiled headers) is the system temp dir's, shared by all servers
+        shared = Path(tempfile.gettempdir()) / f"torchinductor_{getpass.getuser()}"
+        assert seen["inductor"] == os.path.realpath(shared)
+        # a second server does not share it
+        other = launcher.launch_argv([sys.executable, "-c", "import time; time.sleep(60)"], tmp_path / "b",
+                                     launcher.free_port())
+        try:
+            assert other.tmp_dir is not None and other.tmp_dir != private
+        finally:
+            other.stop(grace_s=2)
+        assert not other.tmp_dir.exists() and private.exists()
+    finally:
+        report = server.stop(grace_s=2)
+    assert report.clean and not private.exists() and shared.is_dir()
+
+
+@pytest.mark.slow
+def test_an_explicit_tmpdir_is_respected_and_kept(tmp_path, port):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    server = launcher.launch_argv([sys.executable, "-c", LEAVES_TEMP_FILES], tmp_path, port,
+                                  env={"TMPDIR": str(mine)})
+    try:
+        seen = temp_report(server)
+        assert server.tmp_dir is None
+        assert seen["tmp"] == seen["TMPDIR"] == str(mine)
+        assert seen["rpc"] == os.environ.get("VLLM_RPC_BASE_PATH")   # not set by us: vLLM uses TMPDIR
+    finally:
+        report = server.stop(grace_s=2)
     assert report.clean
+    assert sorted(p.name for p in mine.iterdir()) == ["0b9e1c2a-5d4f-4e3b-9a8c-7f6e5d4c3b2a",
+                                                      f"torchinductor_{getpass.getuser()}",
+                                                      "vllm_dist_0b9e1c2a5d4f4e3b9a8c7f6e5d4c3b2a"]
+    assert not (mine / f"torchinductor_{getpass.getuser()}").is_symlink()   # nothing of ours in it
+
+
+@pytest.mark.slow
+def test_an_explicit_rpc_base_path_wins_and_tmpdir_is_still_private(tmp_path, port):
+    rpc = tmp_path / "rpc"
+    rpc.mkdir()
+    server = launcher.launch_argv([sys.executable, "-c", LEAVES_TEMP_FILES], tmp_path, port,
+                                  env={"VLLM_RPC_BASE_PATH": str(rpc)})
+    try:
+        seen = temp_report(server)
+        assert seen["rpc"] == str(rpc) and seen["TMPDIR"] == str(server.tmp_dir)
+    finally:
+        server.stop(grace_s=2)
+    assert not server.tmp_dir.exists() and (rpc / "0b9e1c2a-5d4f-4e3b-9a8c-7f6e5d4c3b2a").exists()

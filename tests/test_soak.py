@@ -3,6 +3,7 @@ style, slow prefills without a false alarm, evidence present and nothing left be
 
 import json
 import sys
+import tempfile
 import threading
 from pathlib import Path
 
@@ -56,6 +57,20 @@ def spec_for(tmp_path, soak_s=8.0, backend="fake", **kw):
     return SoakSpec(**base)
 
 
+@pytest.fixture
+def server_temp_dirs(monkeypatch):
+    """The private temp dirs the launcher makes for the servers of a test (to check they are gone)."""
+    made: list[Path] = []
+    real = tempfile.mkdtemp
+
+    def mkdtemp(*args, **kwargs):
+        made.append(Path(real(*args, **kwargs)))
+        return str(made[-1])
+
+    monkeypatch.setattr(tempfile, "mkdtemp", mkdtemp)
+    return made
+
+
 def no_process_left(result, server_alive_until_teardown=True):
     pids = result.extra["teardown"]["pids"]
     assert pids or not server_alive_until_teardown
@@ -83,18 +98,20 @@ def test_a_silent_hang_is_found_with_evidence_and_a_result_file(tmp_path):
     no_process_left(r)
 
 
-def test_a_healthy_cell_passes(tmp_path):
+def test_a_healthy_cell_passes(tmp_path, server_temp_dirs):
     r = run_cell(spec_for(tmp_path, soak_s=4), engine=FakeEngine(), options=QUICK)
     assert r.outcome == Outcome.PASSED and r.requests > 0 and r.signature is None
     assert "true_hang" not in r.extra
     assert 3.5 < r.exposure_s < 20
     no_process_left(r)
+    assert len(server_temp_dirs) == 1 and not server_temp_dirs[0].exists()
 
 
-def test_a_rejected_flag_is_a_config_error(tmp_path):
+def test_a_rejected_flag_is_a_config_error(tmp_path, server_temp_dirs):
     r = run_cell(spec_for(tmp_path), engine=FakeEngine("--no-such-flag"), options=QUICK)
     assert r.outcome == Outcome.CONFIG_ERROR and "no-such-flag" in r.message and r.log_tail
     assert json.loads((tmp_path / "cells" / "cell1" / "result.json").read_text())["outcome"] == "config_error"
+    assert len(server_temp_dirs) == 1 and not server_temp_dirs[0].exists()
 
 
 def test_stop_cancels_as_infra_error_and_tears_down(tmp_path):
@@ -214,7 +231,7 @@ def test_seed_004_shape_a_hang_while_idle_is_caught_when_the_trickle_resumes(tmp
     no_process_left(r)
 
 
-def test_a_port_taken_at_start_up_is_retried_on_a_new_port(tmp_path):
+def test_a_port_taken_at_start_up_is_retried_on_a_new_port(tmp_path, server_temp_dirs):
     import socket
 
     class RacedEngine(FakeEngine):
@@ -234,6 +251,7 @@ def test_a_port_taken_at_start_up_is_retried_on_a_new_port(tmp_path):
         r = run_cell(spec_for(tmp_path, soak_s=3), engine=engine, options=QUICK)
     assert engine.calls == 2 and r.outcome == Outcome.PASSED, r.message
     assert "address already in use" in Path(r.artifacts["server_log"]).read_text().lower()
+    assert len(server_temp_dirs) == 2 and not any(d.exists() for d in server_temp_dirs)   # both launches'
 
 
 def test_a_dead_engine_behind_a_living_api_server_is_a_crash_not_a_pass(tmp_path):
