@@ -440,6 +440,8 @@ def test_a_killed_worker_leaves_no_engine_behind(pytester):
             time.sleep(0.5)
         assert engines, "no engine started within 120 s"
         token = engines[0].environ()[OWNER_ENV]
+        private_tmp = Path(engines[0].environ()["SOAKMATRIX_TMPDIR"])   # the launcher's, for its IPC files
+        assert private_tmp.is_dir()
         worker = psutil.Process(int(token.split("-")[0]))
         assert worker.pid != pytest_proc.pid and pytest_proc.pid in [p.pid for p in worker.parents()]
         tree: list[psutil.Process] = []
@@ -449,6 +451,10 @@ def test_a_killed_worker_leaves_no_engine_behind(pytester):
         assert len(tree) >= 2, f"the engine core did not start: {tree}"
         worker.send_signal(signal.SIGKILL)
         assert not no_engine_left(before, tree, timeout_s=45)
+        gone_by = time.monotonic() + 15
+        while private_tmp.exists() and time.monotonic() < gone_by:   # the reaper removes it after the kill
+            time.sleep(0.2)
+        assert not private_tmp.exists()
     finally:
         try:
             os.killpg(pytest_proc.pid, signal.SIGKILL)
