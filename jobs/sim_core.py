@@ -639,7 +639,7 @@ class EngineCore:
             "hang_id": armed.hang.id, "style": style, "signature": STYLE_SIGNATURE[style],
             "began_at": time.time(), "engine_time_s": round(self.clock.exposure_s, 6),
             "running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting),
-            "mttf_s": armed.mttf_s, "fires_after_s": armed.fires_after_s,
+            "mttf_s": armed.mttf_s, "fires_after_s": armed.fires_after_s, "accrued_s": round(armed.accrued_s, 6),
             "time_scale": self.config.time_scale, "pid": os.getpid(),
         }
         if self.config.hang_record:
