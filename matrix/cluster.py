@@ -11,12 +11,13 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, TypeVar
 
 from .schedule import ACCELERATOR_PREFIX
 from .spec import GpuType
 
 ADDRESS_ENV = "RAY_ADDRESS"
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -129,15 +130,22 @@ def start_local(shapes: list[NodeShape], attempts: int = 3) -> ClusterHandle:
     """
     if not shapes:
         raise ValueError("a local cluster needs at least one node")
+    return retry_start(lambda: _start_local_once(shapes), attempts)
+
+
+def retry_start(start: Callable[[], T], attempts: int = 3, what: str = "the local Ray cluster") -> T:
+    """`start()` (a local Ray cluster's start, which must shut down what it started when it raises),
+    tried up to `attempts` times; after each failure the processes this process started during it
+    (a half-started GCS or raylet) are stopped. Also used by the tests' `ray.cluster_utils` clusters."""
     failure: BaseException | None = None
     for _ in range(attempts):
         before = _own_children()
         try:
-            return _start_local_once(shapes)
+            return start()
         except Exception as exc:  # noqa: BLE001 - Ray raises plain Exception on a slow start
             failure = exc
             _stop_new_children(before)
-    raise RuntimeError(f"the local Ray cluster did not start in {attempts} attempts: {failure}") from failure
+    raise RuntimeError(f"{what} did not start in {attempts} attempts: {failure}") from failure
 
 
 def _start_local_once(shapes: list[NodeShape]) -> ClusterHandle:

@@ -23,6 +23,39 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def start_ray_cluster(head_node_args, nodes=None, attempts: int = 3):
+    """A `ray.cluster_utils.Cluster` (head plus `nodes`: name -> add_node kwargs) with this process
+    connected as its driver: (cluster, {name: node}). `head_node_args` is a dict or a function
+    returning one (fresh ports per attempt). On a loaded machine a node can miss Ray's 30 s start-up
+    window ("node timed out during startup"): the partial cluster is shut down and the start tried
+    again, as `soakmatrix.matrix.cluster.start_local` does."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    from soakmatrix.matrix.cluster import retry_start
+
+    def once():
+        cluster = None
+        try:
+            args = head_node_args() if callable(head_node_args) else head_node_args
+            cluster = Cluster(initialize_head=True, head_node_args=dict(args))
+            added = {name: cluster.add_node(**kwargs) for name, kwargs in (nodes or {}).items()}
+            ray.init(address=cluster.address, log_to_driver=False)
+            cluster.wait_for_nodes()
+            return cluster, added
+        except BaseException:
+            try:
+                if ray.is_initialized():
+                    ray.shutdown()
+                if cluster is not None:
+                    cluster.shutdown()
+            except Exception:  # noqa: BLE001 - the start's own error is the one to report
+                pass
+            raise
+
+    return retry_start(once, attempts, what="the test's Ray cluster")
+
+
 @pytest.fixture
 def port() -> int:
     return free_port()

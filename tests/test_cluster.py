@@ -91,3 +91,44 @@ def test_a_failed_local_start_is_cleaned_up_and_retried(monkeypatch):
     monkeypatch.setattr(cluster_mod, "_start_local_once", always_fails)
     with pytest.raises(RuntimeError, match="did not start in 2 attempts: GCS overloaded"):
         cluster_mod.start_local([NodeShape(1)], attempts=2)
+
+
+def test_the_tests_ray_clusters_retry_a_failed_start_after_shutting_it_down(monkeypatch):
+    """tests/conftest.py's `start_ray_cluster` (the module fixtures' clusters) retries like start_local."""
+    ray = pytest.importorskip("ray")
+    import ray.cluster_utils
+
+    from conftest import start_ray_cluster
+
+    made = []
+
+    class FlakyCluster:
+        address = "127.0.0.1:1"
+        failures = 1   # starts that time out
+
+        def __init__(self, initialize_head, head_node_args):
+            self.head_node_args, self.down = head_node_args, False
+            made.append(self)
+
+        def add_node(self, **kwargs):
+            if len(made) <= FlakyCluster.failures:
+                raise Exception("The current node timed out during startup.")
+            return ("node", kwargs["num_gpus"])
+
+        def wait_for_nodes(self):
+            pass
+
+        def shutdown(self):
+            self.down = True
+
+    monkeypatch.setattr(ray.cluster_utils, "Cluster", FlakyCluster)
+    monkeypatch.setattr(ray, "init", lambda **kwargs: None)
+    ports = iter(range(1000, 2000))
+    cluster, nodes = start_ray_cluster(lambda: {"port": next(ports)}, {"a": {"num_gpus": 8}})
+    assert len(made) == 2 and made[0].down and not made[1].down and cluster is made[1]
+    assert nodes == {"a": ("node", 8)} and [c.head_node_args["port"] for c in made] == [1000, 1001]
+    made.clear()
+    FlakyCluster.failures = 99
+    with pytest.raises(RuntimeError, match="did not start in 2 attempts: .*timed out during startup"):
+        start_ray_cluster({}, {"a": {"num_gpus": 1}}, attempts=2)
+    assert len(made) == 2 and all(c.down for c in made)

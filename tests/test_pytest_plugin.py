@@ -510,13 +510,11 @@ def test_a_test_written_by_bisect_runs_as_is(pytester, examples):
 @pytest.mark.slow
 def test_ray_address_places_the_soak_on_a_node_with_the_gpu_type(pytester):
     ray = pytest.importorskip("ray")
-    from ray.cluster_utils import Cluster
+    from conftest import start_ray_cluster
 
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 0, "include_dashboard": False})
+    cluster, _ = start_ray_cluster({"num_cpus": 1, "num_gpus": 0, "include_dashboard": False},
+                                   {"h20": dict(num_cpus=1, num_gpus=1, resources={"accelerator_type:H20": 1})})
     try:
-        cluster.add_node(num_cpus=1, num_gpus=1, resources={"accelerator_type:H20": 1})
-        ray.init(address=cluster.address, log_to_driver=False)
-        cluster.wait_for_nodes()
         gpu_node = next(n["NodeID"] for n in ray.nodes() if n["Resources"].get("GPU"))
         ray.shutdown()   # the pytest run under test is the driver
         pytester.makefile(".yaml", hangs=HANG_MODEL)

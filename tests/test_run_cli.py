@@ -73,19 +73,18 @@ def cluster():
     """A two-node cluster (head without GPUs, one node with 2 simulated H200s) the CLI joins by
     address; its head runs the job server so `ray job submit` works too."""
     ray = pytest.importorskip("ray")
-    from ray.cluster_utils import Cluster
 
-    from conftest import free_port
+    from conftest import free_port, start_ray_cluster
 
-    DASHBOARD_PORT["port"] = free_port()
-    c = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 1, "num_gpus": 0, "include_dashboard": True, "dashboard_host": "127.0.0.1",
-        "dashboard_port": DASHBOARD_PORT["port"],
-        # the job agent's default port may belong to another Ray cluster on this machine
-        "dashboard_agent_listen_port": free_port()})
-    c.add_node(num_cpus=1, num_gpus=2, resources={"accelerator_type:H200": 1})
-    ray.init(address=c.address, log_to_driver=False)
-    c.wait_for_nodes()
+    def head_node_args():   # fresh ports for each attempt
+        DASHBOARD_PORT["port"] = free_port()
+        return {"num_cpus": 1, "num_gpus": 0, "include_dashboard": True, "dashboard_host": "127.0.0.1",
+                "dashboard_port": DASHBOARD_PORT["port"],
+                # the job agent's default port may belong to another Ray cluster on this machine
+                "dashboard_agent_listen_port": free_port()}
+
+    c, _ = start_ray_cluster(head_node_args, {"h200": dict(num_cpus=1, num_gpus=2,
+                                                           resources={"accelerator_type:H200": 1})})
     ray.shutdown()   # the CLI is the driver; the cluster stays up
     try:
         yield c.address

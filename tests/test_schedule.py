@@ -347,17 +347,15 @@ def sleepy_run_cell(spec, stop=None, on_event=None):
 def ray_cluster():
     ray = pytest.importorskip("ray")
     from ray import cloudpickle
-    from ray.cluster_utils import Cluster
+
+    from conftest import start_ray_cluster
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 0, "include_dashboard": False})
-    nodes = {
-        "h200-a": cluster.add_node(num_cpus=1, num_gpus=8, resources={"accelerator_type:H200": 1}),
-        "h200-b": cluster.add_node(num_cpus=1, num_gpus=8, resources={"accelerator_type:H200": 1}),
-        "rtx": cluster.add_node(num_cpus=1, num_gpus=1, resources={"accelerator_type:GeForce-RTX-5090": 1}),
-    }
-    ray.init(address=cluster.address, log_to_driver=False)
-    cluster.wait_for_nodes()
+    cluster, nodes = start_ray_cluster({"num_cpus": 1, "num_gpus": 0, "include_dashboard": False}, {
+        "h200-a": dict(num_cpus=1, num_gpus=8, resources={"accelerator_type:H200": 1}),
+        "h200-b": dict(num_cpus=1, num_gpus=8, resources={"accelerator_type:H200": 1}),
+        "rtx": dict(num_cpus=1, num_gpus=1, resources={"accelerator_type:GeForce-RTX-5090": 1}),
+    })
     try:
         yield cluster, nodes
     finally:
