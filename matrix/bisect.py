@@ -16,7 +16,8 @@ information / cost) and soak it until its first hang or, failing that, until "it
 dropped to alpha / (expected remaining probes): the soak that confidence demands, corrected for
 the number of probes (while few hangs are pooled, at most a few MTTFs: staged). Stop when the most
 probable set has posterior >= confidence, every config it says is slow was soaked in full at least
-once, and the set itself was seen to hang (the certification run). Then a rate check lets the rate
+once, each of its flags' absence rejects "as fast as the set" on its own at alpha / n (the necessity
+check: no help from the prior), and the set itself was seen to hang (the certification run). Then a rate check lets the rate
 drop by a factor without one flag outside the set (_ModifierModel) and soaks the configs that tell
 until it is sure whether the hang without that flag is slower than the cap (the flag then joins
 the set); with an explicit cap,
@@ -33,6 +34,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 from scipy import special
+from scipy.stats import nbinom
 
 from . import stats
 from .oracle import Probe, ProbeOracle, ProbeResult
@@ -46,6 +48,8 @@ CAP_BOUND_CONFIDENCE = 0.99
 POINT_CAP_FACTOR = 3.0     # the default cap settles at this many times the pooled MTTF
 STAGE_HANGS = 6           # until this many hangs are pooled, a search probe soaks at most STAGE_MTTFS
 STAGE_MTTFS = 5.0
+NECESSITY_SOAKS = 3        # at most this many extra soaks per flag for the necessity check
+CAP_RISE = 4.0             # a default cap may follow the pooled MTTF up to this many times the calibration's
 MAX_ELEMENTS = 16          # hypotheses are every subset: 2^16 of them is still milliseconds
 
 
@@ -254,6 +258,26 @@ def _zeta(p: np.ndarray, n: int) -> np.ndarray:
     return f
 
 
+def p_as_fast(hangs: int, exposure: float, pool_hangs: float, pool_exposure: float) -> float:
+    """P(at most `hangs` hangs in `exposure` | the rate of a pool of configs with `pool_hangs` hangs
+    in `pool_exposure`): the predictive tail with lambda ~ Gamma(pool_hangs, pool_exposure), a
+    negative binomial; (E / (E + e))^H without a hang. Small: this config is slower than the pool."""
+    if exposure <= 0:
+        return 1.0
+    return float(nbinom.cdf(hangs, max(pool_hangs, 1e-9), pool_exposure / (pool_exposure + exposure)))
+
+
+def exposure_until(hangs: int, exposure: float, pool_hangs: float, pool_exposure: float, level: float) -> float:
+    """The total exposure at which `hangs` hangs would bring p_as_fast down to `level`."""
+    lo, hi = exposure, max(exposure, pool_exposure / max(pool_hangs, 1.0))
+    while p_as_fast(hangs, hi, pool_hangs, pool_exposure) > level:
+        lo, hi = hi, 2.0 * hi
+    for _ in range(40):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if p_as_fast(hangs, mid, pool_hangs, pool_exposure) > level else (lo, mid)
+    return hi
+
+
 def _h2(p: np.ndarray) -> np.ndarray:
     p = np.clip(p, 1e-12, 1 - 1e-12)
     return -(p * np.log2(p) + (1 - p) * np.log2(1 - p))
@@ -284,6 +308,7 @@ class _Search:
         self.post: Posterior | None = None
         self._staged = False
         self.full_soaked: set[int] = set()     # configs soaked at least once without staging
+        self.necessity_soaks: dict[int, int] = {}   # element -> soaks the necessity check asked for
         masks = range(1 << self.n)
         if gpu_count is default_gpu_count and not any(e.name == "tp" for e in self.elements):
             self._cost = np.full(1 << self.n, float(gpu_count(self.failing)))
@@ -402,25 +427,23 @@ class _Search:
         p_fast = np.clip(_zeta(np.exp(lp), n), 0.0, 1.0)
         H, E = self._rate_pool(lp)
         mttf = E / H
-        full_soak = self._soak_for(p_fast, H, E, delta)
-        self._staged = H < STAGE_HANGS
+        settling = self._soak_for(p_fast, H, E, delta)
+        soak = settling
         if H < STAGE_HANGS:
             # lambda is still vague: refuting a config now would take a soak of many MTTFs that
             # positives (which pool more hangs) will soon shorten; soak a few MTTFs and come back
-            full_soak = np.minimum(full_soak, max(STAGE_MTTFS * mttf, self.s.startup_s))
-        best, best_score, best_soak = 0, -np.inf, 0.0
-        # the soak that settles the question, or a shorter one that is worth more per GPU-hour
-        for soak in [full_soak]:
-            detect = 1.0 - (E / (E + soak)) ** H
-            p_hang = p_fast * detect
-            info = _h2(p_hang) - p_fast * _h2(detect)
-            expected_load = p_fast * mttf * detect + (1 - p_hang) * soak
-            cost = self._cost * (self.s.startup_s + expected_load)
-            score = np.where(self._ok, info / cost, -np.inf)
-            i = int(np.argmax(score))
-            if score[i] > best_score:
-                best, best_score, best_soak = i, float(score[i]), float(soak[i])
-        return best, best_soak
+            soak = np.minimum(settling, max(STAGE_MTTFS * mttf, self.s.startup_s))
+        detect = 1.0 - (E / (E + soak)) ** H
+        p_hang = p_fast * detect
+        info = _h2(p_hang) - p_fast * _h2(detect)
+        expected_load = p_fast * mttf * detect + (1 - p_hang) * soak
+        cost = self._cost * (self.s.startup_s + expected_load)
+        score = np.where(self._ok, info / cost, -np.inf)
+        best = int(np.argmax(score))
+        # staged only if the clip shortened this soak: a pass of the soak that settles the
+        # question needs no second, full soak before the stop
+        self._staged = bool(soak[best] < settling[best])
+        return best, float(soak[best])
 
     def _staged_passes(self, top: int) -> int | None:
         """A config that top says is slow, never hung, and was only ever soaked while the rate was
@@ -431,11 +454,50 @@ class _Search:
                 return mask
         return None
 
+    def _unproven_necessity(self, top: int, lp: np.ndarray) -> tuple[int, float] | None:
+        """A flag of `top` whose absence was not yet soaked long enough to reject, on its own and
+        at alpha / n, "as fast as the configs with top": the config to soak and for how long.
+
+        The posterior's stop leans on its prior, which favours larger sets (there are more of
+        them), and each innocent flag probed is one more chance for an unlucky pass of a fast
+        config; this test is the prior-free guard, Bonferroni over the n flags. Hangs without the
+        flag in the wider configs may come from another trigger: then the narrowest config
+        (baseline + top without the flag) must show the slowdown itself."""
+        H, E = self._rate_pool(lp)
+        level = self.alpha / max(self.n, 1)
+        for j in range(self.n):
+            bit = 1 << j
+            if not top & bit or self.necessity_soaks.get(j, 0) >= NECESSITY_SOAKS:
+                continue
+            rest = top & ~bit
+            rows = [cs for m, cs in self.configs.items() if (m & rest) == rest and not m & bit]
+            h, e = sum(cs.hangs for cs in rows), sum(cs.exposure_s for cs in rows)
+            if p_as_fast(h, e, H, E) <= level:
+                continue
+            target = self.full & ~bit
+            if h > 0:
+                narrow = self.configs.get(rest)
+                h, e = (narrow.hangs, narrow.exposure_s) if narrow else (0, 0.0)
+                if p_as_fast(h, e, H, E) <= level:
+                    continue
+                target = rest
+            if not self._ok[target]:
+                continue
+            self.necessity_soaks[j] = self.necessity_soaks.get(j, 0) + 1
+            return target, max(exposure_until(h, e, H, E, level) - e, self.s.startup_s)
+        return None
+
+    def cap_from(self, hangs: float, exposure: float) -> float:
+        """The default cap from a pool of configs that share the failing cell's rate."""
+        return min(CAP_RISE * self.initial_cap, default_cap(int(hangs), exposure, self.s.cap_factor))
+
     def _follow_cap(self, lp: np.ndarray) -> np.ndarray:
         """A default cap tracks the MTTF pooled over the likeliest set's configs (more hangs than
-        the calibration alone, so a tighter bound); it never rises above the calibration's."""
+        the calibration alone, so a tighter bound). It may rise to CAP_RISE x the calibration's:
+        two lucky early calibration hangs would otherwise hold the cap far below the real MTTF
+        and make every later hang look slow."""
         H, E = self._rate_pool(lp)
-        cap = min(self.initial_cap, default_cap(int(H), E, self.s.cap_factor))
+        cap = self.cap_from(H, E)
         if abs(cap - self.post.cap) > 0.1 * self.post.cap:
             self.post.set_cap(cap)
             return self.post.log_posterior()
@@ -459,6 +521,11 @@ class _Search:
                     soak = float(self._soak_for(np.maximum(p_c, 0.5), H, E, self.alpha / 2)[0])
                     self.full_soaked.add(doubtful)
                     self.run([(doubtful, soak, "search")])
+                    continue
+                unproven = self._unproven_necessity(top, lp)
+                if unproven is not None:
+                    self.full_soaked.add(unproven[0])
+                    self.run([(unproven[0], unproven[1], "search")])
                     continue
                 if self.stats_of(top).hangs > 0:
                     return
@@ -649,7 +716,7 @@ class _ModifierModel:
         if cap is not None:
             caps = np.full(J, cap)
         else:
-            caps = np.array([min(search.initial_cap, default_cap(int(ha), ea, search.s.cap_factor)) if ha > 0
+            caps = np.array([search.cap_from(ha, ea) if ha > 0
                              else search.initial_cap for ha, ea in zip(HA, EA)])
         self.caps = caps
         # P(lambda < r / cap_j): the hang without j is slower than the cap
@@ -746,7 +813,7 @@ def _rate_check(search: _Search, mask: int, cap: float | None, notes: list[str])
             probes += 1
         if model.p_enough >= 1 - alpha:
             if cap is None:
-                cap_out = min(search.initial_cap, default_cap(int(model.H), model.E, s.cap_factor))
+                cap_out = search.cap_from(model.H, model.E)
             break
         i = int(np.argmax(model.needed))
         j = candidates[i]
