@@ -11,17 +11,19 @@ hypothesis has a closed form in (hangs, exposure) pooled over its fast configs, 
 every config informs every hypothesis, and an unknown lambda needs no plug-in estimate.
 
 Search. Calibrate the failing cell (several hangs: the MTTF gets an interval and, by default, the
-cap, which then follows the MTTF pooled over the likeliest set's configs). Then repeatedly pick the config whose outcome tells most per expected GPU-hour (mutual
-information / cost) and soak it until its first hang or, failing that, until "it is fast" has
-dropped to alpha / (expected remaining probes): the soak that confidence demands, corrected for
-the number of probes (while few hangs are pooled, at most a few MTTFs: staged). Stop when the most
-probable set has posterior >= confidence, every config it says is slow was soaked in full at least
-once, each of its flags' absence rejects "as fast as the set" on its own at alpha / n (the necessity
-check: no help from the prior), and the set itself was seen to hang (the certification run). Then a rate check lets the rate
-drop by a factor without one flag outside the set (_ModifierModel) and soaks the configs that tell
-until it is sure whether the hang without that flag is slower than the cap (the flag then joins
-the set); with an explicit cap,
-each flag of the set is also soaked out to the cap. Then shrink multi-valued flags toward baseline.
+cap, which then follows the MTTF pooled over the likeliest set's configs). Then repeatedly pick the
+config whose outcome tells most per expected GPU-hour (mutual information / cost) and soak it until
+its first hang or, failing that, until "it is fast" has dropped to alpha / (expected remaining
+probes): the soak that confidence demands, corrected for the number of probes (while few hangs are
+pooled, at most a few MTTFs: staged). Stop when the most probable set has posterior >= confidence,
+every config it says is slow was soaked in full at least once, each of its flags' absence rejects
+"as fast as the set" on its own at alpha / n (the necessity check: no help from the prior), and
+the set itself was seen to hang (the certification run). Then a rate check lets the rate drop by a
+factor without one flag outside the set (_ModifierModel) and soaks the configs that tell until it
+is sure whether the hang without that flag is slower than the cap (the flag then joins the set);
+with an explicit cap, each flag of the set is also soaked out to the cap. Then shrink multi-valued
+flags toward baseline.
+
 A second, independent trigger (an OR of conjunctions) shows as hangs in configs without the
 answer: the search still converges on one minimal set and the result says others may exist.
 """
