@@ -52,6 +52,16 @@ def temp_report(server, timeout_s: float = 30.0) -> dict:
     raise AssertionError(f"no TEMP line after {timeout_s} s: {server.log_text()}")
 
 
+def run_leaving_temp_files(tmp_path, port, env: dict):
+    """Start LEAVES_TEMP_FILES with `env`, read its report, stop it: (server, report, teardown)."""
+    server = launcher.launch_argv([sys.executable, "-c", LEAVES_TEMP_FILES], tmp_path, port, env=env)
+    try:
+        seen = temp_report(server)
+    finally:
+        teardown = server.stop(grace_s=2)
+    return server, seen, teardown
+
+
 @pytest.mark.parametrize("code,log,outcome,needle", [
     (2, "usage: vllm serve [-h]\nvllm serve: error: argument --max-num-seqs: invalid int value: 'x'",
      Outcome.CONFIG_ERROR, "invalid int value"),
@@ -145,15 +155,10 @@ def test_each_server_gets_a_private_temp_dir_that_stop_removes(tmp_path, port):
 def test_an_explicit_tmpdir_is_respected_and_kept(tmp_path, port):
     mine = tmp_path / "mine"
     mine.mkdir()
-    server = launcher.launch_argv([sys.executable, "-c", LEAVES_TEMP_FILES], tmp_path, port,
-                                  env={"TMPDIR": str(mine)})
-    try:
-        seen = temp_report(server)
-        assert server.tmp_dir is None
-        assert seen["tmp"] == seen["TMPDIR"] == str(mine)
-        assert seen["rpc"] == os.environ.get("VLLM_RPC_BASE_PATH")   # not set by us: vLLM uses TMPDIR
-    finally:
-        report = server.stop(grace_s=2)
+    server, seen, report = run_leaving_temp_files(tmp_path, port, {"TMPDIR": str(mine)})
+    assert server.tmp_dir is None
+    assert seen["tmp"] == seen["TMPDIR"] == str(mine)
+    assert seen["rpc"] == os.environ.get("VLLM_RPC_BASE_PATH")   # not set by us: vLLM uses TMPDIR
     assert report.clean
     assert sorted(p.name for p in mine.iterdir()) == ["0b9e1c2a-5d4f-4e3b-9a8c-7f6e5d4c3b2a",
                                                       f"torchinductor_{getpass.getuser()}",
@@ -165,11 +170,6 @@ def test_an_explicit_tmpdir_is_respected_and_kept(tmp_path, port):
 def test_an_explicit_rpc_base_path_wins_and_tmpdir_is_still_private(tmp_path, port):
     rpc = tmp_path / "rpc"
     rpc.mkdir()
-    server = launcher.launch_argv([sys.executable, "-c", LEAVES_TEMP_FILES], tmp_path, port,
-                                  env={"VLLM_RPC_BASE_PATH": str(rpc)})
-    try:
-        seen = temp_report(server)
-        assert seen["rpc"] == str(rpc) and seen["TMPDIR"] == str(server.tmp_dir)
-    finally:
-        server.stop(grace_s=2)
+    server, seen, _ = run_leaving_temp_files(tmp_path, port, {"VLLM_RPC_BASE_PATH": str(rpc)})
+    assert seen["rpc"] == str(rpc) and seen["TMPDIR"] == str(server.tmp_dir)
     assert not server.tmp_dir.exists() and (rpc / "0b9e1c2a-5d4f-4e3b-9a8c-7f6e5d4c3b2a").exists()
