@@ -678,6 +678,7 @@ def _drop_modifiers(search: _Search, mask: int, cap: float, notes: list[str]) ->
 # How much slower the hang may be without one flag outside the set: log-uniform from twice the
 # default cap's factor up (a factor nearer the cap's would be a coin toss on the cap's own noise).
 MODIFIER_FACTORS = tuple(2.0 * POINT_CAP_FACTOR * 2.0 ** i for i in range(4))   # x6, x12, x24, x48
+ENOUGH_FACTOR = 2.0                  # the rate check's guard counts up to x2 slower as "the set is enough"
 MODIFIER_SOAKS = (1.0, 2.0, 4.0)     # candidate soaks of a rate-check probe, in pooled MTTFs
 MAX_MODIFIER_PROBES = 100
 
@@ -690,7 +691,12 @@ class _ModifierModel:
     `none` (prior 1 - Settings.modifier_prior) and (j, r). With a 1/lambda prior, each has a closed-form
     likelihood in the hangs and exposure of the configs containing the set, split by j. Under
     (j, r), j is *needed* when the hang without it is slower than the cap (r / lambda > cap_j,
-    cap_j derived from the configs with j when no cap was given)."""
+    cap_j derived from the configs with j when no cap was given).
+
+    "The set is enough" also needs the prior-free guard (`enough`): the posterior leans on the
+    prior's 1 - modifier_prior for "none", and where a modifier is there (every run of the
+    benchmark's modifier rows; seed 002's autotune) 2-3 % of runs met a few lucky quick hangs
+    without it that tipped that prior."""
 
     def __init__(self, search: "_Search", mask: int, candidates: list[int], cap: float | None):
         self.search, self.mask, self.candidates, self.cap = search, mask, candidates, cap
@@ -724,10 +730,31 @@ class _ModifierModel:
         # P(lambda < r / cap_j): the hang without j is slower than the cap
         self.p_slow = special.gammainc(max(self.H, 1e-9), self.r[None, :] / caps[:, None] * self.Eeff)
         self.needed = (self.post * self.p_slow).sum(axis=1)                     # per candidate
+        # the guard's Bayes factor per candidate: "enough" (no slowdown, or x2: two triggers in
+        # the failing cell halve the rate without one of them) against the mildest slowdown of the
+        # grid that would make it needed; a candidate that no slowdown of the grid makes needed
+        # (a generous explicit cap) needs no guard
+        log_x2 = -HB * math.log(ENOUGH_FACTOR) - self.H * np.log(np.maximum(EA + EB / ENOUGH_FACTOR, 1e-9))
+        log_enough = np.logaddexp(log_none, log_x2) - math.log(2.0)
+        needs = self.p_slow > 0.5
+        mildest = np.argmax(needs, axis=1)
+        self.log_bf_enough = np.where(needs.any(axis=1), log_enough - log_ml[np.arange(J), mildest], np.inf)
 
     @property
     def p_enough(self) -> float:
         return 1.0 - float(self.needed.sum())
+
+    def enough(self, alpha: float) -> bool:
+        """P(the set is enough) >= 1 - alpha, and for every candidate j the data favour "at most
+        x2 slower without j" over "slower by the grid's mildest factor that makes j needed" by a
+        Bayes factor of 2 / alpha or more. Under a true slowdown at least that large, that factor
+        is a supermartingale, so luck passes the guard with probability at most alpha / 2 (Ville's
+        inequality), whatever the prior: half the error budget, as for the certification run.
+        A modifier prior of 0 turns the rate check off, guard included."""
+        guarded = self.search.s.modifier_prior > 0 and self.log_bf_enough.size
+        if guarded and float(self.log_bf_enough.min()) < math.log(2.0 / alpha):
+            return False
+        return self.p_enough >= 1 - alpha
 
     def choose(self) -> tuple[int, float] | None:
         """The config and soak whose outcome tells most about which flag (if any) is needed, per
@@ -804,7 +831,7 @@ def _rate_check(search: _Search, mask: int, cap: float | None, notes: list[str])
         probes = 0
         while True:
             model = _ModifierModel(search, mask, candidates, cap)
-            if model.p_enough >= 1 - alpha or model.needed.max() >= 1 - alpha:
+            if model.enough(alpha) or model.needed.max() >= 1 - alpha:
                 break
             pick = model.choose() if probes < MAX_MODIFIER_PROBES and not search.over_budget() else None
             if pick is None:
@@ -813,7 +840,7 @@ def _rate_check(search: _Search, mask: int, cap: float | None, notes: list[str])
                 return mask, None
             search.run([(pick[0], pick[1], "rate check")])
             probes += 1
-        if model.p_enough >= 1 - alpha:
+        if model.enough(alpha):
             if cap is None:
                 cap_out = search.cap_from(model.H, model.E)
             break
@@ -827,6 +854,38 @@ def _rate_check(search: _Search, mask: int, cap: float | None, notes: list[str])
         mask |= 1 << j
         cap_out = cap_j if cap is None else cap
     return mask, cap_out
+
+
+def _recheck_members(search: _Search, found: int, grown: int, cap: float | None,
+                     notes: list[str]) -> tuple[int, bool]:
+    """The rate check grew the search's set `found` to `grown`: is each flag of `found` still needed
+    with the added flags on? The search read configs without an added flag, which hang slowly
+    whatever else is on, so an innocent flag whose absence was seen only there looked necessary.
+    Each flag gets the rate check's question with the rest of the grown set fixed: that rest is
+    enough (drop the flag), or the hang without the flag is slower than the cap (keep it).
+    Returns the set and whether every flag was decided."""
+    alpha = 1.0 - search.s.confidence
+    added = ", ".join(e.name for j, e in enumerate(search.elements) if (grown & ~found) >> j & 1)
+    for i in range(search.n):
+        bit = 1 << i
+        if not found & bit:
+            continue
+        rest = grown & ~bit
+        for probes in range(MAX_MODIFIER_PROBES + 1):
+            model = _ModifierModel(search, rest, [i], cap)
+            if model.enough(alpha) or model.needed[0] >= 1 - alpha:
+                break
+            pick = model.choose() if probes < MAX_MODIFIER_PROBES and not search.over_budget() else None
+            if pick is None:
+                notes.append(f"the rate check stopped undecided whether {search.elements[i].name} is still needed "
+                             f"(probe or GPU-hour budget): P(not needed) = {model.p_enough:.3f}")
+                return grown, False
+            search.run([(pick[0], pick[1], "rate check")])
+        if model.enough(alpha):
+            notes.append(f"{search.elements[i].name} is not needed once {added} is in the set: baseline + the "
+                         f"set without it hangs as fast (P = {model.p_enough:.3f})")
+            grown = rest
+    return grown, True
 
 
 def bisect(failing_flags: Mapping[str, Any], elements: Sequence[Element], oracle: ProbeOracle,
@@ -897,7 +956,9 @@ def bisect(failing_flags: Mapping[str, Any], elements: Sequence[Element], oracle
         elif s.mttf_cap_s is None:
             cap = rate_cap
         if grown != top:
-            top = grown
+            top, decided = _recheck_members(search, top, grown, s.mttf_cap_s, notes)
+            if not decided:
+                status = "inconclusive"
             if search.stats_of(top).hangs == 0 and search._ok[top] and not search.over_budget():
                 H, E = float(search.post.H[top]), float(search.post.E[top])
                 search.run([(top, stats.soak_for_detection(min(E / max(H, 1.0), cap), s.confidence), "certification")])

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from soakmatrix.matrix import flags as flagmod
-from soakmatrix.matrix.bisect import (CAP_RISE, Element, Settings, _ModifierModel, _Search, bisect, default_cap,
-                                      exposure_until, p_as_fast)
+from soakmatrix.matrix.bisect import (CAP_RISE, Element, Settings, _ModifierModel, _recheck_members, _Search, bisect,
+                                      default_cap, exposure_until, p_as_fast)
 from soakmatrix.matrix.hangmodel import Hang, HangModel, Modifier
 from soakmatrix.matrix.oracle import Probe, ProbeResult
 from soakmatrix.matrix.oracle_virtual import VirtualOracle
@@ -240,9 +240,9 @@ def test_a_flag_without_which_the_hang_is_slower_than_the_cap_joins_the_set():
     assert {v.element.name: v for v in result.verdicts}["f2"].kind == "necessary"
 
 
-def _search_with(data: dict[int, tuple[int, float]], n: int = 4):
-    search = _Search(failing(n), elements(n), None, Settings(confidence=0.99), None, None,
-                     lambda f: 1, None)
+def _search_with(data: dict[int, tuple[int, float]], n: int = 4, oracle=None,
+                 settings: Settings = Settings(confidence=0.99)):
+    search = _Search(failing(n), elements(n), oracle, settings, None, None, lambda f: 1, None)
     search.initial_cap = 20 * MTTF
     for mask, (hangs, exposure) in data.items():
         cs = search.stats_of(mask)
@@ -264,6 +264,65 @@ def test_rate_check_model_names_the_flag_the_rate_needs():
     # with an explicit cap above the slowed MTTF, f2 only modifies the rate
     generous = _ModifierModel(slow_without_f2, 0b0001, [1, 2, 3], 100 * MTTF)
     assert generous.p_enough > 0.99
+
+
+def test_the_set_is_enough_only_with_evidence_against_the_mildest_needed_slowdown():
+    # the set {f0} alone hung twice in half an MTTF: the posterior (prior 0.7 on "no flag needed")
+    # is past 0.99, but an x8 modifier left out would show that now and then by luck; the guard
+    # wants a Bayes factor of 1 / alpha against "x6 slower without the flag"
+    lucky = _ModifierModel(_search_with({0b1111: (10, 10 * MTTF), 0b0001: (2, 0.5 * MTTF)}), 0b0001, [1, 2, 3], None)
+    assert lucky.p_enough >= 0.99
+    assert not lucky.enough(0.01)
+    # ten hangs of the set alone at the pooled rate settle it
+    settled = _ModifierModel(_search_with({0b1111: (10, 10 * MTTF), 0b0001: (10, 10 * MTTF)}), 0b0001, [1, 2, 3],
+                             None)
+    assert settled.enough(0.01)
+    # with a cap far above any slowdown of the grid no flag can be needed: no guard
+    generous = _ModifierModel(_search_with({0b1111: (10, 10 * MTTF), 0b0001: (2, 0.5 * MTTF)}), 0b0001, [1, 2, 3],
+                              1000 * MTTF)
+    assert generous.enough(0.01)
+    # a modifier prior of 0 turns the rate check off, guard included
+    off = _search_with({0b1111: (10, 10 * MTTF), 0b0001: (2, 0.5 * MTTF)},
+                       settings=Settings(confidence=0.99, modifier_prior=0.0))
+    assert _ModifierModel(off, 0b0001, [1, 2, 3], None).enough(0.01)
+
+
+class ModifierOracle:
+    """f0 is the trigger; without f2 the hang is 8x slower; other flags do nothing (seeded draws)."""
+
+    def __init__(self, seed: int):
+        import random
+        self.rng = random.Random(seed)
+
+    def run(self, probes):
+        out = []
+        for p in probes:
+            rate = (1 / MTTF if p.flags["f2"] else 1 / (8 * MTTF)) if p.flags["f0"] else 0.0
+            t = self.rng.expovariate(rate) if rate else float("inf")
+            hung = t < p.soak_s
+            out.append(ProbeResult(p, "hang" if hung else "passed", "shm_broadcast_timeout" if hung else None,
+                                   t if hung else p.soak_s, (600.0 + min(t, p.soak_s)) / 3600.0))
+        return out
+
+
+def test_after_the_rate_check_adds_a_flag_each_flag_of_the_search_is_asked_again():
+    # the search read f1 as necessary from configs without f2 (8x slower whatever else is on);
+    # the rate check then added f2. With f2 on, baseline + f0 + f2 hangs as fast: f1 goes, and f0,
+    # whose absence passed 20 MTTFs, stays
+    data = {0b1111: (10, 10 * MTTF), 0b1101: (3, 3 * MTTF), 0b1001: (0, 6 * MTTF), 0b1110: (0, 20 * MTTF),
+            0b0011: (1, 7 * MTTF)}
+    for seed in range(5):
+        notes: list[str] = []
+        search = _search_with(data, oracle=ModifierOracle(seed))
+        grown, decided = _recheck_members(search, 0b0011, 0b0111, None, notes)
+        assert decided and grown == 0b0101, (seed, notes)
+        assert any(note.startswith("f1 is not needed once f2 is in the set") for note in notes)
+        assert search.probes <= 20
+    # had f1's absence passed 20 MTTFs with f2 on, it would stay, and no probe is needed to say so
+    kept = {**data, 0b1101: (0, 20 * MTTF)}
+    search = _search_with(kept, oracle=ModifierOracle(0))
+    assert _recheck_members(search, 0b0011, 0b0111, None, []) == (0b0111, True)
+    assert search.probes == 0
 
 
 def test_a_flag_that_barely_changes_the_rate_stays_out_of_the_set():
