@@ -814,6 +814,21 @@ def _mutual_information(joint_h: np.ndarray, joint_n: np.ndarray) -> float:
     return float(terms.sum())
 
 
+def _settle(search: _Search, mask: int, candidates: list[int], cap: float | None) -> tuple[_ModifierModel, bool]:
+    """Soak what the modifier model picks until it decides (the set is enough, or a candidate is
+    needed). Returns the last model and whether it decided (not: the probe or GPU-hour budget)."""
+    alpha = 1.0 - search.s.confidence
+    for probes in range(MAX_MODIFIER_PROBES + 1):
+        model = _ModifierModel(search, mask, candidates, cap)
+        if model.enough(alpha) or model.needed.max() >= 1 - alpha:
+            return model, True
+        pick = model.choose() if probes < MAX_MODIFIER_PROBES and not search.over_budget() else None
+        if pick is None:
+            break
+        search.run([(pick[0], pick[1], "rate check")])
+    return model, False
+
+
 def _rate_check(search: _Search, mask: int, cap: float | None, notes: list[str]) -> tuple[int, float | None]:
     """A flag outside the set without which the hang is slower than the cap is needed for the hang
     *within the cap*: soak the configs that tell (the set alone, the set plus one flag, the failing
@@ -828,18 +843,11 @@ def _rate_check(search: _Search, mask: int, cap: float | None, notes: list[str])
         candidates = [j for j in range(search.n) if not mask >> j & 1]
         if not candidates:
             break
-        probes = 0
-        while True:
-            model = _ModifierModel(search, mask, candidates, cap)
-            if model.enough(alpha) or model.needed.max() >= 1 - alpha:
-                break
-            pick = model.choose() if probes < MAX_MODIFIER_PROBES and not search.over_budget() else None
-            if pick is None:
-                notes.append(f"the rate check stopped undecided (probe or GPU-hour budget): P(the set is "
-                             f"enough to hang within the cap) = {model.p_enough:.3f}")
-                return mask, None
-            search.run([(pick[0], pick[1], "rate check")])
-            probes += 1
+        model, decided = _settle(search, mask, candidates, cap)
+        if not decided:
+            notes.append(f"the rate check stopped undecided (probe or GPU-hour budget): P(the set is "
+                         f"enough to hang within the cap) = {model.p_enough:.3f}")
+            return mask, None
         if model.enough(alpha):
             if cap is None:
                 cap_out = search.cap_from(model.H, model.E)
@@ -871,16 +879,11 @@ def _recheck_members(search: _Search, found: int, grown: int, cap: float | None,
         if not found & bit:
             continue
         rest = grown & ~bit
-        for probes in range(MAX_MODIFIER_PROBES + 1):
-            model = _ModifierModel(search, rest, [i], cap)
-            if model.enough(alpha) or model.needed[0] >= 1 - alpha:
-                break
-            pick = model.choose() if probes < MAX_MODIFIER_PROBES and not search.over_budget() else None
-            if pick is None:
-                notes.append(f"the rate check stopped undecided whether {search.elements[i].name} is still needed "
-                             f"(probe or GPU-hour budget): P(not needed) = {model.p_enough:.3f}")
-                return grown, False
-            search.run([(pick[0], pick[1], "rate check")])
+        model, decided = _settle(search, rest, [i], cap)
+        if not decided:
+            notes.append(f"the rate check stopped undecided whether {search.elements[i].name} is still needed "
+                         f"(probe or GPU-hour budget): P(not needed) = {model.p_enough:.3f}")
+            return grown, False
         if model.enough(alpha):
             notes.append(f"{search.elements[i].name} is not needed once {added} is in the set: baseline + the "
                          f"set without it hangs as fast (P = {model.p_enough:.3f})")
