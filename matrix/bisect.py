@@ -20,8 +20,10 @@ every config it says is slow was soaked in full at least once, each of its flags
 "as fast as the set" on its own at alpha / n (the necessity check: no help from the prior), and
 the set itself was seen to hang (the certification run). Then a rate check lets the rate drop by a
 factor without one flag outside the set (_ModifierModel) and soaks the configs that tell until it
-is sure whether the hang without that flag is slower than the cap (the flag then joins the set);
-with an explicit cap, each flag of the set is also soaked out to the cap. Then shrink multi-valued
+is sure whether the hang without that flag is slower than the cap (the flag then joins the set,
+and each flag the search had put there is asked again with it on). "The set is enough" also needs a
+prior-free Bayes factor of 2 / alpha against the mildest slowdown that would make a flag needed.
+With an explicit cap, each flag of the set is also soaked out to the cap. Then shrink multi-valued
 flags toward baseline.
 
 A second, independent trigger (an OR of conjunctions) shows as hangs in configs without the
