@@ -269,7 +269,7 @@ def test_rate_check_model_names_the_flag_the_rate_needs():
 def test_the_set_is_enough_only_with_evidence_against_the_mildest_needed_slowdown():
     # the set {f0} alone hung twice in half an MTTF: the posterior (prior 0.7 on "no flag needed")
     # is past 0.99, but an x8 modifier left out would show that now and then by luck; the guard
-    # wants a Bayes factor of 1 / alpha against "x6 slower without the flag"
+    # wants a Bayes factor of 2 / alpha for "at most x2 slower" against "x6 slower without the flag"
     lucky = _ModifierModel(_search_with({0b1111: (10, 10 * MTTF), 0b0001: (2, 0.5 * MTTF)}), 0b0001, [1, 2, 3], None)
     assert lucky.p_enough >= 0.99
     assert not lucky.enough(0.01)
