@@ -7,9 +7,12 @@ more frequent: without it MTTF is 8x longer, still a hang), and an OR of two con
 probe pays a 10-minute start-up; TP = 1, so GPU-hours are hours of (start-up + load).
 
 Compared with: one-at-a-time ablation (drop each flag, one fixed 2 h soak, stop at the first
-hang); ddmin (Zeller 2002) with one fixed 2 h soak per test; and the information bound
+hang); ddmin (Zeller 2002) with one fixed 2 h soak per test; the information bound
 ceil(log2 C(n,k)) probes, cost-weighted: each bit costs a start-up plus the mean of a positive
-probe (about one MTTF) and a negative one at the stated confidence (MTTF x ln(1/alpha)).
+probe (about one MTTF) and a negative one at the stated confidence (MTTF x ln(1/alpha)); and the
+lower bound (`matrix/bisect_bound.py`): the least mean GPU-hours of any procedure that returns
+exactly the planted set with the stated probability at every MTTF (the search itself, calibration
+and the checks for modifiers and second triggers left out, so a true floor).
 
     python -m benchmarks.bench_bisect            # 1000 seeds per case (minutes on 2 cores)
     python -m benchmarks.bench_bisect --quick    # 100 seeds per case
@@ -78,6 +81,13 @@ def cases() -> list[Case]:
            for m in (600.0, 2280.0, 7200.0)]
     out += [Case(10, 2, 2280.0, either=True), Case(12, 1, 600.0, either=True)]
     return out
+
+
+def lower_bound(case: Case) -> float:
+    """The least mean GPU-hours any bisection right with probability CONFIDENCE can spend (plain
+    conjunction of k; with a modifier or a second trigger the true cost is only higher)."""
+    from soakmatrix.matrix.bisect_bound import lower_bound as bound
+    return bound(case.n, case.k, case.mttf_s, STARTUP_S, CONFIDENCE).gpu_hours
 
 
 def information_bound(case: Case) -> tuple[int, float]:
@@ -213,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
           f"TP 1, stated confidence {CONFIDENCE}; GPU-hours mean/p90; exact = returned exactly a true minimal "
           f"set; false-min = returned a wrong set as minimal", flush=True)
     header = (f"{'case':<28} {'bisect mean':>11} {'p90':>6} {'exact':>6} {'false':>6} {'probes':>6} | "
-              f"{'bound':>5} {'x':>5} | {'1-at-a-time':>11} {'exact':>6} | {'ddmin':>6} {'exact':>6}")
+              f"{'bound':>5} {'x':>5} | {'floor':>5} {'x':>4} | {'1-at-a-time':>11} {'exact':>6} | {'ddmin':>6} {'exact':>6}")
     print(header)
     print("-" * len(header), flush=True)
     start = time.time()
@@ -228,10 +238,13 @@ def main(argv: list[str] | None = None) -> int:
             false_min = np.mean([r[2] for r in rows])
             probes = np.mean([r[3] for r in rows])
             _, bound_h = information_bound(case)
+            floor_h = None if case.either else lower_bound(case)   # derived for one conjunction only
+            floor = f"{'-':>5} {'-':>4}" if floor_h is None else f"{floor_h:>5.1f} {gh.mean() / floor_h:>4.2f}"
             oat_cost, oat_exact = one_at_a_time(case, seeds)
             dd_cost, dd_exact = ddmin(case, seeds)
             print(f"{case.name:<28} {gh.mean():>11.2f} {np.percentile(gh, 90):>6.1f} {exact:>6.3f} {false_min:>6.3f} "
-                  f"{probes:>6.1f} | {bound_h:>5.1f} {gh.mean() / bound_h:>5.2f} | {oat_cost.mean():>11.2f} "
+                  f"{probes:>6.1f} | {bound_h:>5.1f} {gh.mean() / bound_h:>5.2f} | {floor} | "
+                  f"{oat_cost.mean():>11.2f} "
                   f"{oat_exact.mean():>6.3f} | {dd_cost.mean():>6.2f} {dd_exact.mean():>6.3f}", flush=True)
     print(f"({time.time() - start:.0f} s)")
     return 0
