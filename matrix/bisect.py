@@ -10,21 +10,27 @@ Hangs of another signature only end a probe early. With a 1/lambda prior the lik
 hypothesis has a closed form in (hangs, exposure) pooled over its fast configs, so every probe of
 every config informs every hypothesis, and an unknown lambda needs no plug-in estimate.
 
-Search. Calibrate the failing cell (several hangs: the MTTF gets an interval and, by default, the
-cap, which then follows the MTTF pooled over the likeliest set's configs). Then repeatedly pick the
-config whose outcome tells most per expected GPU-hour (mutual information / cost) and soak it until
-its first hang or, failing that, until "it is fast" has dropped to alpha / (expected remaining
-probes): the soak that confidence demands, corrected for the number of probes (while few hangs are
-pooled, at most a few MTTFs: staged). Stop when the most probable set has posterior >= confidence,
-every config it says is slow was soaked in full at least once, each of its flags' absence rejects
-"as fast as the set" on its own at alpha / n (the necessity check: no help from the prior), and
-the set itself was seen to hang (the certification run). Then a rate check lets the rate drop by a
-factor without one flag outside the set (_ModifierModel) and soaks the configs that tell until it
-is sure whether the hang without that flag is slower than the cap (the flag then joins the set,
-and each flag the search had put there is asked again with it on). "The set is enough" also needs a
-prior-free Bayes factor of 2 / alpha against the mildest slowdown that would make a flag needed.
-With an explicit cap, each flag of the set is also soaked out to the cap. Then shrink multi-valued
-flags toward baseline.
+Search, first by ablation. Calibrate the failing cell (several hangs: the MTTF gets an interval and,
+by default, the cap, which then follows the pooled MTTF). Soak the failing cell without each flag in
+turn: a hang drops the flag (the rest still holds the trigger, and the hang pools into the rate);
+a removal that does not hang keeps it. Baseline + the kept flags must hang (certification); each
+kept flag's absence is screened at a loose level; the rate check (below) runs on that set; then
+each kept flag's absence is soaked until it rejects "as fast as the configs with the set" at
+alpha / (3 n), on its own evidence. That is the shape of the lower bound (matrix/bisect_bound.py):
+the evidence against "one flag fewer is enough" is the cost any procedure pays, and ablation spends
+little else. When ablation cannot decide (every removal hangs, or the kept set never hangs: two
+triggers), the posterior search goes on from every probe so far: it picks the config whose outcome
+tells most per expected GPU-hour and soaks it until its first hang or until "it is fast" has dropped
+to alpha / (expected remaining probes), and stops when the likeliest set has posterior >=
+confidence, every config it says is slow was soaked in full, each of its flags passes the necessity
+check at alpha / n, and the set itself was seen to hang.
+
+The rate check lets the rate drop by a factor without one flag outside the set (_ModifierModel) and
+soaks the configs that tell until it is sure whether the hang without that flag is slower than the
+cap (the flag then joins the set, and each flag the search had put there is asked again with it
+on). "The set is enough" also needs a prior-free Bayes factor of 2 / alpha against the mildest
+slowdown that would make a flag needed. With an explicit cap, each flag of the set is also soaked
+out to the cap. Then shrink multi-valued flags toward baseline.
 
 A second, independent trigger (an OR of conjunctions) shows as hangs in configs without the
 answer: the search still converges on one minimal set and the result says others may exist.
@@ -54,6 +60,11 @@ STAGE_HANGS = 6           # until this many hangs are pooled, a search probe soa
 STAGE_MTTFS = 5.0
 NECESSITY_SOAKS = 3        # at most this many extra soaks per flag for the necessity check
 CAP_RISE = 4.0             # a default cap may follow the pooled MTTF up to this many times the calibration's
+ABLATION_STAGE_MTTFS = 5.0  # an ablation soak: at most this many MTTFs read from every probe so far
+SCREEN_LEVEL = 0.02        # a kept flag's absence is screened at this level before the rate check
+NECESSITY_SPLIT = 3.0      # ablation keeps a flag once its absence rejects "as fast" at alpha / (this x n)
+CERTIFICATION_SOAKS = 2    # soaks of baseline + the kept flags before asking the rate check why it does not hang
+RESCUE_PROBES = 12         # the rate check's probes for a kept set that does not hang (else: two triggers)
 MAX_ELEMENTS = 16          # hypotheses are every subset: 2^16 of them is still milliseconds
 
 
@@ -82,6 +93,7 @@ class Settings:
     probe_correction: float = 1.0       # per-probe miss = alpha / (expected remaining probes)^this
     slow_zero_prior: float = 0.99       # how conclusive one hang is: odds ~ 2 cap / (M (1 - this))
     modifier_prior: float = 0.3         # P(one flag outside the set slows the hang x6 or more); 0: no rate check
+    ablation: bool = True               # remove one flag at a time first; False: the posterior search only
 
 
 @dataclass
@@ -97,6 +109,7 @@ class ConfigStats:
     probes: int = 0
     gpu_hours: float = 0.0
     errors: int = 0              # config_error / infra_error probes
+    longest_s: float = 0.0       # the longest soak a probe of it asked for
     role: str = "search"         # calibration | search | certification | shrink
 
     def mttf(self, confidence: float) -> stats.MttfEstimate:
@@ -142,6 +155,7 @@ class BisectResult:
     notes: list[str] = field(default_factory=list)
     log: list[ProbeResult] = field(default_factory=list)
     minimal_flags: dict[str, Any] = field(default_factory=dict)
+    gpu_hours_by_role: dict[str, float] = field(default_factory=dict)   # calibration, search, rate check, ...
 
 
 FeasibleFn = Callable[[Mapping[str, Any]], str | None]   # why a flag dict cannot run, or None
@@ -313,6 +327,10 @@ class _Search:
         self._staged = False
         self.full_soaked: set[int] = set()     # configs soaked at least once without staging
         self.necessity_soaks: dict[int, int] = {}   # element -> soaks the necessity check asked for
+        self.decided = False                        # the search reached an answer it can vouch for
+        self.spent: dict[str, float] = {}           # GPU-hours by role (calibration, search, ...)
+        self.notes: list[str] = []
+        self.gave_up = ""                           # why the ablation handed over to the posterior search
         masks = range(1 << self.n)
         if gpu_count is default_gpu_count and not any(e.name == "tp" for e in self.elements):
             self._cost = np.full(1 << self.n, float(gpu_count(self.failing)))
@@ -359,11 +377,13 @@ class _Search:
             self.log.append(result)
             self.probes += 1
             self.gpu_hours += result.gpu_hours
+            self.spent[role] = self.spent.get(role, 0.0) + result.gpu_hours
             cs = self.stats_of(mask)
             if cs.role == "search" and role != "search":
                 cs.role = role
             cs.probes += 1
             cs.gpu_hours += result.gpu_hours
+            cs.longest_s = max(cs.longest_s, soak)
             if result.outcome in ("config_error", "infra_error"):
                 cs.errors += 1
                 if result.outcome == "config_error":
@@ -507,7 +527,195 @@ class _Search:
             return self.post.log_posterior()
         return lp
 
-    def search(self) -> None:
+    def search(self) -> int:
+        """The answer's mask: the ablation's, or (when the ablation cannot decide) the posterior
+        search's likeliest set."""
+        if self.s.ablation:
+            answer = self.ablation_search()
+            if answer is not None:
+                self.decided = True
+                return answer
+            if not self.over_budget():
+                self.notes.append(f"removing one flag at a time could not decide ({self.gave_up}): "
+                                  "searched every set of flags instead, with every probe so far")
+                self.progress(self.notes[-1])
+        self.posterior_search()
+        lp = self.post.log_posterior()
+        top = int(np.argmax(lp))
+        self.decided = math.exp(lp[top]) >= self.s.confidence
+        return top
+
+    # -- ablation ---------------------------------------------------------------------------------
+
+    def _pool(self, keep: int) -> tuple[float, float]:
+        """Hangs and exposure pooled over every config that contains `keep`."""
+        rows = [cs for m, cs in self.configs.items() if (m & keep) == keep]
+        return float(sum(cs.hangs for cs in rows)), float(sum(cs.exposure_s for cs in rows))
+
+    def _lacking(self, keep: int, bit: int) -> tuple[int, float]:
+        """Hangs and exposure pooled over every config that contains `keep` but for `bit`."""
+        rest = keep & ~bit
+        rows = [cs for m, cs in self.configs.items() if (m & rest) == rest and not m & bit]
+        return sum(cs.hangs for cs in rows), sum(cs.exposure_s for cs in rows)
+
+    def _track_cap(self, H: float, E: float) -> None:
+        if self.s.mttf_cap_s is None and H > 0:
+            cap = self.cap_from(H, E)
+            if abs(cap - self.post.cap) > 0.1 * self.post.cap:
+                self.post.set_cap(cap)
+
+    def ablation_search(self) -> int | None:
+        """Soak the failing cell without each flag in turn: a hang drops the flag (what is left
+        still holds the trigger), a removal that does not hang keeps it. Then baseline + the kept
+        flags must hang (certification); every kept flag's absence is screened at a loose level
+        (an innocent flag kept by an unlucky first soak hangs here); the rate check looks for a
+        flag outside the set that the rate needs; and each kept flag's absence is soaked until it
+        rejects "as fast as the configs with the set" at alpha / (3 n) (NECESSITY_SPLIT).
+
+        Returns the kept set, or None when ablation cannot decide (a removal that cannot run,
+        every removal hanging, a kept set that does not hang and the rate check cannot say why:
+        two triggers), for the posterior search to go on from, with every probe's data."""
+        s = self.s
+        keep = self._ablate_each()
+        if keep is None:
+            return None
+        level = self.alpha / max(self.n, 1) / NECESSITY_SPLIT
+        guarded = s.modifier_prior <= 0      # the rate check runs once, between screen and necessity
+        rate_needed = 0                      # flags the rate check added: their absence hangs, slowly
+        rescued: set[int] = set()
+        while not self.over_budget():
+            H, E = self._pool(keep)
+            self._track_cap(H, E)
+            narrow = self.stats_of(keep)
+            if narrow.hangs == 0:
+                if keep == 0:
+                    return self._give_up("every flag's removal still hung: two triggers, or the baseline hangs")
+                if not self._ok[keep]:
+                    return self._give_up("baseline + the kept flags cannot run")
+                if narrow.probes < CERTIFICATION_SOAKS:
+                    self._certify(keep, H, E)
+                    continue
+                # baseline + the set is slower than the configs with more flags: one of those is
+                # needed for the rate (a modifier the cap makes part of the set) or holds a second
+                # trigger; the rate check gets a few probes to find the first
+                if keep in rescued:
+                    return self._give_up("baseline + the kept flags does not hang")
+                rescued.add(keep)
+                notes: list[str] = []
+                grown, rate_cap = _rate_check(self, keep, s.mttf_cap_s, notes, RESCUE_PROBES)
+                if grown == keep or rate_cap is None:
+                    return self._give_up("baseline + the kept flags does not hang, and no one flag more makes it")
+                self.notes += notes
+                rate_needed |= grown & ~keep
+                keep = grown
+                continue
+            goal = level if guarded else SCREEN_LEVEL
+            dropped, todo = self._unrefuted(keep & ~rate_needed, keep, H, E, goal)
+            if dropped:
+                keep &= ~dropped
+                continue
+            if not todo and not guarded:
+                guarded = True
+                grown, _ = _rate_check(self, keep, s.mttf_cap_s, self.notes)
+                rate_needed |= grown & ~keep
+                keep = grown
+                continue
+            if not todo:
+                return keep
+            batch = []
+            for j, need in todo[:max(1, s.parallel)]:
+                target = self.full & ~(1 << j)
+                if not self._ok[target]:
+                    target = keep & ~(1 << j)
+                if not self._ok[target]:
+                    return self._give_up(f"no config without {self.elements[j].name} can run")
+                batch.append((target, max(min(need, self._stage(target)), s.startup_s), "search"))
+            self.run(batch)
+        return None
+
+    def _give_up(self, why: str) -> None:
+        self.gave_up = why
+        return None
+
+    def _ablate_each(self) -> int | None:
+        """The first round: the failing cell without each flag, one soak each (ABLATION_STAGE_MTTFS x
+        the MTTF read so far, never longer than a config at the cap needs to show itself).
+        Returns the flags whose removal did not hang, or None if a removal cannot run."""
+        s = self.s
+        keep = self.full
+        longest = stats.soak_for_detection(self.post.cap, 1 - self.alpha / max(self.n, 1))
+        untested = list(range(self.n))
+        while untested and not self.over_budget():
+            soak = max(min(self._stage(), longest), s.startup_s)
+            batch = []
+            for j in untested[:max(1, s.parallel)]:
+                target = self.full & ~(1 << j)
+                if not self._ok[target]:
+                    return self._give_up(f"the failing cell without {self.elements[j].name} cannot run")
+                batch.append((target, soak, "search"))
+            del untested[:len(batch)]
+            for mask, result in self.run(batch):
+                if result.hung_with(self.signature):
+                    keep &= mask
+        return keep
+
+    def _certify(self, keep: int, H: float, E: float) -> None:
+        """Soak baseline + the kept flags long enough to see it hang if it is as fast as the
+        configs with more flags (the slower of the pooled MTTF and the one read from every probe)."""
+        mttf = max(E / max(H, 1.0), self._stage() / ABLATION_STAGE_MTTFS)
+        soak = min(stats.soak_for_detection(mttf, 1 - self.alpha / 2),
+                   stats.soak_for_detection(self.post.cap, 1 - self.alpha / 2))
+        soak = max(soak, 2.0 * self.stats_of(keep).longest_s)
+        self.stats_of(keep).role = "certification"
+        self.run([(keep, max(soak, self.s.startup_s), "certification")])
+
+    def _unrefuted(self, flags: int, keep: int, H: float, E: float, goal: float) -> tuple[int, list[tuple[int, float]]]:
+        """Of `flags` (all in `keep`): those whose absence was seen to hang (to drop), and the
+        others whose absence has not yet rejected "as fast as the configs with `keep`" at `goal`,
+        with the exposure still needed, fewest first."""
+        dropped, todo = 0, []
+        for j in range(self.n):
+            bit = 1 << j
+            if not flags & bit:
+                continue
+            h, e = self._lacking(keep, bit)
+            if h > 0:
+                dropped |= bit
+            elif p_as_fast(0, e, H, E) > goal:
+                todo.append((j, exposure_until(0, e, H, E, goal) - e))
+        return dropped, sorted(todo, key=lambda t: t[1])
+
+    def _stage(self, mask: int | None = None) -> float:
+        """The longest soak the ablation gives one config at a time: ABLATION_STAGE_MTTFS x an MTTF
+        that neither lucky early hangs nor the kept flags' passes can pull far off, and at least
+        twice `mask`'s longest soak so far: a hang that needs a long unbroken run under load (seed
+        000 came hours into a chat) is never seen by soaks that stay short, however many.
+
+        The MTTF is the rate's maximum likelihood over every hang so far, each hang's time read as
+        truncated at its probe's soak (a probe stopped at its soak could only have hung within it:
+        read plainly, short soaks make the rate look fast, and short soaks come from a fast-looking
+        rate). Passes do not count, since a kept flag's removal never hangs; the MTTF read from
+        every probe, passes included, bounds it from above. An innocent flag's removal then rarely
+        passes a stage; such a pass would keep the flag, and its exposure out of the pooled rate."""
+        again = 2.0 * self.configs[mask].longest_s if mask in self.configs else 0.0
+        hangs = [(r.exposure_s, r.probe.soak_s) for r in self.log if r.hung_with(self.signature)]
+        everything = sum(cs.exposure_s for cs in self.configs.values())
+        slowest = everything / max(len(hangs), 1)
+        if not hangs:
+            return max(ABLATION_STAGE_MTTFS * slowest, again)
+        t = np.array([h[0] for h in hangs])
+        soak = np.array([max(h[1], h[0]) for h in hangs])
+        rate = len(hangs) / max(float(t.sum()), 1e-9)
+        for _ in range(50):
+            # d/d rate of sum(ln rate - rate t - ln(1 - exp(-rate soak))) = 0, as a fixed point
+            correction = soak / np.expm1(np.minimum(rate * soak, 700.0))
+            new_rate = len(hangs) / float((t + correction).sum())
+            if abs(new_rate - rate) <= 1e-9 * rate:
+                break
+            rate = new_rate
+        return max(ABLATION_STAGE_MTTFS * min(1.0 / max(rate, 1e-12), slowest), again)
+
+    def posterior_search(self) -> None:
         s = self.s
         while not self.over_budget():
             lp = self.post.log_posterior()
@@ -584,6 +792,7 @@ def _shrink_values(search: _Search, minimal_mask: int, alternatives: Mapping[str
             search.log.append(result)
             search.probes += 1
             search.gpu_hours += result.gpu_hours
+            search.spent["shrink"] = search.spent.get("shrink", 0.0) + result.gpu_hours
             cs = ConfigStats(-1, f"minimal set with {e.name}={value}", flags, role="shrink",
                              probes=1, gpu_hours=result.gpu_hours)
             search.extra_configs.append(cs)
@@ -683,6 +892,7 @@ MODIFIER_FACTORS = tuple(2.0 * POINT_CAP_FACTOR * 2.0 ** i for i in range(4))   
 ENOUGH_FACTOR = 2.0                  # the rate check's guard counts up to x2 slower as "the set is enough"
 MODIFIER_SOAKS = (1.0, 2.0, 4.0)     # candidate soaks of a rate-check probe, in pooled MTTFs
 MAX_MODIFIER_PROBES = 100
+MODIFIER_EVIDENCE_HANGS = 3          # the set alone hangs at least this often: every modifier verdict's "without" side
 
 
 class _ModifierModel:
@@ -816,22 +1026,26 @@ def _mutual_information(joint_h: np.ndarray, joint_n: np.ndarray) -> float:
     return float(terms.sum())
 
 
-def _settle(search: _Search, mask: int, candidates: list[int], cap: float | None) -> tuple[_ModifierModel, bool]:
+def _settle(search: _Search, mask: int, candidates: list[int], cap: float | None,
+            max_probes: int = MAX_MODIFIER_PROBES) -> tuple[_ModifierModel, bool]:
     """Soak what the modifier model picks until it decides (the set is enough, or a candidate is
     needed). Returns the last model and whether it decided (not: the probe or GPU-hour budget)."""
     alpha = 1.0 - search.s.confidence
-    for probes in range(MAX_MODIFIER_PROBES + 1):
+    for probes in range(max_probes + 1):
         model = _ModifierModel(search, mask, candidates, cap)
         if model.enough(alpha) or model.needed.max() >= 1 - alpha:
             return model, True
-        pick = model.choose() if probes < MAX_MODIFIER_PROBES and not search.over_budget() else None
+        if probes >= max_probes or search.over_budget():
+            break
+        pick = model.choose()
         if pick is None:
             break
         search.run([(pick[0], pick[1], "rate check")])
     return model, False
 
 
-def _rate_check(search: _Search, mask: int, cap: float | None, notes: list[str]) -> tuple[int, float | None]:
+def _rate_check(search: _Search, mask: int, cap: float | None, notes: list[str],
+                max_probes: int = MAX_MODIFIER_PROBES) -> tuple[int, float | None]:
     """A flag outside the set without which the hang is slower than the cap is needed for the hang
     *within the cap*: soak the configs that tell (the set alone, the set plus one flag, the failing
     cell without one flag) until the modifier model is sure either way, and add such a flag.
@@ -845,7 +1059,7 @@ def _rate_check(search: _Search, mask: int, cap: float | None, notes: list[str])
         candidates = [j for j in range(search.n) if not mask >> j & 1]
         if not candidates:
             break
-        model, decided = _settle(search, mask, candidates, cap)
+        model, decided = _settle(search, mask, candidates, cap, max_probes)
         if not decided:
             notes.append(f"the rate check stopped undecided (probe or GPU-hour budget): P(the set is "
                          f"enough to hang within the cap) = {model.p_enough:.3f}")
@@ -893,6 +1107,19 @@ def _recheck_members(search: _Search, found: int, grown: int, cap: float | None,
     return grown, True
 
 
+def _soak_the_set_alone(search: _Search, mask: int, cap: float) -> None:
+    """Baseline + the set gets at least MODIFIER_EVIDENCE_HANGS hangs: they are the "without" side
+    of every other flag's modifier verdict at once. The rate check's guard usually saw more; under
+    a generous explicit cap it has nothing to guard and the set alone may have hung only once."""
+    cs = search.stats_of(mask)
+    while cs.hangs and cs.hangs < MODIFIER_EVIDENCE_HANGS and search._ok[mask] and not search.over_budget():
+        soak = stats.soak_for_detection(min(cs.exposure_s / cs.hangs, cap), search.s.confidence)
+        before = cs.hangs
+        search.run([(mask, max(soak, search.s.startup_s), "certification")])
+        if cs.hangs == before:
+            return
+
+
 def bisect(failing_flags: Mapping[str, Any], elements: Sequence[Element], oracle: ProbeOracle,
            settings: Settings = Settings(), *, signature: str | None = None,
            context: Mapping[str, str] | None = None, context_elements: Sequence[Element] = (),
@@ -924,7 +1151,8 @@ def bisect(failing_flags: Mapping[str, Any], elements: Sequence[Element], oracle
             confidence=s.confidence, mttf_cap_s=cap, failing=failing_est, minimal_mttf=minimal_est,
             certified_soak_s=certified, verdicts=verdicts or [], configs=list(search.configs.values()) + search.extra_configs,
             values=values or [], probes=search.probes, gpu_hours=search.gpu_hours, notes=notes or [],
-            log=search.log, minimal_flags=search.flags_of(minimal_mask) if status == "found" else {})
+            log=search.log, minimal_flags=search.flags_of(minimal_mask) if status == "found" else {},
+            gpu_hours_by_role=dict(search.spent))
 
     if not ok:
         bound = stats.mttf_lower_bound(cal.exposure_s, s.confidence)
@@ -933,7 +1161,7 @@ def bisect(failing_flags: Mapping[str, Any], elements: Sequence[Element], oracle
             f"MTTF > {bound:.0f}s at {s.confidence:.0%}; nothing to bisect"])
 
     cap = s.mttf_cap_s if s.mttf_cap_s else default_cap(cal.hangs, cal.exposure_s, s.cap_factor)
-    notes = []
+    notes = search.notes
     if cal.hangs < s.calibration_hangs:
         notes.append(f"calibration stopped at {cal.hangs} hang(s) (budget): the MTTF interval is wide")
     search.initial_cap = cap
@@ -942,13 +1170,13 @@ def bisect(failing_flags: Mapping[str, Any], elements: Sequence[Element], oracle
         search.post.observe(mask, cs.hangs, cs.exposure_s)
     if search.n == 0:
         lp = np.zeros(1)
+        top = 0
     else:
-        search.search()
+        top = search.search()
         lp = search.post.log_posterior()
         cap = search.post.cap
-    top = int(np.argmax(lp))
     p_top = float(np.exp(lp[top]))
-    status = "found" if p_top >= s.confidence and search.stats_of(top).hangs > 0 else "inconclusive"
+    status = "found" if (search.n == 0 or search.decided) and search.stats_of(top).hangs > 0 else "inconclusive"
     if status == "inconclusive":
         notes.append(f"stopped by the probe or GPU-hour budget: the best set has posterior {p_top:.3f} "
                      f"< {s.confidence}")
@@ -970,6 +1198,8 @@ def bisect(failing_flags: Mapping[str, Any], elements: Sequence[Element], oracle
             if search.stats_of(top).hangs == 0:
                 status = "inconclusive"
                 notes.append("the grown set was not seen to hang in its certification run")
+    if status == "found" and s.modifier_prior > 0:
+        _soak_the_set_alone(search, top, cap)
     outside = [cs for m, cs in search.configs.items() if cs.hangs and (m & top) != top]
     if outside:
         notes.append("hangs with this signature were also seen in configs without this set ("

@@ -54,7 +54,8 @@ def render_text(r: BisectResult) -> str:
     out.append("")
     if r.status == "found":
         flags = ", ".join(f"{n}={format_value(r.minimal_flags.get(n))}" for n in r.minimal) or "(none: the baseline itself hangs)"
-        out.append(f"minimal set: {flags}   (posterior {r.posterior:.4f}, stated confidence {c:g})")
+        out.append(f"minimal set: {flags}   (stated confidence {c:g}; posterior under the one-rate search model "
+                   f"{r.posterior:.4f})")
         if r.minimal_mttf is not None:
             out.append(f"minimal set MTTF (pooled over configs containing it): {r.minimal_mttf.describe(_dur)}")
         if r.certified_soak_s:
@@ -63,7 +64,8 @@ def render_text(r: BisectResult) -> str:
         out.append("context (cannot move): " + ", ".join(f"{k} ({why})" for k, why in r.context.items()))
     for note in r.notes:
         out.append(f"note: {note}")
-    out.append(f"probes: {r.probes}, GPU-hours: {r.gpu_hours:.2f}")
+    spent = ", ".join(f"{role} {hours:.2f}" for role, hours in sorted(r.gpu_hours_by_role.items(), key=lambda kv: -kv[1]))
+    out.append(f"probes: {r.probes}, GPU-hours: {r.gpu_hours:.2f}" + (f" ({spent})" if spent else ""))
     return "\n".join(out) + "\n"
 
 
@@ -103,5 +105,6 @@ def to_json(r: BisectResult) -> dict[str, Any]:
                     "verdict": v.verdict} for v in r.values],
         "probes": r.probes,
         "gpu_hours": _num(r.gpu_hours),
+        "gpu_hours_by_role": {role: _num(hours) for role, hours in r.gpu_hours_by_role.items()},
         "notes": r.notes,
     }

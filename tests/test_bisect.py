@@ -348,11 +348,74 @@ def test_p_as_fast_is_the_pooled_rate_predictive_and_exposure_until_inverts_it()
 
 
 def test_each_flag_of_the_answer_is_necessary_on_its_own_evidence():
-    # one culprit among six: the prior favours pairs and triples (there are more of them), so the
-    # posterior alone would accept {f3, x} after an unlucky pass without x; the necessity check
-    # soaks every flag's absence until it rejects "as fast" at alpha / n
-    # (measured on these 300 seeds: 3 wrong sets with the check, 8 without it)
+    # one culprit among six: an unlucky pass of the failing cell without an innocent flag x keeps
+    # {f3, x} unless x's absence is soaked until it rejects "as fast" on its own evidence (ablation:
+    # alpha / (3 n); the posterior search's necessity check: alpha / n, its prior favouring pairs)
+    # (measured on these 300 seeds: 1 wrong set by ablation, 3 by the posterior search alone, 8
+    # by the posterior search before it had the check)
     model = planted(6, ["f3"])
     runs = [run_virtual(model, 6, seed, Settings(confidence=0.99)) for seed in range(300)]
     wrong = [seed for seed, r in enumerate(runs) if r.status == "found" and r.minimal != ["f3"]]
     assert len(wrong) <= 4, wrong
+
+
+class EitherOracle(DeterministicOracle):
+    """Configs holding any one of `triggers` hang after exactly mttf/2."""
+
+    def __init__(self, triggers: list[set[str]], mttf: float = MTTF):
+        super().__init__(set(), mttf)
+        self.triggers = triggers
+
+    def run(self, probes):
+        out = []
+        for p in probes:
+            self.probes.append(p)
+            hung = any(all(p.flags.get(f) is True for f in t) for t in self.triggers) and self.mttf / 2 < p.soak_s
+            t = self.mttf / 2 if hung else p.soak_s
+            out.append(ProbeResult(p, "hang" if hung else "passed", "shm_broadcast_timeout" if hung else None,
+                                   t, (self.startup_s + t) / 3600.0))
+        return out
+
+
+def test_ablation_soaks_the_failing_cell_without_each_flag_first():
+    oracle = DeterministicOracle({"f1", "f4"})
+    result = bisect(failing(6), elements(6), oracle, Settings(confidence=0.99), gpu_count=lambda f: 1)
+    assert [p.flags for p in oracle.probes[:2]] == [failing(6)] * 2          # calibration
+    removed = [[f for f, on in p.flags.items() if not on] for p in oracle.probes[2:8]]
+    assert removed == [[f"f{i}"] for i in range(6)]
+    assert result.status == "found" and set(result.minimal) == {"f1", "f4"}
+    # a removal that hung settles its flag: only the culprits' removals are soaked again
+    later = [[f for f, on in p.flags.items() if not on] for p in oracle.probes[8:]]
+    assert all(len(r) != 1 or r[0] in ("f1", "f4") for r in later)
+    assert sum(result.gpu_hours_by_role.values()) == pytest.approx(result.gpu_hours)
+    assert set(result.gpu_hours_by_role) >= {"calibration", "search", "certification", "rate check"}
+
+
+def test_when_every_removal_hangs_the_search_over_every_set_takes_over():
+    # two triggers: the failing cell without any one flag still holds the other
+    oracle = EitherOracle([{"f0"}, {"f3"}])
+    result = bisect(failing(5), elements(5), oracle, Settings(confidence=0.99), gpu_count=lambda f: 1)
+    assert result.status == "found" and result.minimal in (["f0"], ["f3"])
+    assert any("every flag's removal still hung" in n for n in result.notes)
+    assert any("others may exist" in n for n in result.notes)
+
+
+def test_the_search_over_every_set_alone_still_finds_the_set():
+    oracle = DeterministicOracle({"f2", "f5"})
+    result = bisect(failing(7), elements(7), oracle, Settings(confidence=0.99, ablation=False), gpu_count=lambda f: 1)
+    assert result.status == "found" and set(result.minimal) == {"f2", "f5"}
+    # no first round of single-flag removals
+    assert any(sum(not on for on in p.flags.values()) > 1 for p in oracle.probes[2:8])
+
+
+def test_ablation_is_cheaper_than_the_search_over_every_set_with_a_modifier():
+    # an x8 modifier under the default cap (it joins the set): the benchmark's hardest rows
+    mod = Modifier({"f4": (False,)}, 8.0)
+    model = planted(8, ["f1", "f6"], MTTF, modifiers=[mod])
+    runs = {ablation: [run_virtual(model, 8, seed, Settings(confidence=0.99, ablation=ablation)) for seed in range(12)]
+            for ablation in (True, False)}
+    for ablation, results in runs.items():
+        right = sum(r.status == "found" and set(r.minimal) == {"f1", "f4", "f6"} for r in results)
+        assert right >= 11, (ablation, [r.minimal for r in results])
+    cost = {a: sum(r.gpu_hours for r in rs) / len(rs) for a, rs in runs.items()}
+    assert cost[True] < cost[False]
