@@ -622,14 +622,18 @@ class _Search:
                 continue
             if not todo:
                 return keep
+            # with fewer flags to soak than --parallel, each flag's exposure is split over copies
+            todo = todo[:max(1, s.parallel)]
+            copies = [max(1, s.parallel) // len(todo) + (i < max(1, s.parallel) % len(todo)) for i in range(len(todo))]
             batch = []
-            for j, need in todo[:max(1, s.parallel)]:
+            for (j, need), n_copies in zip(todo, copies):
                 target = self.full & ~(1 << j)
                 if not self._ok[target]:
                     target = keep & ~(1 << j)
                 if not self._ok[target]:
                     return self._give_up(f"no config without {self.elements[j].name} can run")
-                batch.append((target, max(min(need, self._stage(target)), s.startup_s), "search"))
+                soak = max(min(need / n_copies, self._stage(target)), s.startup_s)
+                batch += [(target, soak, "search")] * n_copies
             self.run(batch)
         return None
 
@@ -1040,7 +1044,10 @@ def _settle(search: _Search, mask: int, candidates: list[int], cap: float | None
         pick = model.choose()
         if pick is None:
             break
-        search.run([(pick[0], pick[1], "rate check")])
+        # copies of one config are independent soaks whose exposure pools: with --parallel N the
+        # rate check's serial chain (mostly the set alone, until it has hung often enough) takes
+        # 1/N of the rounds for a hang or so of overshoot per batch
+        search.run([(pick[0], pick[1], "rate check")] * max(1, search.s.parallel))
     return model, False
 
 

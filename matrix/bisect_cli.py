@@ -39,7 +39,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile", help="profile (default: the first); gives start-up time and retries")
     parser.add_argument("--confidence", type=float, default=0.95, help="stated confidence (default 0.95)")
     parser.add_argument("--mttf-cap", help="a set hangs only if its MTTF is at most this (e.g. 6h); "
-                                           "default: 2 x the failing cell's MTTF 99%% upper bound")
+                                           "default: 2 x the failing cell's MTTF 99%% upper bound while few hangs "
+                                           "are pooled, settling at 3 x the pooled MTTF (at most 4 x the first cap)")
     parser.add_argument("--virtual", action="store_true", help="virtual time: draw hangs from the hang model")
     parser.add_argument("--hang-model", help="hang-model file (default: the matrix's sim.hang_model)")
     parser.add_argument("--seed", type=int, help="virtual oracle seed (default: the hang model's)")

@@ -202,9 +202,32 @@ def test_budget_stops_with_inconclusive():
     assert any("budget" in n for n in result.notes)
 
 
-def test_parallel_batches_reach_the_same_answer():
-    result = run_virtual(planted(6, ["f1", "f3"]), 6, seed=5, settings=Settings(confidence=0.95, parallel=4))
-    assert set(result.minimal) == {"f1", "f3"}
+class RoundCounter(VirtualOracle):
+    """A virtual oracle that counts the batches it was handed and their sizes."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.batches: list[int] = []
+
+    def run(self, probes):
+        self.batches.append(len(probes))
+        return super().run(probes)
+
+
+def test_parallel_batches_reach_the_same_answer_in_fewer_rounds():
+    model = planted(6, ["f1", "f3"])
+    rounds = {}
+    for parallel in (1, 4):
+        oracle = RoundCounter(model, seed=5, registry=bool_flags(6), gpu_count=lambda f: 1)
+        result = bisect(failing(6), elements(6), oracle, Settings(confidence=0.95, parallel=parallel),
+                        gpu_count=lambda f: 1)
+        assert set(result.minimal) == {"f1", "f3"}
+        rounds[parallel] = oracle.batches
+    assert set(rounds[1]) == {1}
+    # the ablation, the necessity soaks of the two culprits and the rate check's soaks of the set
+    # alone all go out four at a time: far fewer rounds, not just a few batched ones
+    assert max(rounds[4]) == 4 and rounds[4].count(4) >= len(rounds[4]) // 2
+    assert len(rounds[4]) <= len(rounds[1]) // 2
 
 
 def test_too_many_elements_is_a_clear_error():
