@@ -10,7 +10,9 @@ Why it fits in CI and stays green (measured, docs/vllm.md): each probe is one `v
 (eager: 33-42 s on a quiet machine, up to about 100 s under heavy load; one over the 120 s start-up
 timeout is retried) plus its soak; the 2 s MTTF keeps hang probes short and the profile's 45 s
 start-up is the floor of a probe that does not hang. A run is 7 probes in 83 % of seeds, at most 9
-(virtual time, 200 seeds): 2 calibration hangs, 3 search probes, 2 cap checks. (Until 2026-11-22 it
+(virtual time, 200 seeds; the same with ablation first, 2026-11-25): 2 calibration hangs, 3 search
+probes (the failing cell without each flag; the innocent flag's removal is the set alone), 2 cap
+checks. (Until 2026-11-22 it
 was 9: the 2 passing search probes were soaked again in full although staging had not shortened
 them; 11 minutes on a quiet machine, 13-17 under heavy load.) The options, each measured in
 virtual time on these files (`--virtual --seed N`, 2000 seeds):
