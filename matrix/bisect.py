@@ -156,6 +156,7 @@ class BisectResult:
     log: list[ProbeResult] = field(default_factory=list)
     minimal_flags: dict[str, Any] = field(default_factory=dict)
     gpu_hours_by_role: dict[str, float] = field(default_factory=dict)   # calibration, search, rate check, ...
+    rate_added: list[str] = field(default_factory=list)   # flags of the minimal set the rate check put there
 
 
 FeasibleFn = Callable[[Mapping[str, Any]], str | None]   # why a flag dict cannot run, or None
@@ -331,6 +332,7 @@ class _Search:
         self.spent: dict[str, float] = {}           # GPU-hours by role (calibration, search, ...)
         self.notes: list[str] = []
         self.gave_up = ""                           # why the ablation handed over to the posterior search
+        self.rate_added = 0                         # flags the rate check added: their absence hangs, slowly
         masks = range(1 << self.n)
         if gpu_count is default_gpu_count and not any(e.name == "tp" for e in self.elements):
             self._cost = np.full(1 << self.n, float(gpu_count(self.failing)))
@@ -520,12 +522,7 @@ class _Search:
         the calibration alone, so a tighter bound). It may rise to CAP_RISE x the calibration's:
         two lucky early calibration hangs would otherwise hold the cap far below the real MTTF
         and make every later hang look slow."""
-        H, E = self._rate_pool(lp)
-        cap = self.cap_from(H, E)
-        if abs(cap - self.post.cap) > 0.1 * self.post.cap:
-            self.post.set_cap(cap)
-            return self.post.log_posterior()
-        return lp
+        return self.post.log_posterior() if self._track_cap(*self._rate_pool(lp)) else lp
 
     def search(self) -> int:
         """The answer's mask: the ablation's, or (when the ablation cannot decide) the posterior
@@ -558,11 +555,16 @@ class _Search:
         rows = [cs for m, cs in self.configs.items() if (m & rest) == rest and not m & bit]
         return sum(cs.hangs for cs in rows), sum(cs.exposure_s for cs in rows)
 
-    def _track_cap(self, H: float, E: float) -> None:
-        if self.s.mttf_cap_s is None and H > 0:
-            cap = self.cap_from(H, E)
-            if abs(cap - self.post.cap) > 0.1 * self.post.cap:
-                self.post.set_cap(cap)
+    def _track_cap(self, H: float, E: float) -> bool:
+        """Move a default cap to the one H hangs in E give, when that differs by over 10 %.
+        Returns whether it moved."""
+        if self.s.mttf_cap_s is not None or H <= 0:
+            return False
+        cap = self.cap_from(H, E)
+        if abs(cap - self.post.cap) <= 0.1 * self.post.cap:
+            return False
+        self.post.set_cap(cap)
+        return True
 
     def ablation_search(self) -> int | None:
         """Soak the failing cell without each flag in turn: a hang drops the flag (what is left
@@ -581,7 +583,6 @@ class _Search:
             return None
         level = self.alpha / max(self.n, 1) / NECESSITY_SPLIT
         guarded = s.modifier_prior <= 0      # the rate check runs once, between screen and necessity
-        rate_needed = 0                      # flags the rate check added: their absence hangs, slowly
         rescued: set[int] = set()
         while not self.over_budget():
             H, E = self._pool(keep)
@@ -606,27 +607,28 @@ class _Search:
                 if grown == keep or rate_cap is None:
                     return self._give_up("baseline + the kept flags does not hang, and no one flag more makes it")
                 self.notes += notes
-                rate_needed |= grown & ~keep
+                self.rate_added |= grown & ~keep
                 keep = grown
                 continue
             goal = level if guarded else SCREEN_LEVEL
-            dropped, todo = self._unrefuted(keep & ~rate_needed, keep, H, E, goal)
+            dropped, todo = self._unrefuted(keep & ~self.rate_added, keep, H, E, goal)
             if dropped:
                 keep &= ~dropped
                 continue
             if not todo and not guarded:
                 guarded = True
                 grown, _ = _rate_check(self, keep, s.mttf_cap_s, self.notes)
-                rate_needed |= grown & ~keep
+                self.rate_added |= grown & ~keep
                 keep = grown
                 continue
             if not todo:
                 return keep
             # with fewer flags to soak than --parallel, each flag's exposure is split over copies
-            todo = todo[:max(1, s.parallel)]
-            copies = [max(1, s.parallel) // len(todo) + (i < max(1, s.parallel) % len(todo)) for i in range(len(todo))]
+            width = max(1, s.parallel)
+            todo = todo[:width]
             batch = []
-            for (j, need), n_copies in zip(todo, copies):
+            for i, (j, need) in enumerate(todo):
+                n_copies = len(range(i, width, len(todo)))       # the width dealt out round-robin
                 target = self.full & ~(1 << j)
                 if not self._ok[target]:
                     target = keep & ~(1 << j)
@@ -1159,7 +1161,8 @@ def bisect(failing_flags: Mapping[str, Any], elements: Sequence[Element], oracle
             certified_soak_s=certified, verdicts=verdicts or [], configs=list(search.configs.values()) + search.extra_configs,
             values=values or [], probes=search.probes, gpu_hours=search.gpu_hours, notes=notes or [],
             log=search.log, minimal_flags=search.flags_of(minimal_mask) if status == "found" else {},
-            gpu_hours_by_role=dict(search.spent))
+            gpu_hours_by_role=dict(search.spent),
+            rate_added=[e.name for i, e in enumerate(elements) if (minimal_mask & search.rate_added) >> i & 1])
 
     if not ok:
         bound = stats.mttf_lower_bound(cal.exposure_s, s.confidence)
@@ -1195,6 +1198,7 @@ def bisect(failing_flags: Mapping[str, Any], elements: Sequence[Element], oracle
             status = "inconclusive"
         elif s.mttf_cap_s is None:
             cap = rate_cap
+        search.rate_added |= grown & ~top
         if grown != top:
             top, decided = _recheck_members(search, top, grown, s.mttf_cap_s, notes)
             if not decided:

@@ -80,9 +80,9 @@ def _posterior_reading(r: BisectResult) -> str:
     the answer stands on the tests that decided it, each at its share of the stated confidence."""
     if r.posterior >= r.confidence:
         return f"posterior under the one-rate search model {r.posterior:.4f}"
-    if any("is needed to hang within the cap" in note for note in r.notes):
+    if r.rate_added:
         return (f"the one-rate search model's posterior, {r.posterior:.4f}, does not apply: the rate check "
-                f"found a flag that changes the rate")
+                f"found that {', '.join(r.rate_added)} changes the rate")
     return (f"the one-rate search model's posterior is {r.posterior:.4f}; the set was decided by the "
             f"ablation's tests, each at its share of the stated confidence")
 
@@ -118,5 +118,6 @@ def to_json(r: BisectResult) -> dict[str, Any]:
         "probes": r.probes,
         "gpu_hours": _num(r.gpu_hours),
         "gpu_hours_by_role": {role: _num(hours) for role, hours in r.gpu_hours_by_role.items()},
+        "rate_added": r.rate_added,
         "notes": r.notes,
     }

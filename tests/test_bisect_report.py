@@ -21,7 +21,7 @@ def test_a_plain_answer_shows_the_search_models_posterior():
     line = minimal_line(render_text(result))
     assert "f1=true, f4=true" in line and "stated confidence 0.99" in line
     assert f"posterior under the one-rate search model {result.posterior:.4f}" in line
-    assert result.posterior >= 0.99
+    assert result.posterior >= 0.99 and result.rate_added == []
 
 
 def test_a_set_the_rate_check_grew_says_why_the_search_models_posterior_does_not_apply():
@@ -37,9 +37,11 @@ def test_a_set_the_rate_check_grew_says_why_the_search_models_posterior_does_not
     assert set(result.minimal) == {"f1", "f4", "f6"}
     line = minimal_line(render_text(result))
     assert "stated confidence 0.99" in line
-    assert "does not apply: the rate check found a flag that changes the rate" in line
+    assert result.rate_added == ["f4"]
+    assert "does not apply: the rate check found that f4 changes the rate" in line
     assert "posterior under the one-rate search model" not in line
     # the JSON keeps the number for tools, with the notes that explain it
     doc = to_json(result)
     assert doc["posterior"] == pytest.approx(result.posterior, abs=1e-3)
+    assert doc["rate_added"] == ["f4"]
     assert any("f4 is needed to hang within the cap" in n for n in doc["notes"])
