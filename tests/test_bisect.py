@@ -28,17 +28,18 @@ def failing(n: int) -> dict:
 
 
 class DeterministicOracle:
-    """Configs containing every flag of `trigger` hang after exactly mttf/2; nothing else hangs."""
+    """Configs containing every flag of `trigger` (or of any of `triggers`) hang after exactly mttf/2;
+    nothing else hangs."""
 
     def __init__(self, trigger: set[str], mttf: float = MTTF, startup_s: float = 600.0):
-        self.trigger, self.mttf, self.startup_s = trigger, mttf, startup_s
+        self.triggers, self.mttf, self.startup_s = [trigger], mttf, startup_s
         self.probes: list[Probe] = []
 
     def run(self, probes):
         out = []
         for p in probes:
             self.probes.append(p)
-            if all(p.flags.get(f) is True for f in self.trigger):
+            if any(all(p.flags.get(f) is True for f in trigger) for trigger in self.triggers):
                 t = min(p.soak_s, self.mttf / 2)
                 hung = t < p.soak_s
             else:
@@ -388,16 +389,6 @@ class EitherOracle(DeterministicOracle):
     def __init__(self, triggers: list[set[str]], mttf: float = MTTF):
         super().__init__(set(), mttf)
         self.triggers = triggers
-
-    def run(self, probes):
-        out = []
-        for p in probes:
-            self.probes.append(p)
-            hung = any(all(p.flags.get(f) is True for f in t) for t in self.triggers) and self.mttf / 2 < p.soak_s
-            t = self.mttf / 2 if hung else p.soak_s
-            out.append(ProbeResult(p, "hang" if hung else "passed", "shm_broadcast_timeout" if hung else None,
-                                   t, (self.startup_s + t) / 3600.0))
-        return out
 
 
 def test_ablation_soaks_the_failing_cell_without_each_flag_first():
