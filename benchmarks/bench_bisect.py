@@ -10,7 +10,7 @@ Compared with: one-at-a-time ablation (drop each flag, one fixed 2 h soak, stop 
 hang); ddmin (Zeller 2002) with one fixed 2 h soak per test; the information bound
 ceil(log2 C(n,k)) probes, cost-weighted: each bit costs a start-up plus the mean of a positive
 probe (about one MTTF) and a negative one at the stated confidence (MTTF x ln(1/alpha)); and the
-lower bound (`matrix/bisect_bound.py`): the least mean GPU-hours of any procedure that returns
+lower bound (`matrix/bisect/bound.py`): the least mean GPU-hours of any procedure that returns
 exactly the planted set with the stated probability at every MTTF (the search itself, calibration
 and the checks for modifiers and second triggers left out, so a true floor).
 
@@ -86,7 +86,7 @@ def cases() -> list[Case]:
 def lower_bound(case: Case) -> float:
     """The least mean GPU-hours any bisection right with probability CONFIDENCE can spend (plain
     conjunction of k; with a modifier or a second trigger the true cost is only higher)."""
-    from soakmatrix.matrix.bisect_bound import lower_bound as bound
+    from soakmatrix.matrix.bisect.bound import lower_bound as bound
     return bound(case.n, case.k, case.mttf_s, STARTUP_S, CONFIDENCE).gpu_hours
 
 
@@ -105,7 +105,7 @@ class _CaseOracle:
         self.case, self.names, self.rng = case, names, rng
 
     def run(self, probes):
-        from soakmatrix.matrix.oracle import ProbeResult
+        from soakmatrix.matrix.bisect.oracle import ProbeResult
         out = []
         for p in probes:
             on = frozenset(i for i, name in enumerate(self.names) if p.flags[name])

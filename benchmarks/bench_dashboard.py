@@ -21,8 +21,8 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from soakmatrix.jobs.result import CellResult
 from soakmatrix.matrix.cells import Cell
+from soakmatrix.matrix.contracts.result import CellResult
 from soakmatrix.reports.dashboard import build_dashboard
 from soakmatrix.reports.history import HistoryStore
 

@@ -23,9 +23,8 @@ from typing import Sequence
 
 from soakmatrix.jobs.soak import run_cell
 from soakmatrix.jobs.soak_spec import SoakSpec
-from soakmatrix.matrix.hangmodel import STYLE_SIGNATURE
-from soakmatrix.matrix.spec import Workload
-from soakmatrix.matrix.workloads import params_of
+from soakmatrix.matrix.contracts.hangmodel import STYLE_SIGNATURE
+from soakmatrix.matrix.contracts.workloads import Workload, params_of
 
 HANG_MODEL = Path(__file__).resolve().parent / "detection_hangs.yaml"
 STYLE_SEQS = {"silent_stall": 251, "event_sync_stall": 252, "shm_broadcast": 253, "crash": 254}

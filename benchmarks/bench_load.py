@@ -80,8 +80,7 @@ def pin(pid: int, core: int) -> None:
 
 def measure(url: str, concurrency: int, seconds: float, output_len: int) -> dict:
     from soakmatrix.jobs.load import LoadDriver
-    from soakmatrix.matrix.spec import Workload
-    from soakmatrix.matrix.workloads import params_of
+    from soakmatrix.matrix.contracts.workloads import Workload, params_of
 
     params = {**{k: d for k, (_, d) in params_of("random").items()}, "concurrency": concurrency,
               "input_len": [8, 16], "output_len": [output_len, output_len]}

@@ -22,8 +22,8 @@ FLEET = [("H200", 8)] * 2 + [("H20", 8)] + [("GeForce-RTX-5090", 1)] * 4
 
 def scaled_soak(spec, stop=None, on_event=None):
     """Stand-in soak job: holds the cell's GPUs for (soak + start-up) / time_scale wall seconds."""
-    from soakmatrix.jobs.result import CellResult
-    from soakmatrix.matrix.outcomes import Outcome
+    from soakmatrix.matrix.contracts.outcomes import Outcome
+    from soakmatrix.matrix.contracts.result import CellResult
 
     t0 = time.time()
     hold = spec.soak_s / spec.time_scale
@@ -85,7 +85,7 @@ def start_fleet():
     from ray import cloudpickle
     from ray.cluster_utils import Cluster
 
-    from soakmatrix.matrix.cluster import loopback_only
+    from soakmatrix.matrix.schedule.cluster import loopback_only
 
     loopback_only()
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -102,6 +102,7 @@ def measure_makespan(cells, matrix, target_s: float, poll_s: float) -> dict:
 
     from soakmatrix.jobs.soak_spec import SoakSpec
     from soakmatrix.matrix.schedule import RayLauncher, lower_bound_makespan, run_cells
+    from soakmatrix.matrix.soak_specs import soak_spec_for
 
     gpus_by_label: dict[str, float] = {}
     for label, n in FLEET:
@@ -113,7 +114,7 @@ def measure_makespan(cells, matrix, target_s: float, poll_s: float) -> dict:
     packing_engine = simulate_packing(cells, duration, dispatch_order)
 
     def make_spec(pc):
-        spec = SoakSpec.from_planned(pc, matrix, "sim", "/tmp/bench-schedule")
+        spec = soak_spec_for(pc, matrix, "sim", "/tmp/bench-schedule")
         return replace(spec, soak_s=duration(pc), time_scale=scale)
 
     events = Quiet()
@@ -138,7 +139,7 @@ def measure_overhead(cells, matrix, n: int) -> dict:
     small = [pc for pc in cells if pc.gpu_count == 1][:n] or cells[:n]
 
     def make_spec(pc):
-        return replace(SoakSpec.from_planned(pc, matrix, "sim", "/tmp/bench-schedule"), soak_s=0.0, time_scale=1.0)
+        return replace(soak_spec_for(pc, matrix, "sim", "/tmp/bench-schedule"), soak_s=0.0, time_scale=1.0)
 
     launcher = RayLauncher(run_cell=scaled_soak)
     latencies = []

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import psutil
 
-from soakmatrix.jobs.sim_testing import SimProcess, load
+from soakmatrix.fixtures.sim_testing import SimProcess, load
 
 
 def _pin(pids: list[int], cpu: int) -> None:

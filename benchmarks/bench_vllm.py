@@ -27,9 +27,10 @@ MATRIX = REPO / "fixtures" / "vllm_cpu.yaml"
 def _spec(matrix, cell_flags: dict, out: Path, soak_s: float, hang_model: str | None, seed: int):
     from soakmatrix.jobs.soak_spec import SoakSpec
     from soakmatrix.matrix.plan import plan
+    from soakmatrix.matrix.soak_specs import soak_spec_for
 
     cell = next(pc for pc in plan(matrix).cells if pc.cell.flag_dict == cell_flags)
-    return SoakSpec.from_planned(cell, matrix, backend="vllm", out_dir=out, soak_s=soak_s,
+    return soak_spec_for(cell, matrix, backend="vllm", out_dir=out, soak_s=soak_s,
                                  hang_model=hang_model, seed=seed, startup_timeout_s=600)
 
 

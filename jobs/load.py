@@ -19,9 +19,9 @@ from typing import Any, Callable, Mapping
 
 import aiohttp
 
-from soakmatrix.matrix.workloads import params_of
+from soakmatrix.jobs.detect.protocol import StreamState
+from soakmatrix.matrix.contracts.workloads import params_of
 
-from .detector import StreamState
 from .load_shapes import Arrivals, RequestSource, RequestSpec, is_open_loop, target_concurrency
 
 SAMPLE_CAP = 20_000          # TTFTs and gaps kept for percentiles (a bounded window, newest kept)

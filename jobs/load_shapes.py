@@ -1,6 +1,6 @@
 """The shapes of load a workload asks for, as pure seeded functions (no sockets, no clocks).
 
-`matrix/workloads.py` names the kinds and their parameters; this module turns a kind's parameters
+`matrix/contracts/workloads.py` names the kinds and their parameters; this module turns a kind's parameters
 into (a) how many requests should be in flight at time t (closed loop), or the gaps between
 arrivals (open loop, Poisson, or trickle bursts), and (b) the requests themselves: random prompts
 with uniformly drawn lengths (range ratio 0, so completions stagger: seed 003), or multi-turn chat

@@ -20,14 +20,15 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from soakmatrix.matrix.outcomes import Outcome
+from soakmatrix.jobs.detect.protocol import Detector, Verdict, build_detectors
+from soakmatrix.matrix.contracts.outcomes import Outcome
+from soakmatrix.matrix.contracts.result import CellResult
 
 from . import evidence as evidence_mod
-from . import launcher, teardown
-from .detector import Detector, Verdict, build_detectors
-from .engine import Engine, get_engine
+from . import server_process as launcher
+from . import teardown
+from .engines import Engine, get_engine
 from .load import LoadDriver
-from .result import CellResult
 from .signatures import Classification, Clues, classify, parse_stacks
 from .soak_spec import SoakSpec
 from .watchdog import Watchdog, WatchdogConfig

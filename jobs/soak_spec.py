@@ -1,4 +1,4 @@
-"""`SoakSpec`: everything a node needs to soak one cell, built from a planned cell.
+"""`SoakSpec`: everything a node needs to soak one cell (the planner builds it: `matrix/soak_specs.py`).
 
 It crosses the Ray boundary (pickled) and is the single argument of `jobs.soak.run_cell`, so it
 holds plain values only: no Matrix, no open files.
@@ -6,12 +6,10 @@ holds plain values only: no Matrix, no open files.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from soakmatrix.matrix.plan import PlannedCell
-from soakmatrix.matrix.spec import Matrix, Workload
+from soakmatrix.matrix.contracts.workloads import Workload
 
 
 @dataclass(frozen=True)
@@ -34,16 +32,3 @@ class SoakSpec:
     time_scale: float = 1.0            # sim engine: every duration divided by this
     seed: int = 0
     attempt: int = 1
-
-    @classmethod
-    def from_planned(cls, pc: PlannedCell, matrix: Matrix, backend: str = "sim",
-                     out_dir: str | Path = "soak-out", **overrides: Any) -> "SoakSpec":
-        spec = cls(
-            cell_id=pc.id, cell_name=pc.name, model=pc.cell.model, model_path=pc.model_path,
-            gpu_type=pc.cell.gpu, gpu_count=pc.gpu_count, workload=matrix.workloads[pc.cell.workload],
-            flags=pc.cell.flag_dict, serve_args=pc.serve_args, env=dict(pc.env), soak_s=pc.soak_s,
-            startup_timeout_s=max(120.0, 1.5 * pc.startup_s), backend=backend,
-            artifacts_dir=str(Path(out_dir) / "cells" / pc.id),
-            hang_model=matrix.sim.hang_model, time_scale=matrix.sim.time_scale,
-        )
-        return replace(spec, **overrides) if overrides else spec

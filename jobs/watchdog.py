@@ -4,7 +4,7 @@ Side effects live here and only here: a scraper thread polls /metrics (with a ti
 failed scrape is "no sample", never a hang), a second thread records /health (kept in the timeline,
 never trusted: a stuck vLLM answers 200), the server log is followed for new lines, the process is
 polled for its exit, and the load driver is asked for its stream state. The detectors are pure
-(`detector.py`). Everything seen is appended to `<artifacts>/watchdog.jsonl`.
+(`jobs/detect/protocol.py`). Everything seen is appended to `<artifacts>/watchdog.jsonl`.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from .detect_progress import parse_metrics
-from .detector import Detector, MetricsSample, Observation, Verdict, build_detectors
+from soakmatrix.jobs.detect.progress import parse_metrics
+from soakmatrix.jobs.detect.protocol import Detector, MetricsSample, Observation, Verdict, build_detectors
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, Mapping
 
-from .flags import format_value
+from soakmatrix.matrix.contracts.flags import format_value
 
 
 @dataclass(frozen=True)

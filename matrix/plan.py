@@ -13,10 +13,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
+from soakmatrix.matrix.contracts.flags import ArgvBuilder, ArgvConflict, Flag, format_value
+from soakmatrix.matrix.contracts.yamlsrc import Problem
+
 from .cells import Cell
-from .flags import ArgvBuilder, ArgvConflict, Flag, format_value
 from .spec import CELL_KEYS, Matrix, Profile, SpecError
-from .yamlsrc import Problem
 
 GPU_MEMORY_FRACTION = 0.9   # vLLM's default --gpu-memory-utilization
 

@@ -12,11 +12,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, TextIO
 
-from soakmatrix.jobs.result import CellResult
+from soakmatrix.matrix.contracts.outcomes import Outcome
+from soakmatrix.matrix.contracts.result import CellResult
 
-from .outcomes import Outcome
+from .contracts.durations import format_duration
 from .plan import PlannedCell
-from .spec import format_duration
 
 
 @dataclass

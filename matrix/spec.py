@@ -7,55 +7,21 @@ returns a `Matrix` or raises `SpecError` listing every problem with its file, li
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from . import flags as flagmod
-from .flags import Flag
-from .workloads import WORKLOAD_KINDS, check_param, params_of
-from .yamlsrc import Source, SpecError, load
+from .contracts import flags as flagmod
+from .contracts.durations import format_duration, parse_duration
+from .contracts.flags import Flag
+from .contracts.workloads import WORKLOAD_KINDS, Workload, check_param, params_of
+from .contracts.yamlsrc import Source, SpecError, load
 
 __all__ = ["Model", "GpuType", "Workload", "Profile", "SimSettings", "Matrix", "load_matrix",
            "parse_duration", "format_duration", "SpecError", "CELL_KEYS"]
 
 # Keys of include/exclude entries that are not flags.
 CELL_KEYS = ("model", "gpu", "workload")
-
-_DURATION = re.compile(r"^\s*(?:(\d+(?:\.\d+)?)\s*d)?\s*(?:(\d+(?:\.\d+)?)\s*h)?\s*(?:(\d+(?:\.\d+)?)\s*m)?"
-                       r"\s*(?:(\d+(?:\.\d+)?)\s*s)?\s*$")
-
-
-def parse_duration(value: Any) -> float:
-    """Seconds from `90`, `90s`, `10m`, `2h`, `1h30m`, `1d`. Raises ValueError."""
-    if isinstance(value, bool):
-        raise ValueError(f"expected a duration, got {value!r}")
-    if isinstance(value, (int, float)):
-        if value < 0:
-            raise ValueError(f"a duration cannot be negative: {value}")
-        return float(value)
-    if isinstance(value, str):
-        if re.fullmatch(r"\s*\d+(?:\.\d+)?\s*", value):
-            return float(value)
-        m = _DURATION.match(value)
-        if m and any(m.groups()):
-            d, h, mi, s = (float(g) if g else 0.0 for g in m.groups())
-            return d * 86400 + h * 3600 + mi * 60 + s
-    raise ValueError(f"expected a duration like 90s, 10m, 2h or 1h30m, got {value!r}")
-
-
-def format_duration(seconds: float) -> str:
-    """`2h`, `38m`, `1h30m`, `45s`: the shortest exact-enough spelling."""
-    seconds = float(seconds)
-    if seconds < 60:
-        return f"{seconds:.0f}s" if seconds >= 1 or seconds == 0 else f"{seconds:.2f}s"
-    minutes = seconds / 60
-    if minutes < 60:
-        return f"{minutes:.0f}m" if abs(minutes - round(minutes)) < 0.05 else f"{minutes:.1f}m"
-    hours, rem = divmod(round(minutes), 60)
-    return f"{hours}h{rem:02d}m" if rem else f"{hours}h"
-
 
 @dataclass(frozen=True)
 class Model:
@@ -73,13 +39,6 @@ class GpuType:
     count: int                 # GPUs per node
     memory_gb: float
     ray_label: str             # Ray's accelerator_type label, e.g. H200 or GeForce-RTX-5090
-
-
-@dataclass(frozen=True)
-class Workload:
-    name: str
-    kind: str
-    params: Mapping[str, Any]  # every parameter of the kind, defaults filled in
 
 
 @dataclass(frozen=True)
@@ -130,7 +89,7 @@ class Matrix:
 
 
 def _problem(file: str, line: int, key: str, message: str):
-    from .yamlsrc import Problem
+    from soakmatrix.matrix.contracts.yamlsrc import Problem
     return Problem(file, line, key, message)
 
 

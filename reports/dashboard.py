@@ -26,15 +26,15 @@ from typing import Any, Mapping, Sequence
 import jinja2
 from markupsafe import Markup
 
-from soakmatrix.jobs.result import CellResult
-from soakmatrix.matrix.flags import format_value
-from soakmatrix.matrix.outcomes import Outcome
-from soakmatrix.matrix.spec import format_duration
+from soakmatrix.matrix.contracts.durations import format_duration
+from soakmatrix.matrix.contracts.flags import format_value
+from soakmatrix.matrix.contracts.outcomes import Outcome
+from soakmatrix.matrix.contracts.result import CellResult
 
 from .files import write_atomic
 from .history import CellInfo, HistoryStore, Observation, Run
-from .tables import bisection_view
 from .state import CellState, CellStatus, SignatureSummary, cell_states, new_failures, signature_summaries
+from .tables import bisection_view
 
 TEMPLATES = Path(__file__).parent / "templates"
 MAX_HISTORY_ROWS = 150          # cells shown in the status-history heatmap (worst first)

@@ -23,8 +23,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
-from soakmatrix.jobs.result import CellResult
-from soakmatrix.matrix.outcomes import Outcome
+from soakmatrix.matrix.contracts.outcomes import Outcome
+from soakmatrix.matrix.contracts.result import CellResult
 
 BUSY_TIMEOUT_S = 60.0   # other writers (a second driver, a report) hold the lock briefly
 

@@ -26,12 +26,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from junitparser import Error, Failure, JUnitXmlError
-from junitparser import xunit2
+from junitparser import Error, Failure, JUnitXmlError, xunit2
 
-from soakmatrix.jobs.result import CellResult
-from soakmatrix.matrix.flags import format_value
-from soakmatrix.matrix.outcomes import Outcome
+from soakmatrix.matrix.contracts.flags import format_value
+from soakmatrix.matrix.contracts.outcomes import Outcome
+from soakmatrix.matrix.contracts.result import CellResult
 
 from .files import write_atomic
 
@@ -255,5 +254,5 @@ def _cut(line: str) -> str:
 
 
 def _secs(seconds: float | None) -> str:
-    from soakmatrix.matrix.spec import format_duration
+    from soakmatrix.matrix.contracts.durations import format_duration
     return "an unknown time" if seconds is None else f"{format_duration(seconds)} ({seconds:.0f} s)"

@@ -24,8 +24,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Protocol, Sequence
 
-from soakmatrix.matrix import stats
-from soakmatrix.matrix.outcomes import Outcome
+from soakmatrix.matrix.contracts import stats
+from soakmatrix.matrix.contracts.outcomes import Outcome
 
 FAILED = frozenset({Outcome.HANG, Outcome.CRASH, Outcome.CONFIG_ERROR})
 VERDICTS = FAILED | {Outcome.PASSED}
@@ -102,7 +102,7 @@ class ObservationLike(Protocol):
 
 
 def mttf_estimate(exposure_s: float, hangs: int, confidence: float = 0.95) -> Estimate:
-    """Exponential model (REFERENCE.md), computed by `soakmatrix.matrix.stats`: E/r with the
+    """Exponential model (REFERENCE.md), computed by `soakmatrix.matrix.contracts.stats`: E/r with the
     chi-square interval (2E/chi2(1-a/2, 2r), 2E/chi2(a/2, 2r+2)); with no hang only the one-sided
     lower bound (rule of three: E/3 at 95%)."""
     est = stats.mttf_estimate(hangs, max(0.0, exposure_s), confidence)

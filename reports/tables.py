@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Iterable, Mapping, Sequence
 
-from soakmatrix.matrix.flags import format_value
-from soakmatrix.matrix.outcomes import Outcome
-from soakmatrix.matrix.spec import format_duration
+from soakmatrix.matrix.contracts.durations import format_duration
+from soakmatrix.matrix.contracts.flags import format_value
+from soakmatrix.matrix.contracts.outcomes import Outcome
 
 from .history import CellInfo, Observation, Run
 from .state import CellState, CellStatus, SignatureSummary
@@ -82,7 +82,7 @@ def signatures_table(signatures: Sequence[SignatureSummary]) -> str:
 def bisection_view(report: Mapping[str, Any]) -> dict[str, Any]:
     """One stored bisection report in one shape, whichever spelling wrote it: the store's contract
     (`minimal_set`, `verdicts` as flag -> text, config rows with `mttf_s` and `ci`) or
-    `matrix.bisect_report.to_json` (`minimal`/`minimal_flags`, `verdicts` as a list of
+    `matrix.bisect.report.to_json` (`minimal`/`minimal_flags`, `verdicts` as a list of
     {flag, kind, text}, config rows with `label`, `role`, `probes` and an `mttf` text, `cell` as {id, name})."""
     cell = report.get("cell")
     cell_id = report.get("cell_id") or (cell.get("id") if isinstance(cell, Mapping) else cell)

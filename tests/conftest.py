@@ -8,7 +8,7 @@ import socket
 from pathlib import Path
 
 # Every Ray cluster a test starts (in this process or a CLI it runs) stays on 127.0.0.1: Ray would
-# otherwise advertise the machine's network address (see soakmatrix.matrix.cluster.loopback_only).
+# otherwise advertise the machine's network address (see soakmatrix.matrix.schedule.cluster.loopback_only).
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 
 import pytest
@@ -28,11 +28,11 @@ def start_ray_cluster(head_node_args, nodes=None, attempts: int = 3):
     connected as its driver: (cluster, {name: node}). `head_node_args` is a dict or a function
     returning one (fresh ports per attempt). On a loaded machine a node can miss Ray's 30 s start-up
     window ("node timed out during startup"): the partial cluster is shut down and the start tried
-    again, as `soakmatrix.matrix.cluster.start_local` does."""
+    again, as `soakmatrix.matrix.schedule.cluster.start_local` does."""
     import ray
     from ray.cluster_utils import Cluster
 
-    from soakmatrix.matrix.cluster import retry_start
+    from soakmatrix.matrix.schedule.cluster import retry_start
 
     def once():
         cluster = None

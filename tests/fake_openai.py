@@ -168,7 +168,7 @@ def start_fake(folder, *args: str, attempts: int = 3):
     """This script as a server process under the soak job's launcher, ready; a port taken between
     our pick and its bind (other test runs share the machine) is retried on a new port.
     Returns (RunningServer, StartupFailure | None)."""
-    from soakmatrix.jobs import launcher
+    from soakmatrix.jobs import server_process as launcher
 
     for _ in range(attempts):
         port = launcher.free_port()

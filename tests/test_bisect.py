@@ -5,12 +5,22 @@ from __future__ import annotations
 
 import pytest
 
-from soakmatrix.matrix import flags as flagmod
-from soakmatrix.matrix.bisect import (CAP_RISE, Element, Settings, _ModifierModel, _recheck_members, _Search, bisect,
-                                      default_cap, exposure_until, p_as_fast)
-from soakmatrix.matrix.hangmodel import Hang, HangModel, Modifier
-from soakmatrix.matrix.oracle import Probe, ProbeResult
-from soakmatrix.matrix.oracle_virtual import VirtualOracle
+from soakmatrix.matrix.bisect import (
+    CAP_RISE,
+    Element,
+    Settings,
+    _ModifierModel,
+    _recheck_members,
+    _Search,
+    bisect,
+    default_cap,
+    exposure_until,
+    p_as_fast,
+)
+from soakmatrix.matrix.bisect.oracle import Probe, ProbeResult
+from soakmatrix.matrix.bisect.oracle_virtual import VirtualOracle
+from soakmatrix.matrix.contracts import flags as flagmod
+from soakmatrix.matrix.contracts.hangmodel import Hang, HangModel, Modifier
 
 MTTF = 2280.0   # seed 002's 38 minutes
 

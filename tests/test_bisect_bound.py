@@ -6,11 +6,11 @@ import math
 
 import pytest
 
-from soakmatrix.matrix import flags as flagmod
 from soakmatrix.matrix.bisect import Element, Settings, bisect
-from soakmatrix.matrix.bisect_bound import binary_divergence, lower_bound, refute_load
-from soakmatrix.matrix.hangmodel import Hang, HangModel
-from soakmatrix.matrix.oracle_virtual import VirtualOracle
+from soakmatrix.matrix.bisect.bound import binary_divergence, lower_bound, refute_load
+from soakmatrix.matrix.bisect.oracle_virtual import VirtualOracle
+from soakmatrix.matrix.contracts import flags as flagmod
+from soakmatrix.matrix.contracts.hangmodel import Hang, HangModel
 
 
 def test_binary_divergence():

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from test_bisect import MTTF, DeterministicOracle, Settings, bisect, elements, failing, planted, run_virtual
 
-from soakmatrix.matrix.bisect_report import render_text, to_json
-from soakmatrix.matrix.hangmodel import Modifier
+from soakmatrix.matrix.bisect.report import render_text, to_json
+from soakmatrix.matrix.contracts.hangmodel import Modifier
 
 
 def minimal_line(text: str) -> str:

@@ -5,7 +5,7 @@ import os
 import psutil
 import pytest
 
-from soakmatrix.matrix.cluster import NodeShape, address_from, check_reachable, gcs_endpoint, sim_fleet
+from soakmatrix.matrix.schedule.cluster import NodeShape, address_from, check_reachable, gcs_endpoint, sim_fleet
 from soakmatrix.matrix.spec import GpuType
 
 
@@ -52,8 +52,8 @@ def ray_processes_of(pid):
 def test_local_sim_cluster_advertises_fake_gpu_types_and_stops_cleanly():
     import ray
 
-    from soakmatrix.matrix.cluster import connect
     from soakmatrix.matrix.schedule import nodes_from_ray
+    from soakmatrix.matrix.schedule.cluster import connect
 
     gpus = {"H200": GpuType("H200", 8, 141, "H200"), "RTX5090": GpuType("RTX5090", 1, 32, "GeForce-RTX-5090")}
     with connect(None, backend="sim", gpus=gpus) as cluster:
@@ -70,7 +70,7 @@ def test_local_sim_cluster_advertises_fake_gpu_types_and_stops_cleanly():
 def test_a_failed_local_start_is_cleaned_up_and_retried(monkeypatch):
     import subprocess
 
-    from soakmatrix.matrix import cluster as cluster_mod
+    from soakmatrix.matrix.schedule import cluster as cluster_mod
 
     spawned = []
 
@@ -97,7 +97,6 @@ def test_the_tests_ray_clusters_retry_a_failed_start_after_shutting_it_down(monk
     """tests/conftest.py's `start_ray_cluster` (the module fixtures' clusters) retries like start_local."""
     ray = pytest.importorskip("ray")
     import ray.cluster_utils
-
     from conftest import start_ray_cluster
 
     made = []

@@ -22,8 +22,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from soakmatrix.jobs.result import CellResult
 from soakmatrix.matrix.cells import Cell
+from soakmatrix.matrix.contracts.result import CellResult
 from soakmatrix.reports.dashboard import build_dashboard
 from soakmatrix.reports.history import HistoryStore, StoreError
 
@@ -94,7 +94,7 @@ def make_store(path: Path, nights: int = 4) -> tuple[Path, dict[str, Cell]]:
                         {"flags": {"mtp": 0, "tp": 8}, "hangs": 0, "exposure_s": 21600.0, "mttf_s": None, "ci": [7200.0, None]}],
             "verdicts": {"mtp": "needed: MTP off never hung in 6 h", "tp": "needed: tp=4 never hung",
                          "flashinfer_autotune": "modifier <x8>: " + HOSTILE}})
-        # as `soakmatrix bisect --json` spells it (matrix/bisect_report.py's to_json)
+        # as `soakmatrix bisect --json` spells it (matrix/bisect/report.py's to_json)
         flaky = cells["PHPH"]
         store.record_bisection(flaky.id, {
             "status": "found", "signature": "shm_broadcast_timeout", "confidence": 0.95, "posterior": 0.991,

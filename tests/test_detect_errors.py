@@ -1,7 +1,7 @@
 """The errors detector: every request failing is a dead engine, not a pass."""
 
-from soakmatrix.jobs.detect_errors import ErrorsDetector
-from soakmatrix.jobs.detector import Observation, StreamState
+from soakmatrix.jobs.detect.errors import ErrorsDetector
+from soakmatrix.jobs.detect.protocol import Observation, StreamState
 
 
 def observe(n, last="http 500"):

@@ -1,7 +1,7 @@
 """The exit detector."""
 
-from soakmatrix.jobs.detect_exit import ExitDetector
-from soakmatrix.jobs.detector import Observation
+from soakmatrix.jobs.detect.exit import ExitDetector
+from soakmatrix.jobs.detect.protocol import Observation
 
 
 def test_running_process_is_quiet():

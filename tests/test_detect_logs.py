@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from soakmatrix.jobs.detect_logs import LogDetector
-from soakmatrix.jobs.detector import MetricsSample, Observation, StreamState
+from soakmatrix.jobs.detect.logs import LogDetector
+from soakmatrix.jobs.detect.protocol import MetricsSample, Observation, StreamState
 
 INCIDENTS = Path(__file__).resolve().parent.parent / "fixtures" / "incidents"
 LOADED = StreamState(at=0, open_streams=3)

@@ -1,7 +1,7 @@
 """The progress detector on recorded metric series (no server, no clock)."""
 
-from soakmatrix.jobs.detect_progress import ProgressDetector, parse_metrics
-from soakmatrix.jobs.detector import MetricsSample, Observation, StreamState
+from soakmatrix.jobs.detect.progress import ProgressDetector, parse_metrics
+from soakmatrix.jobs.detect.protocol import MetricsSample, Observation, StreamState
 
 VLLM_TEXT = """# HELP vllm:num_requests_running Number of requests in model execution batches.
 # TYPE vllm:num_requests_running gauge

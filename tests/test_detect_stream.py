@@ -1,7 +1,7 @@
 """The client-side stream stall detector on recorded stream states."""
 
-from soakmatrix.jobs.detect_stream import StreamDetector
-from soakmatrix.jobs.detector import Observation, StreamState
+from soakmatrix.jobs.detect.protocol import Observation, StreamState
+from soakmatrix.jobs.detect.stream import StreamDetector
 
 
 def run(det, states):

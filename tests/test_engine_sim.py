@@ -9,12 +9,12 @@ import urllib.request
 
 import pytest
 
-from soakmatrix.jobs.engine import get_engine
-from soakmatrix.jobs.engine_sim import SimEngine
-from soakmatrix.jobs.sim_testing import free_port
+from soakmatrix.fixtures.sim_testing import free_port
+from soakmatrix.jobs.engines import get_engine
+from soakmatrix.jobs.engines.sim import SimEngine
 from soakmatrix.jobs.soak_spec import SoakSpec
-from soakmatrix.matrix import flags as flagmod
-from soakmatrix.matrix.spec import Workload
+from soakmatrix.matrix.contracts import flags as flagmod
+from soakmatrix.matrix.contracts.workloads import Workload
 
 
 def spec(tmp_path, **kw) -> SoakSpec:
@@ -31,7 +31,7 @@ def spec(tmp_path, **kw) -> SoakSpec:
 def test_command_contract(tmp_path) -> None:
     s = spec(tmp_path)
     cmd = SimEngine().command(s, "127.0.0.1", 8123)
-    assert cmd.argv == [sys.executable, "-m", "soakmatrix.matrix.cli", "sim-engine", "org/m", *s.serve_args,
+    assert cmd.argv == [sys.executable, "-m", "soakmatrix.jobs.sim", "org/m", *s.serve_args,
                         "--host", "127.0.0.1", "--port", "8123", "--gpu-type", "H200", "--seed", "9",
                         "--time-scale", "60.0", "--hang-record", f"{tmp_path / 'cell'}/sim-hangs.jsonl"]
     assert cmd.env["VLLM_LOG_STATS_INTERVAL"] == "1"
@@ -46,10 +46,10 @@ def test_registered_and_versioned() -> None:
 
 
 def test_the_command_parses_to_the_cells_flags(tmp_path) -> None:
-    from soakmatrix.jobs.sim_args import parse_sim_argv
+    from soakmatrix.jobs.sim.args import parse_sim_argv
 
     s = spec(tmp_path)
-    argv = SimEngine().command(s, "127.0.0.1", 8123).argv[4:]
+    argv = SimEngine().command(s, "127.0.0.1", 8123).argv[3:]
     config = parse_sim_argv(argv, environ={})
     assert config.flags == flagmod.resolve_defaults(s.flags)
     assert (config.model, config.gpu_type, config.seed, config.time_scale) == ("org/m", "H200", 9, 60.0)

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from soakmatrix.jobs import engine_vllm
-from soakmatrix.jobs.engine import get_engine
-from soakmatrix.jobs.engine_vllm import VllmEngine, has_engine_option, serve_module
+from soakmatrix.jobs.engines import get_engine
+from soakmatrix.jobs.engines import vllm as engine_vllm
+from soakmatrix.jobs.engines.vllm import VllmEngine, has_engine_option, serve_module
 from soakmatrix.jobs.soak_spec import SoakSpec
-from soakmatrix.matrix.spec import Workload
+from soakmatrix.matrix.contracts.workloads import Workload
 
 
 def spec(tmp_path: Path, **over) -> SoakSpec:

@@ -23,7 +23,7 @@ import psutil
 import pytest
 
 from soakmatrix.fixtures import fault_plugin as fp
-from soakmatrix.matrix.hangmodel import load_hang_model
+from soakmatrix.matrix.contracts.hangmodel import load_hang_model
 
 REPO = Path(__file__).resolve().parent.parent
 

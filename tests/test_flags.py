@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from soakmatrix.matrix.flags import REGISTRY, ArgvConflict, build_argv, raw_flag, resolve_defaults
+from soakmatrix.matrix.contracts.flags import REGISTRY, ArgvConflict, build_argv, raw_flag, resolve_defaults
 
 
 def test_required_flags_are_registered():

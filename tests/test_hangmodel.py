@@ -4,8 +4,8 @@ import textwrap
 
 import pytest
 
-from soakmatrix.matrix.hangmodel import load_hang_model
-from soakmatrix.matrix.yamlsrc import SpecError
+from soakmatrix.matrix.contracts.hangmodel import load_hang_model
+from soakmatrix.matrix.contracts.yamlsrc import SpecError
 
 DESIGN_EXAMPLE = textwrap.dedent("""\
     seed: 7

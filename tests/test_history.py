@@ -12,9 +12,9 @@ import textwrap
 import psutil
 import pytest
 
-from soakmatrix.jobs.result import CellResult
 from soakmatrix.matrix.cells import Cell
-from soakmatrix.matrix.outcomes import Outcome
+from soakmatrix.matrix.contracts.outcomes import Outcome
+from soakmatrix.matrix.contracts.result import CellResult
 from soakmatrix.reports import history
 from soakmatrix.reports.history import HistoryStore, StoreError
 
@@ -151,7 +151,7 @@ def test_refuses_newer_schemas_and_foreign_files(tmp_path):
 
 DRIVER = textwrap.dedent("""
     import sys, time
-    from soakmatrix.jobs.result import CellResult
+    from soakmatrix.matrix.contracts.result import CellResult
     from soakmatrix.reports.history import HistoryStore
     store = HistoryStore(sys.argv[1])
     run = store.start_run(matrix="m.yaml", profile="nightly", resume=True)

@@ -11,7 +11,7 @@ import pytest
 import xmlschema
 from junitparser import Error, Failure, xunit2
 
-from soakmatrix.jobs.result import CellResult
+from soakmatrix.matrix.contracts.result import CellResult
 from soakmatrix.reports.junit import JUnitMergeError, classname_for, merge_junit, write_junit
 
 DATA = Path(__file__).parent / "data"

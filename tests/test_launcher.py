@@ -12,11 +12,11 @@ from pathlib import Path
 
 import psutil
 import pytest
-
 from fake_openai import start_fake
-from soakmatrix.jobs import launcher
-from soakmatrix.jobs.launcher import classify_startup_failure
-from soakmatrix.matrix.outcomes import Outcome
+
+from soakmatrix.jobs import server_process as launcher
+from soakmatrix.jobs.server_process import classify_startup_failure
+from soakmatrix.matrix.contracts.outcomes import Outcome
 
 FAKE = str(Path(__file__).resolve().parent / "fake_openai.py")
 

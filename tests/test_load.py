@@ -4,13 +4,11 @@ import random
 import time
 
 import pytest
-
 from fake_openai import serve_in_thread
+
 from soakmatrix.jobs.load import LoadDriver
-from soakmatrix.jobs.load_shapes import (Arrivals, RequestSource, is_open_loop, target_concurrency,
-                                         trickle_bursts)
-from soakmatrix.matrix.spec import Workload
-from soakmatrix.matrix.workloads import params_of
+from soakmatrix.jobs.load_shapes import Arrivals, RequestSource, is_open_loop, target_concurrency, trickle_bursts
+from soakmatrix.matrix.contracts.workloads import Workload, params_of
 
 
 def workload(kind, **params):

@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from soakmatrix.matrix.hangmodel import Hang, HangModel, Modifier, load_hang_model
-from soakmatrix.matrix.oracle import Probe
-from soakmatrix.matrix.oracle_virtual import VirtualOracle
+from soakmatrix.matrix.bisect.oracle import Probe
+from soakmatrix.matrix.bisect.oracle_virtual import VirtualOracle
+from soakmatrix.matrix.contracts.hangmodel import Hang, HangModel, Modifier, load_hang_model
 
 DEMO = {"mtp": 1, "cudagraph_mode": "FULL_AND_PIECEWISE", "async_scheduling": False, "tp": 2}
 

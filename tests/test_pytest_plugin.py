@@ -21,14 +21,19 @@ from pathlib import Path
 import psutil
 import pytest
 
-from soakmatrix.fixtures.pytest_cells import (SoakUsageError, parse_workload, spec_from_marker,
-                                              specs_from_matrix, verdict_of)
+from soakmatrix.fixtures.pytest_cells import (
+    SoakUsageError,
+    parse_workload,
+    spec_from_marker,
+    specs_from_matrix,
+    verdict_of,
+)
 from soakmatrix.fixtures.pytest_placement import GpuShare, Worker, gpus_for_cell, split_gpus, visible_gpus, worker_of
 from soakmatrix.fixtures.pytest_reaper import OWNER_ENV
-from soakmatrix.jobs.result import CellResult
 from soakmatrix.matrix.cells import Cell
-from soakmatrix.matrix.flags import build_argv
-from soakmatrix.matrix.outcomes import Outcome
+from soakmatrix.matrix.contracts.flags import build_argv
+from soakmatrix.matrix.contracts.outcomes import Outcome
+from soakmatrix.matrix.contracts.result import CellResult
 
 pytest_plugins = ["pytester"]
 

@@ -10,8 +10,8 @@ import pytest
 import xmlschema
 from junitparser import xunit2
 
-from soakmatrix.jobs.result import CellResult
 from soakmatrix.matrix.cells import Cell
+from soakmatrix.matrix.contracts.result import CellResult
 from soakmatrix.reports.history import HistoryStore
 
 EXTENDED_XSD = Path(__file__).parent / "data" / "junit-10-testcase-properties.xsd"

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import psutil
 import pytest
-
 from conftest import EXAMPLES, REPO
-from soakmatrix.matrix.outcomes import Outcome
+
+from soakmatrix.matrix.contracts.outcomes import Outcome
 
 CLI = [sys.executable, "-m", "soakmatrix.matrix.cli"]
 
@@ -264,7 +264,7 @@ def test_ci_examples_schedule_nightly_and_smoke_pull_requests_with_real_options(
         assert {c[0] for c in found} >= {"run", "smoke"}, name
         commands += found
     for command, *rest in commands:
-        module = importlib.import_module(f"soakmatrix.matrix.{command}_cli")
+        module = importlib.import_module(f"soakmatrix.matrix.cli.{command}")
         parser = argparse.ArgumentParser(exit_on_error=False)
         module.configure(parser)
         parser.parse_args(rest)   # raises on an option the CLI does not have
@@ -321,7 +321,7 @@ def test_ray_job_submit_example_runs_the_matrix_on_the_cluster(tmp_path, cluster
 def _progress_fixture():
     import io
 
-    from soakmatrix.jobs.result import CellResult
+    from soakmatrix.matrix.contracts.result import CellResult
     from soakmatrix.matrix.plan import plan
     from soakmatrix.matrix.spec import load_matrix
 

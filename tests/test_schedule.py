@@ -9,14 +9,28 @@ from dataclasses import replace
 
 import pytest
 
-from soakmatrix.jobs.result import CellResult
 from soakmatrix.jobs.soak_spec import SoakSpec
-from soakmatrix.matrix.outcomes import Outcome
+from soakmatrix.matrix.contracts.outcomes import Outcome
+from soakmatrix.matrix.contracts.result import CellResult
 from soakmatrix.matrix.plan import plan
-from soakmatrix.matrix.schedule import (Node, avoid_on_retry, avoid_selector, cap_seconds, dispatch_order,
-                                        infra_result, lower_bound_makespan, nodes_from_ray, overran,
-                                        placement_problem, run_cells, run_with_cap, should_retry, unplaceable,
-                                        with_assigned_gpus)
+from soakmatrix.matrix.schedule import (
+    Node,
+    avoid_on_retry,
+    avoid_selector,
+    cap_seconds,
+    dispatch_order,
+    infra_result,
+    lower_bound_makespan,
+    nodes_from_ray,
+    overran,
+    placement_problem,
+    run_cells,
+    run_with_cap,
+    should_retry,
+    unplaceable,
+    with_assigned_gpus,
+)
+from soakmatrix.matrix.soak_specs import soak_spec_for
 from soakmatrix.matrix.spec import load_matrix
 
 FLEET_YAML = """
@@ -42,7 +56,7 @@ def cell(cells, gpu, tp, mtp=0):
 
 
 def spec_of(matrix, pc, backend="sim", **kw):
-    return SoakSpec.from_planned(pc, matrix, backend, "/tmp/soak-test", **kw)
+    return soak_spec_for(pc, matrix, backend, "/tmp/soak-test", **kw)
 
 
 def passed(spec, **kw):
@@ -346,9 +360,8 @@ def sleepy_run_cell(spec, stop=None, on_event=None):
 @pytest.fixture(scope="module")
 def ray_cluster():
     ray = pytest.importorskip("ray")
-    from ray import cloudpickle
-
     from conftest import start_ray_cluster
+    from ray import cloudpickle
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
     cluster, nodes = start_ray_cluster({"num_cpus": 1, "num_gpus": 0, "include_dashboard": False}, {

@@ -5,8 +5,16 @@ import itertools
 import pytest
 
 from soakmatrix.matrix.plan import plan
-from soakmatrix.matrix.select import (cells_touching, deviations, glob_matches, informative_order,
-                                      interactions, read_changed_files, touched_flags, trim_to_budget)
+from soakmatrix.matrix.smoke_selection import (
+    cells_touching,
+    deviations,
+    glob_matches,
+    informative_order,
+    interactions,
+    read_changed_files,
+    touched_flags,
+    trim_to_budget,
+)
 from soakmatrix.matrix.spec import load_matrix
 
 

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from soakmatrix.jobs.sim_args import SimUsageError, parse_sim_argv
-from soakmatrix.matrix import flags as flagmod
+from soakmatrix.jobs.sim.args import SimUsageError, parse_sim_argv
+from soakmatrix.matrix.contracts import flags as flagmod
 
 # every value each registry flag can take, as far as a finite list goes
 SAMPLE_VALUES = {

@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from soakmatrix.jobs.sim_args import parse_sim_argv
-from soakmatrix.jobs.sim_core import Clocks, CoreRequest, Scheduler, step_time_s
+from soakmatrix.jobs.sim.args import parse_sim_argv
+from soakmatrix.jobs.sim.core import Clocks, CoreRequest, Scheduler, step_time_s
 
 
 def config(*argv: str):

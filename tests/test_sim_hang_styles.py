@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from soakmatrix.jobs.sim_hangs import draw_time_to_hang
-from soakmatrix.jobs.sim_testing import SimProcess, load, read_hang_records
-from soakmatrix.matrix.hangmodel import STYLE_SIGNATURE, load_hang_model
+from soakmatrix.fixtures.sim_testing import SimProcess, load, read_hang_records
+from soakmatrix.jobs.sim.hangs import draw_time_to_hang
+from soakmatrix.matrix.contracts.hangmodel import STYLE_SIGNATURE, load_hang_model
 
 pytestmark = pytest.mark.slow
 

@@ -8,8 +8,8 @@ import statistics
 import pytest
 from scipy import stats
 
-from soakmatrix.jobs.sim_hangs import HangClock, arm, draw_time_to_hang
-from soakmatrix.matrix.hangmodel import load_hang_model
+from soakmatrix.jobs.sim.hangs import HangClock, arm, draw_time_to_hang
+from soakmatrix.matrix.contracts.hangmodel import load_hang_model
 
 MODEL = """
 seed: 7

@@ -12,7 +12,7 @@ import aiohttp
 import psutil
 import pytest
 
-from soakmatrix.jobs.sim_testing import SimProcess, load
+from soakmatrix.fixtures.sim_testing import SimProcess, load
 
 pytestmark = pytest.mark.slow
 

@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import EXAMPLES, REPO
-from soakmatrix.matrix.outcomes import Outcome
+
+from soakmatrix.matrix.contracts.outcomes import Outcome
 
 CLI = [sys.executable, "-m", "soakmatrix.matrix.cli"]
 
@@ -82,7 +82,7 @@ def test_smoke_runs_touched_cells_most_informative_first_and_fails_fast(tmp_path
     assert (out / "junit.xml").is_file()
     # the CLI ran the cells in the informative order, cut by the budget
     from soakmatrix.matrix.plan import plan
-    from soakmatrix.matrix.select import cells_touching, informative_order
+    from soakmatrix.matrix.smoke_selection import cells_touching, informative_order
     from soakmatrix.matrix.spec import load_matrix
     m = load_matrix(matrix)
     expected = informative_order(cells_touching(plan(m, "smoke").cells, {"mtp"}, m.baseline), 2, m.baseline, {"mtp"})

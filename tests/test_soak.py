@@ -11,14 +11,13 @@ import psutil
 import pytest
 
 from soakmatrix.jobs import teardown
-from soakmatrix.jobs.engine import LaunchCommand
+from soakmatrix.jobs.engines.protocol import LaunchCommand
 from soakmatrix.jobs.soak import SoakOptions, run_cell
 from soakmatrix.jobs.soak_spec import SoakSpec
 from soakmatrix.jobs.watchdog import WatchdogConfig
-from soakmatrix.matrix.hangmodel import STYLE_SIGNATURE
-from soakmatrix.matrix.outcomes import Outcome
-from soakmatrix.matrix.spec import Workload
-from soakmatrix.matrix.workloads import params_of
+from soakmatrix.matrix.contracts.hangmodel import STYLE_SIGNATURE
+from soakmatrix.matrix.contracts.outcomes import Outcome
+from soakmatrix.matrix.contracts.workloads import Workload, params_of
 
 # every test here starts a server
 pytestmark = pytest.mark.slow

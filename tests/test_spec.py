@@ -4,7 +4,8 @@ import textwrap
 
 import pytest
 
-from soakmatrix.matrix.spec import SpecError, format_duration, load_matrix, parse_duration
+from soakmatrix.matrix.contracts.durations import format_duration, parse_duration
+from soakmatrix.matrix.spec import SpecError, load_matrix
 
 GOOD = textwrap.dedent("""\
     name: t
@@ -112,7 +113,7 @@ def test_custom_raw_args_flag_extends_the_registry():
     m = load(text)
     assert m.axes["block_size"] == (16, 256)
     assert "block_size" in m.registry
-    from soakmatrix.matrix.flags import REGISTRY
+    from soakmatrix.matrix.contracts.flags import REGISTRY
     assert "block_size" not in REGISTRY   # the global registry is untouched
 
 

@@ -5,8 +5,15 @@ from __future__ import annotations
 import pytest
 
 from soakmatrix.reports.history import Observation
-from soakmatrix.reports.state import (CellStatus, at_risk_s, cell_states, classify, mttf_estimate, new_failures,
-                                      signature_summaries)
+from soakmatrix.reports.state import (
+    CellStatus,
+    at_risk_s,
+    cell_states,
+    classify,
+    mttf_estimate,
+    new_failures,
+    signature_summaries,
+)
 
 RUNS = [f"night{i}" for i in range(1, 7)]
 CODE = {"P": "passed", "H": "hang", "C": "crash", "X": "config_error", "I": "infra_error", ".": None}
@@ -95,7 +102,7 @@ def test_time_after_a_hang_began_is_not_exposure():
 
 def test_mttf_estimate_is_the_shared_statistics_module_s():
     # 3 hangs in 10 h: E/r = 3.33 h inside its interval; the interval itself is matrix.stats' to define
-    from soakmatrix.matrix import stats
+    from soakmatrix.matrix.contracts import stats
     est = mttf_estimate(36_000.0, 3)
     ref = stats.mttf_estimate(3, 36_000.0)
     assert est.mttf_s == pytest.approx(12_000.0)

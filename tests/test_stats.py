@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from soakmatrix.matrix import stats
+from soakmatrix.matrix.contracts import stats
 
 
 def test_rule_of_three_at_95_percent():

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import psutil
 import pytest
-
 from fake_openai import start_fake
-from soakmatrix.jobs import launcher, teardown
+
+from soakmatrix.jobs import server_process as launcher
+from soakmatrix.jobs import teardown
 
 FAKE = str(Path(__file__).resolve().parent / "fake_openai.py")
 

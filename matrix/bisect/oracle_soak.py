@@ -1,0 +1,116 @@
+"""The real probe oracle: each probe is a soak job (`jobs.soak.run_cell`) scheduled on Ray.
+
+Probes become planned cells of the failing cell's model, GPU type and workload with the probe's
+flags and soak length, and go through the same scheduler as `soakmatrix run`
+(`matrix.schedule.run_cells` with a `RayLauncher`: `num_gpus = TP`, the GPU type's accelerator
+label, infra errors retried elsewhere). With the simulated engine every duration is engine time
+(`--time-scale` divides wall time), so answers match the virtual oracle's on the same hang model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from soakmatrix.jobs.soak_spec import SoakSpec
+from soakmatrix.matrix.contracts.result import CellResult
+from soakmatrix.matrix.plan import PlannedCell, planned_cell
+from soakmatrix.matrix.soak_specs import soak_spec_for
+from soakmatrix.matrix.spec import Matrix, Profile
+
+from .oracle import Probe, ProbeResult
+
+WALL_CAP_MARGIN_S = 600.0
+
+
+def probe_result(probe: Probe, result: CellResult, gpu_count: int, startup_s: float) -> ProbeResult:
+    """A soak job's CellResult as a probe result: exposure in engine seconds, up to the hang."""
+    outcome = result.outcome.value
+    exposure = result.exposure_s
+    if outcome in ("hang", "crash") and result.time_to_hang_s is not None:
+        exposure = min(exposure, result.time_to_hang_s) if exposure else result.time_to_hang_s
+    gpu_hours = gpu_count * (startup_s + exposure) / 3600.0
+    return ProbeResult(probe, outcome, result.signature if outcome in ("hang", "crash") else None,
+                       exposure, gpu_hours, result.message,
+                       {"cell_id": result.cell_id, "artifacts": dict(result.artifacts), "node": result.node})
+
+
+class SoakOracle:
+    """Runs each batch of probes as soak jobs on the connected Ray cluster (one round per
+    distinct config: the scheduler keys running cells by id)."""
+
+    def __init__(self, matrix: Matrix, profile: Profile, model: str, gpu: str, workload: str, *,
+                 backend: str = "sim", out_dir: str | Path = "bisect-out",
+                 launcher_factory: Callable[[], Any] | None = None,
+                 on_result: Callable[[CellResult], None] | None = None):
+        self.matrix, self.profile = matrix, profile
+        self.model, self.gpu, self.workload = model, gpu, workload
+        self.backend = backend
+        self.out_dir = Path(out_dir)
+        self._launcher_factory = launcher_factory
+        self._launcher = None
+        self._on_result = on_result
+        self._round = 0
+
+    def _cell(self, probe: Probe) -> PlannedCell:
+        combo = {"model": self.model, "gpu": self.gpu, "workload": self.workload, **probe.flags}
+        return replace(planned_cell(self.matrix, self.profile, combo), soak_s=probe.soak_s)
+
+    def launcher(self) -> Any:
+        if self._launcher is None:
+            if self._launcher_factory is not None:
+                self._launcher = self._launcher_factory()
+            else:
+                from soakmatrix.matrix.schedule import RayLauncher
+                self._launcher = RayLauncher()
+        return self._launcher
+
+    def run(self, probes: Sequence[Probe]) -> list[ProbeResult]:
+        from soakmatrix.matrix.schedule import run_cells
+
+        cells = [self._cell(p) for p in probes]
+        results: list[ProbeResult | None] = [None] * len(probes)
+        pending = list(range(len(probes)))
+        while pending:
+            seen: set[str] = set()
+            this_round = [i for i in pending if not (cells[i].id in seen or seen.add(cells[i].id))]
+            pending = [i for i in pending if i not in this_round]
+            self._round += 1
+            round_dir = self.out_dir / f"probe-{self._round:03d}"
+            by_id = {cells[i].id: i for i in this_round}
+            scale = self.matrix.sim.time_scale if self.backend == "sim" and self.matrix.sim.time_scale > 0 else 1.0
+            longest = max(cells[i].soak_s for i in this_round)
+
+            def make_spec(pc: PlannedCell) -> SoakSpec:
+                return soak_spec_for(pc, self.matrix, self.backend, round_dir)
+
+            cap = longest / scale + max(120.0, 1.5 * self.profile.startup_s) + WALL_CAP_MARGIN_S
+            summary = run_cells([cells[i] for i in this_round], make_spec, self.launcher(), _Quiet(self._on_result),
+                                retries=self.profile.retries, cap_s=cap, order=list)
+            for result in summary.results:
+                i = by_id.get(result.cell_id)
+                if i is not None:
+                    results[i] = probe_result(probes[i], result, cells[i].gpu_count, self.profile.startup_s)
+            for i in this_round:
+                if results[i] is None:
+                    results[i] = ProbeResult(probes[i], "infra_error", None, 0.0, 0.0, "no result (cancelled)")
+        return [r for r in results if r is not None]
+
+
+class _Quiet:
+    def __init__(self, on_result: Callable[[CellResult], None] | None):
+        self._on_result = on_result
+
+    def cell_started(self, pc, attempt, node) -> None:
+        pass
+
+    def cell_retrying(self, pc, result) -> None:
+        pass
+
+    def cell_finished(self, pc, result) -> None:
+        if self._on_result is not None:
+            self._on_result(result)
+
+    def tick(self) -> None:
+        pass

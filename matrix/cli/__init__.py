@@ -1,0 +1,70 @@
+"""The `soakmatrix` command: a thin dispatcher over one module per subcommand.
+
+Each command module has `HELP`, `configure(parser)` and `main(args) -> int`; it is imported only
+when its command runs, so `soakmatrix plan` never pays for Ray or vLLM imports. A module that sets
+`ACCEPTS_UNKNOWN_ARGS = True` gets the arguments its parser did not know in `args.unknown_args`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+import traceback
+from typing import Sequence
+
+from soakmatrix.matrix.contracts.outcomes import EXIT_INFRA, EXIT_USAGE
+from soakmatrix.matrix.contracts.yamlsrc import SpecError
+
+# command -> (module, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "plan": ("soakmatrix.matrix.cli.plan", "show the cells a matrix profile will run, their argv and cost"),
+    "run": ("soakmatrix.matrix.cli.run", "run a matrix profile on Ray (local cluster by default)"),
+    "smoke": ("soakmatrix.matrix.cli.smoke", "the pull-request smoke matrix: t-way, short, budgeted"),
+    "bisect": ("soakmatrix.matrix.cli.bisect", "find the smallest set of flags that still hangs"),
+    "report": ("soakmatrix.matrix.cli.report", "write JUnit and the dashboard from a history store"),
+    "sim-engine": ("soakmatrix.matrix.cli.sim_engine", "the simulated vLLM server (takes `vllm serve` flags)"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="soakmatrix", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (_, help_text) in COMMANDS.items():
+        sub.add_parser(name, help=help_text, add_help=False)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
+        parser = build_parser()
+        if not argv or argv[0] in ("-h", "--help"):
+            parser.print_help()
+            return 0 if argv else EXIT_USAGE
+        parser.error(f"unknown command {argv[0]!r}")
+    name, rest = argv[0], argv[1:]
+    module = importlib.import_module(COMMANDS[name][0])
+    parser = argparse.ArgumentParser(prog=f"soakmatrix {name}", description=module.HELP)
+    module.configure(parser)
+    if getattr(module, "ACCEPTS_UNKNOWN_ARGS", False):
+        # e.g. sim-engine takes any `vllm serve` flag and notes the ones it ignores
+        args, args.unknown_args = parser.parse_known_args(rest)
+    else:
+        args = parser.parse_args(rest)
+    try:
+        return int(module.main(args) or 0)
+    except SpecError as exc:
+        print(f"soakmatrix {name}: configuration error:\n{exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print(f"soakmatrix {name}: interrupted", file=sys.stderr)
+        return 130
+    except Exception:  # noqa: BLE001 - a bug of ours is no verdict, never exit 1 ("hang found")
+        traceback.print_exc()
+        print(f"soakmatrix {name}: internal error (above); no verdict", file=sys.stderr)
+        return EXIT_INFRA
+
+
+if __name__ == "__main__":
+    sys.exit(main())

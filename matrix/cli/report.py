@@ -1,0 +1,115 @@
+"""`soakmatrix report`: text tables, the dashboard and JUnit from a history store; or merge JUnit files.
+
+    soakmatrix report STORE                       # runs, cells that need a look, signatures, bisections
+    soakmatrix report STORE --out DIR             # + the dashboard, DIR/index.html
+    soakmatrix report STORE --junit FILE [--run RUN_ID]   # + JUnit of one run (default: the latest)
+    soakmatrix report --merge A.xml B.xml ... -o OUT.xml  # merge shards' JUnit files
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from soakmatrix.matrix.contracts.outcomes import EXIT_OK, EXIT_USAGE
+
+HELP = ("Print what a history store knows (runs, failing and flaky cells, hang signatures, bisections), "
+        "write the dashboard (--out) and a run's JUnit (--junit), or merge JUnit files (--merge).")
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("store", nargs="?", help="history store (SQLite) written by `soakmatrix run`")
+    parser.add_argument("--out", metavar="DIR", help="write the dashboard to DIR/index.html")
+    parser.add_argument("--run", metavar="RUN_ID", help="run for --junit and the findings list (default: the latest with results)")
+    parser.add_argument("--junit", metavar="FILE", help="write the run's JUnit XML here")
+    parser.add_argument("--merge", nargs="+", metavar="XML", help="JUnit files to merge (needs -o)")
+    parser.add_argument("-o", "--output", metavar="OUT.xml", help="where --merge writes")
+    parser.add_argument("--limit", type=int, default=50, help="rows of the cells table (default 50)")
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        if args.merge:
+            return _merge(args)
+        if not args.store:
+            raise UsageError("give a history store (STORE), or --merge A.xml B.xml ... -o OUT.xml")
+        if args.output:
+            raise UsageError("-o/--output goes with --merge; the dashboard folder is --out DIR")
+        return _report(args)
+    except UsageError as exc:
+        print(f"soakmatrix report: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+class UsageError(Exception):
+    pass
+
+
+def _merge(args: argparse.Namespace) -> int:
+    from soakmatrix.reports.junit import JUnitMergeError, merge_junit
+    if not args.output:
+        raise UsageError("--merge needs -o OUT.xml")
+    if args.store:
+        raise UsageError(f"--merge takes JUnit files only; did you mean to list {args.store!r} after --merge?")
+    try:
+        out = merge_junit(args.merge, args.output)
+    except JUnitMergeError as exc:
+        raise UsageError(str(exc)) from None
+    from junitparser import xunit2
+    merged = xunit2.JUnitXml.fromfile(str(out))
+    print(f"merged {len(args.merge)} file(s) into {out}: {merged.tests} test cases, "
+          f"{merged.failures} failures, {merged.errors} errors")
+    return EXIT_OK
+
+
+def _report(args: argparse.Namespace) -> int:
+    from soakmatrix.reports.history import HistoryStore, StoreError
+    from soakmatrix.reports.state import cell_states, signature_summaries
+    from soakmatrix.reports.tables import attention_table, bisections_table, runs_table, signatures_table
+
+    store_path = Path(args.store)
+    try:
+        store = HistoryStore(store_path, create=False)
+    except StoreError as exc:
+        raise UsageError(str(exc)) from None
+    with store:
+        runs = store.runs()
+        run_ids = [r.id for r in runs]
+        if args.run and args.run not in run_ids:
+            known = ", ".join(run_ids[-5:]) or "none"
+            raise UsageError(f"{store_path}: no run {args.run!r} (latest runs: {known})")
+        observations = store.observations()
+        states = cell_states(run_ids, observations)
+        out = sys.stdout
+        out.write(f"{store_path}: {len(runs)} run(s), {len(states)} cell(s)\n\nruns\n")
+        out.write(runs_table(runs, observations) if runs else "no runs yet\n")
+        out.write("\ncells that need a look (nights: . passed, H hang, C crash, X config error, i infra error)\n")
+        out.write(attention_table(states, store.cells(), limit=args.limit))
+        out.write("\nhang and crash signatures (MTTF pooled over all exposure of the cells hit)\n")
+        out.write(signatures_table(signature_summaries(run_ids, observations)))
+        out.write("\nbisections\n")
+        out.write(bisections_table(store.bisections()))
+        if args.junit:
+            run = _pick_run(runs, args.run)
+            if run is None:
+                raise UsageError(f"{store_path}: no run to write JUnit for")
+            from soakmatrix.reports.junit import write_junit
+            props = {"run_id": run.id, "matrix": run.matrix, "profile": run.profile, "kind": run.kind,
+                     **{f"meta.{k}": v for k, v in sorted(run.meta.items())}}
+            path = write_junit(store.results(run.id), args.junit, suite_name=f"soakmatrix.{run.profile}", properties=props)
+            out.write(f"\nJUnit for run {run.id}: {path}\n")
+    if args.out:
+        from soakmatrix.reports.dashboard import build_dashboard
+        page = build_dashboard(store_path, args.out)
+        sys.stdout.write(f"dashboard: {page}\n")
+    return EXIT_OK
+
+
+def _pick_run(runs, run_id):
+    if run_id:
+        return next(r for r in runs if r.id == run_id)
+    for run in reversed(runs):
+        if run.recorded:
+            return run
+    return runs[-1] if runs else None

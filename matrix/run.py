@@ -1,0 +1,235 @@
+"""Running a list of planned cells on Ray and recording each result as it comes: the shared core of
+`soakmatrix run` and `soakmatrix smoke` (their CLI modules only choose the cells).
+
+Each finished cell goes to the history store at once (a driver crash loses nothing; `--resume`
+reruns only cells without a verdict), the JUnit file is rewritten at most every 10 s and the
+dashboard at most every 30 s, and both at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence, TextIO
+
+from soakmatrix.jobs.soak_spec import SoakSpec
+from soakmatrix.matrix.contracts.durations import format_duration
+from soakmatrix.matrix.contracts.outcomes import EXIT_INFRA, EXIT_OK, Outcome, exit_code
+from soakmatrix.matrix.contracts.result import CellResult
+
+from .plan import Plan, PlannedCell, plan
+from .progress import Progress
+from .soak_specs import soak_spec_for
+from .spec import Matrix, Profile, load_matrix
+
+JUNIT_EVERY_S = 10.0
+DASHBOARD_EVERY_S = 30.0
+EXIT_INTERRUPTED = 130
+
+
+def add_run_options(parser: argparse.ArgumentParser, default_profile: str = "the first") -> None:
+    parser.add_argument("matrix", help="matrix YAML file")
+    parser.add_argument("--profile", help=f"profile name (default: {default_profile})")
+    parser.add_argument("--backend", choices=("sim", "vllm"), default="sim",
+                        help="engine: the simulated vLLM server (default) or real `vllm serve`")
+    parser.add_argument("--ray-address", help="Ray cluster to use (default: $RAY_ADDRESS, else a local cluster)")
+    parser.add_argument("--out", help="output folder (default: out/<matrix name>)")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue the latest unfinished run of this matrix and profile: "
+                             "cells with a verdict are not rerun")
+    parser.add_argument("--store", help="history store (default: <out>/history.sqlite)")
+
+
+def make_plan(matrix: Matrix, profile: Profile, backend: str) -> Plan:
+    """The profile's cells; with the real engine their argv is first checked by vLLM's parser
+    (where vLLM is importable), since a rejected argv can only end as config_error."""
+    validate = None
+    if backend == "vllm":
+        from .validate import validate_cells
+        validate = validate_cells
+    result = plan(matrix, profile.name, validate=validate)
+    for rejected in result.rejected:
+        print(f"skipped, rejected by vLLM: {rejected.combo}: {rejected.reason}", file=sys.stderr)
+    return result
+
+
+def out_dir_of(matrix: Matrix, out: str | None) -> Path:
+    return Path(out or Path("out") / matrix.name).resolve()
+
+
+def planned_dicts(cells: Sequence[PlannedCell]) -> list[dict[str, Any]]:
+    """The cells as the history store's `planned` and `soakmatrix plan --json` describe them."""
+    return [{"id": pc.id, "name": pc.name, "model": pc.cell.model, "gpu": pc.cell.gpu,
+             "gpu_count": pc.gpu_count, "ray_label": pc.ray_label, "workload": pc.cell.workload,
+             "flags": pc.cell.flag_dict, "command": pc.command, "env": dict(pc.env),
+             "gpu_hours": round(pc.gpu_hours, 4)} for pc in cells]
+
+
+def verdict_ids(results: Sequence[CellResult]) -> set[str]:
+    """Cells a resumed run skips: those with a verdict. An infra error is no verdict (the cell
+    may well run now: a node came back, the cluster grew), so it runs again."""
+    latest: dict[str, CellResult] = {}
+    for r in results:
+        if r.cell_id not in latest or r.ended_at >= latest[r.cell_id].ended_at:
+            latest[r.cell_id] = r
+    return {cid for cid, r in latest.items() if r.outcome is not Outcome.INFRA_ERROR}
+
+
+class ResultSink:
+    """Implements schedule.Events for the results: the store first, at every cell (nothing finished is
+    lost); JUnit at most every JUNIT_EVERY_S and the dashboard at most every DASHBOARD_EVERY_S (each
+    rewrite reads the whole run, so writing both per cell would grow with the square of the cells)."""
+
+    def __init__(self, store: Any, run_id: Any, store_path: Path, out: Path, suite: str,
+                 properties: dict[str, str], clock=time.time):
+        self.store, self.run_id, self.store_path, self.out = store, run_id, store_path, out
+        self.suite, self.properties, self.clock = suite, properties, clock
+        self.junit_path = out / "junit.xml"
+        self.dashboard_dir = out / "dashboard"
+        self._dashboard_at = 0.0
+        self._junit_at = 0.0
+        self._junit_stale = self._dashboard_stale = False
+        self.warnings: list[str] = []
+
+    def cell_started(self, pc: PlannedCell, attempt: int, node: str) -> None:
+        pass
+
+    def cell_retrying(self, pc: PlannedCell, result: CellResult) -> None:
+        pass
+
+    def cell_finished(self, pc: PlannedCell, result: CellResult) -> None:
+        self.store.record(self.run_id, result)
+        self._junit_stale = self._dashboard_stale = True
+        self.tick()
+
+    def tick(self) -> None:
+        now = self.clock()
+        if self._junit_stale and now - self._junit_at >= JUNIT_EVERY_S:
+            self.write_junit()
+        if self._dashboard_stale and now - self._dashboard_at >= DASHBOARD_EVERY_S:
+            self.write_dashboard()
+
+    def write_junit(self) -> None:
+        from soakmatrix.reports.junit import write_junit
+
+        self._junit_at, self._junit_stale = self.clock(), False
+        write_junit(self.store.results(self.run_id), self.junit_path, self.suite, properties=self.properties)
+
+    def write_dashboard(self) -> Path | None:
+        from soakmatrix.reports.dashboard import build_dashboard
+
+        self._dashboard_at, self._dashboard_stale = self.clock(), False
+        try:
+            return build_dashboard(self.store_path, self.dashboard_dir)
+        except Exception as exc:  # noqa: BLE001 - a report failing must not stop the soak
+            self.warnings.append(f"dashboard not written: {type(exc).__name__}: {exc}")
+            return None
+
+
+class Fanout:
+    """Several Events listeners as one."""
+
+    def __init__(self, *listeners: Any):
+        self.listeners = listeners
+
+    def __getattr__(self, name: str):
+        def call(*args: Any) -> None:
+            for listener in self.listeners:
+                getattr(listener, name)(*args)
+        return call
+
+
+def execute(matrix: Matrix, profile: Profile, cells: Sequence[PlannedCell], args: argparse.Namespace, *,
+            kind: str, fail_fast: bool = False, keep_order: bool = False, stream: TextIO | None = None) -> int:
+    """Run `cells` of `profile` on Ray, recording each result; returns the exit code."""
+    from soakmatrix.matrix.schedule.cluster import address_from, connect
+    from soakmatrix.reports.history import HistoryStore
+
+    from .schedule import RayLauncher, cap_seconds, infra_result, run_cells, unplaceable
+
+    stream = stream or sys.stderr
+    out = out_dir_of(matrix, args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    store_path = Path(args.store).resolve() if args.store else out / "history.sqlite"
+    address = address_from(args.ray_address)
+    store = HistoryStore(store_path)
+    status = None   # an interrupted or crashed run stays unfinished, so `--resume` finds it
+    try:
+        run_id = store.start_run(matrix=matrix.name, profile=profile.name, kind=kind, resume=args.resume,
+                                 meta={"matrix_file": matrix.file, "backend": args.backend,
+                                       "ray_address": address or "local", "argv": sys.argv[1:],
+                                       "cells": len(cells)})
+        skip = verdict_ids(store.results(run_id)) if args.resume else set()
+        store.planned(run_id, planned_dicts(cells))
+        todo = [pc for pc in cells if pc.id not in skip]
+        print(f"soakmatrix {kind}: {matrix.name}/{profile.name}: {len(cells)} cells"
+              + (f", {len(cells) - len(todo)} already have a verdict (resumed run {run_id})" if skip else "")
+              + f", soak {format_duration(profile.soak_s)} each; output in {out}", file=stream)
+        sink = ResultSink(store, run_id, store_path, out, suite=f"soakmatrix.{matrix.name}.{profile.name}",
+                          properties={"matrix": matrix.name, "profile": profile.name, "backend": args.backend,
+                                      "kind": kind})
+
+        def make_spec(pc: PlannedCell) -> SoakSpec:
+            return soak_spec_for(pc, matrix, args.backend, out)
+
+        scale = matrix.sim.time_scale if args.backend == "sim" else 1.0
+        startup_timeout = make_spec(cells[0]).startup_timeout_s if cells else 0.0
+        cap = cap_seconds(profile.soak_s, startup_timeout, profile.cap_s, scale)
+        interrupted = stopped_early = False
+        try:
+            cluster = connect(address, backend=args.backend, gpus=matrix.gpus)
+        except (ConnectionError, RuntimeError, TimeoutError, ValueError) as exc:
+            print(f"soakmatrix {kind}: cannot reach Ray{' at ' + address if address else ''}: "
+                  f"{type(exc).__name__}: {exc}", file=stream)
+            return EXIT_INFRA   # no verdict; the run stays unfinished for --resume
+        with cluster:
+            print(f"soakmatrix {kind}: on {cluster.description}", file=stream)
+            launcher = RayLauncher()
+            never = unplaceable(todo, launcher.nodes())
+            for pc in todo:
+                if pc.id in never:
+                    result = infra_result(make_spec(pc), f"never placed: {never[pc.id]}")
+                    sink.cell_finished(pc, result)
+                    print(f"cannot place {pc.name}: {never[pc.id]}", file=stream)
+            placeable = [pc for pc in todo if pc.id not in never]
+            progress = Progress(len(placeable), stream=stream)
+            summary = run_cells(placeable, make_spec, launcher, Fanout(sink, progress), retries=profile.retries,
+                                cap_s=cap, fail_fast=fail_fast, order=list if keep_order else None)
+            progress.close()
+            interrupted, stopped_early = summary.interrupted, summary.stopped_early
+            if summary.unfinished:
+                print(f"soakmatrix {kind}: {len(summary.unfinished)} cell(s) cancelled before a verdict"
+                      + ("; `--resume` runs them" if interrupted else ""), file=stream)
+        status = None if interrupted else "stopped" if stopped_early else "finished"
+        results = store.results(run_id)
+        sink.write_junit()
+        dashboard = sink.write_dashboard()
+        for warning in sink.warnings:
+            print(f"soakmatrix {kind}: {warning}", file=stream)
+        print(summary_text(results, sink.junit_path, dashboard, store_path), file=stream)
+        if interrupted:
+            return EXIT_INTERRUPTED
+        return exit_code(r.outcome for r in results) if results else EXIT_OK
+    finally:
+        try:
+            if status is not None:
+                store.finish_run(run_id, status)
+        finally:
+            store.close()
+
+
+def summary_text(results: Sequence[CellResult], junit: Path, dashboard: Path | None, store: Path) -> str:
+    counts: dict[str, int] = {}
+    for r in results:
+        counts[r.outcome.value] = counts.get(r.outcome.value, 0) + 1
+    lines = ["results: " + (", ".join(f"{n} {o}" for o, n in sorted(counts.items())) or "none")]
+    for r in results:
+        if r.outcome.is_finding:
+            lines.append(f"  {r.outcome.value:<6} {r.cell_name}  {r.signature or ''}")
+    lines.append(f"JUnit: {junit}")
+    if dashboard:
+        lines.append(f"dashboard: {dashboard}")
+    lines.append(f"history: {store}")
+    return "\n".join(lines)

@@ -1,0 +1,202 @@
+"""Getting a Ray cluster: the user's (`--ray-address` / `RAY_ADDRESS`), or one started here.
+
+With the simulated engine the local cluster has one Ray node per GPU type of the matrix, each
+advertising that type's fake GPUs (`num_gpus = count`) and its `accelerator_type:<ray_label>`
+resource, exactly as a real GPU node does, so the same placement code runs on a laptop as on the
+fleet. With the real engine and no address, Ray starts on this machine and detects its GPUs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, TypeVar
+
+from soakmatrix.matrix.spec import GpuType
+
+from . import ACCELERATOR_PREFIX
+
+ADDRESS_ENV = "RAY_ADDRESS"
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class NodeShape:
+    """One node of a local cluster: its fake GPUs and custom resources."""
+
+    num_gpus: int
+    resources: Mapping[str, float] = field(default_factory=dict)
+    num_cpus: int = 1
+
+
+def address_from(cli_address: str | None, environ: Mapping[str, str] = os.environ) -> str | None:
+    """`--ray-address` wins over `RAY_ADDRESS`; neither means a local cluster."""
+    return cli_address or environ.get(ADDRESS_ENV) or None
+
+
+def sim_fleet(gpus: Mapping[str, GpuType], nodes_per_type: int = 1, cpus_per_node: int = 1) -> list[NodeShape]:
+    """The local cluster for the simulated engine: per GPU type, nodes with its count of fake GPUs.
+
+    Two matrix GPU types sharing a Ray label share nodes (Ray cannot tell them apart either).
+    """
+    by_label: dict[str, int] = {}
+    for gpu in gpus.values():
+        by_label[gpu.ray_label] = max(by_label.get(gpu.ray_label, 0), gpu.count)
+    return [NodeShape(count, {ACCELERATOR_PREFIX + label: 1.0}, cpus_per_node)
+            for label, count in sorted(by_label.items()) for _ in range(nodes_per_type)]
+
+
+def gcs_endpoint(address: str) -> tuple[str, int] | None:
+    """(host, port) of a plain `host:port` GCS address; None for `auto`, `ray://...`, `local`."""
+    if "://" in address or ":" not in address:
+        return None
+    host, _, port = address.rpartition(":")
+    return (host, int(port)) if port.isdigit() and host else None
+
+
+def check_reachable(address: str, timeout_s: float = 10.0) -> None:
+    """Fail fast on an address nothing listens on: Ray itself retries such a GCS for ever."""
+    endpoint = gcs_endpoint(address)
+    if endpoint is None:
+        return
+    import socket
+
+    try:
+        socket.create_connection(endpoint, timeout=timeout_s).close()
+    except OSError as exc:
+        raise ConnectionError(f"nothing answers at {address} ({exc.strerror or exc})") from exc
+
+
+class ClusterHandle:
+    """A connected Ray session; `close()` disconnects and stops what this process started."""
+
+    def __init__(self, description: str, shutdown: Callable[[], None]):
+        self.description = description
+        self._shutdown = shutdown
+
+    def close(self) -> None:
+        shutdown, self._shutdown = self._shutdown, None
+        if shutdown is not None:
+            shutdown()
+
+    def __enter__(self) -> "ClusterHandle":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+def loopback_only() -> None:
+    """Make a cluster started on this machine talk over 127.0.0.1 only.
+
+    Ray otherwise advertises the machine's network address for its GCS and raylets; a one-machine
+    cluster has no use for the network. Ray's switch for this is the flag it uses on laptops (with it
+    off, `get_node_ip_address` answers the loopback address); the environment carries it to the
+    processes Ray starts, the module attribute to this already-imported one.
+    """
+    os.environ[LOOPBACK_ENV] = "0"
+    import ray._private.ray_constants as ray_constants
+
+    ray_constants.ENABLE_RAY_CLUSTER = False
+
+
+def connect(address: str | None, *, backend: str, gpus: Mapping[str, GpuType],
+            runtime_env: Mapping[str, Any] | None = None) -> ClusterHandle:
+    """Connect to `address`, or start a local cluster (fake GPU nodes for the sim backend)."""
+    import ray
+
+    quiet = {"log_to_driver": False, "logging_level": logging.WARNING, "include_dashboard": False}
+    if address:
+        check_reachable(address)
+        ray.init(address=address, runtime_env=dict(runtime_env) if runtime_env else None,
+                 log_to_driver=False, logging_level=logging.WARNING)
+        return ClusterHandle(f"Ray cluster at {address}", ray.shutdown)
+    if backend != "sim":
+        # "local" always starts a fresh cluster: a bare init() would join whatever Ray already runs here
+        loopback_only()
+        ray.init(address="local", **quiet)
+        return ClusterHandle("local Ray (this machine's GPUs)", ray.shutdown)
+    return start_local(sim_fleet(gpus))
+
+
+def start_local(shapes: list[NodeShape], attempts: int = 3) -> ClusterHandle:
+    """A multi-node Ray cluster on this machine (`ray.cluster_utils.Cluster`), this process its driver.
+
+    On a loaded machine a raylet can miss Ray's fixed 30 s registration window; the processes of a
+    failed start are stopped (only this process's own new children) and the start is tried again.
+    """
+    if not shapes:
+        raise ValueError("a local cluster needs at least one node")
+    return retry_start(lambda: _start_local_once(shapes), attempts)
+
+
+def retry_start(start: Callable[[], T], attempts: int = 3, what: str = "the local Ray cluster") -> T:
+    """`start()` (a local Ray cluster's start, which must shut down what it started when it raises),
+    tried up to `attempts` times; after each failure the processes this process started during it
+    (a half-started GCS or raylet) are stopped. Also used by the tests' `ray.cluster_utils` clusters."""
+    failure: BaseException | None = None
+    for _ in range(attempts):
+        before = _own_children()
+        try:
+            return start()
+        except Exception as exc:  # noqa: BLE001 - Ray raises plain Exception on a slow start
+            failure = exc
+            _stop_new_children(before)
+    raise RuntimeError(f"{what} did not start in {attempts} attempts: {failure}") from failure
+
+
+def _start_local_once(shapes: list[NodeShape]) -> ClusterHandle:
+    import ray
+    from ray.cluster_utils import Cluster
+
+    head, *rest = shapes
+    loopback_only()
+    cluster = Cluster(initialize_head=False)
+    try:
+        cluster.add_node(num_cpus=head.num_cpus, num_gpus=head.num_gpus, resources=dict(head.resources),
+                         include_dashboard=False)
+        for shape in rest:
+            cluster.add_node(num_cpus=shape.num_cpus, num_gpus=shape.num_gpus, resources=dict(shape.resources))
+        ray.init(address=cluster.address, log_to_driver=False, logging_level=logging.WARNING)
+        cluster.wait_for_nodes()
+    except BaseException:
+        if ray.is_initialized():
+            ray.shutdown()
+        cluster.shutdown()
+        raise
+
+    def shutdown() -> None:
+        ray.shutdown()
+        cluster.shutdown()
+
+    labels = ", ".join(f"{s.num_gpus} x {next(iter(s.resources), '?').removeprefix(ACCELERATOR_PREFIX)}"
+                       for s in shapes)
+    return ClusterHandle(f"local Ray cluster, {len(shapes)} node(s) with simulated GPUs: {labels}", shutdown)
+
+
+def _own_children() -> set[int]:
+    import psutil
+
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+def _stop_new_children(before: set[int], timeout_s: float = 10.0) -> None:
+    """Stop the processes this process started since `before` (a half-started Ray node)."""
+    import psutil
+
+    new = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+    for p in new:
+        try:
+            p.terminate()
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(new, timeout=timeout_s)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
