@@ -20,7 +20,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from soakmatrix.jobs.detect.protocol import Detector, Verdict, build_detectors
+from soakmatrix.jobs.detect.protocol import Detector, HangVerdict, build_detectors
 from soakmatrix.matrix.contracts.outcomes import Outcome
 from soakmatrix.matrix.contracts.result import CellResult
 
@@ -188,7 +188,7 @@ def _passed(result: CellResult, stats: Mapping[str, Any]) -> None:
                       f"{result.tokens} tokens")
 
 
-def _found(result: CellResult, verdict: Verdict, cls: Classification, load_start: float, scale: float,
+def _found(result: CellResult, verdict: HangVerdict, cls: Classification, load_start: float, scale: float,
            dog: Watchdog) -> None:
     kind = cls.outcome or verdict.kind
     result.outcome = Outcome.HANG if kind == "hang" else Outcome.CRASH
@@ -206,7 +206,7 @@ def _found(result: CellResult, verdict: Verdict, cls: Classification, load_start
                                "details": _jsonable(dict(verdict.details))}
 
 
-def describe(verdict: Verdict, cls: Classification, running: float | None) -> str:
+def describe(verdict: HangVerdict, cls: Classification, running: float | None) -> str:
     """One sentence a maintainer reads first: what stopped, when, and who noticed."""
     after = f" after {verdict.detected_after_s:.1f} s" if verdict.detected_after_s is not None else ""
     sig = f" [{cls.signature}{': ' + ', '.join(cls.causes) if cls.causes else ''}]" if cls.signature else ""

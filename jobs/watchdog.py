@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from soakmatrix.jobs.detect.progress import parse_metrics
-from soakmatrix.jobs.detect.protocol import Detector, MetricsSample, Observation, Verdict, build_detectors
+from soakmatrix.jobs.detect.protocol import Detector, MetricsSample, Tick, HangVerdict, build_detectors
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,7 @@ class Watchdog:
         self.health: list[tuple[float, int | None]] = []
         self.last_sample: MetricsSample | None = None
         self.last_progress_at: float | None = None
-        self.verdicts: list[Verdict] = []
+        self.verdicts: list[HangVerdict] = []
         self._quit = threading.Event()
         self._threads: list[threading.Thread] = []
 
@@ -138,7 +138,7 @@ class Watchdog:
 
     # ------------------------------------------------------------ ticks
 
-    def observe_once(self) -> Observation:
+    def observe_once(self) -> Tick:
         with self._lock:
             samples, self._pending = self._pending, []
             problem, self._scrape_problem = self._scrape_problem, None
@@ -156,10 +156,10 @@ class Watchdog:
                           "scrape_s": round(sample.elapsed_s, 3)})
         if stream is not None and stream.last_token_at is not None:
             self.last_progress_at = max(self.last_progress_at or 0.0, stream.last_token_at)
-        return Observation(now=now, metrics=sample, stream=stream, log_lines=lines,
+        return Tick(now=now, metrics=sample, stream=stream, log_lines=lines,
                            exit_code=self.server.poll(), scrape_error=problem)
 
-    def tick(self) -> Verdict | None:
+    def tick(self) -> HangVerdict | None:
         obs = self.observe_once()
         fired = [v for v in (d.observe(obs) for d in self.detectors) if v is not None]
         if not fired:
@@ -176,7 +176,7 @@ class Watchdog:
         return primary
 
     def watch(self, until: float, stop: threading.Event | None = None,
-              done: Callable[[], bool] | None = None) -> Verdict | None:
+              done: Callable[[], bool] | None = None) -> HangVerdict | None:
         """Tick until a detector fires (its verdict), `until` (a time.monotonic() deadline), `stop`
         is set, or `done()` says the load is over (None)."""
         if not self._threads:

@@ -22,7 +22,7 @@ from soakmatrix.matrix.contracts.result import CellResult
 from .plan import Plan, PlannedCell, plan
 from .progress import Progress
 from .soak_specs import soak_spec_for
-from .spec import Matrix, Profile, load_matrix
+from .spec import Matrix, Profile
 
 JUNIT_EVERY_S = 10.0
 DASHBOARD_EVERY_S = 30.0

@@ -126,21 +126,6 @@ def load_checker() -> VllmArgvChecker | None:
                            build_config)
 
 
-def vllm_parser() -> tuple[Callable[[list[str]], str | None], str] | None:
-    """A function argv -> vLLM's error message (or None), and vLLM's version; None without vLLM.
-
-    The argv starts with `--model M`; the config step runs when M is a folder on this machine.
-    """
-    checker = load_checker()
-    if checker is None:
-        return None
-
-    def check(argv: list[str]) -> str | None:
-        return checker.check(argv, with_config=_has_local_config(_model_of(argv)))
-
-    return check, checker.version
-
-
 def _model_of(argv: Sequence[str]) -> str | None:
     for i, arg in enumerate(argv):
         if arg == "--model" and i + 1 < len(argv):

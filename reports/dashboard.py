@@ -32,7 +32,7 @@ from soakmatrix.matrix.contracts.outcomes import Outcome
 from soakmatrix.matrix.contracts.result import CellResult
 
 from .files import write_atomic
-from .history import CellInfo, HistoryStore, Observation, Run
+from .history import CellInfo, HistoryStore, RecordedResult, Run
 from .state import CellState, CellStatus, SignatureSummary, cell_states, new_failures, signature_summaries
 from .tables import bisection_view
 
@@ -60,14 +60,14 @@ class DashboardData:
     store: str
     runs: list[Run]
     cells: dict[str, CellInfo]
-    observations: list[Observation]
+    observations: list[RecordedResult]
     states: dict[str, CellState]
     signatures: list[SignatureSummary]
     examples: dict[str, CellResult]                       # signature -> newest result with it
     latest_findings: list[CellResult]
     bisections: list[dict]
     generated_at: float = 0.0
-    latest_obs: dict[str, Observation] = field(default_factory=dict)
+    latest_obs: dict[str, RecordedResult] = field(default_factory=dict)
 
 
 def collect(store: HistoryStore, now: float) -> DashboardData:
@@ -75,7 +75,7 @@ def collect(store: HistoryStore, now: float) -> DashboardData:
     run_ids = [r.id for r in runs]
     observations = store.observations()
     states = cell_states(run_ids, observations)
-    latest_obs: dict[str, Observation] = {}
+    latest_obs: dict[str, RecordedResult] = {}
     for ob in observations:          # run order: the last one wins
         latest_obs[ob.cell_id] = ob
     examples: dict[str, CellResult] = {}
@@ -136,7 +136,7 @@ def figures(data: DashboardData) -> dict[str, dict]:
     return {"heatmap": heatmap_figure(data), "history": history_figure(data), "runs": runs_figure(data)}
 
 
-def heat_value(state: CellState, latest: Observation | None) -> float | None:
+def heat_value(state: CellState, latest: RecordedResult | None) -> float | None:
     """Colour code of a cell: a cell that ever hung is coloured by its pooled MTTF, else by outcome."""
     if state.hangs:
         mttf = state.estimate.mttf_s or MTTF_SCALE_S[1]
@@ -368,7 +368,7 @@ def _latest_run_with_results(runs: Sequence[Run]) -> Run | None:
     return runs[-1] if runs else None
 
 
-def _cell_hover(info: CellInfo, state: CellState, latest: Observation | None) -> str:
+def _cell_hover(info: CellInfo, state: CellState, latest: RecordedResult | None) -> str:
     est = state.estimate
     lines = [info.name, f"state: {state.status.value.replace('_', ' ')}"]
     if latest is not None:

@@ -124,7 +124,7 @@ class Run:
 
 
 @dataclass(frozen=True)
-class Observation:
+class RecordedResult:
     """One result reduced to what the state machine and the heatmap need (no JSON parsing)."""
 
     run_id: str
@@ -322,14 +322,14 @@ class HistoryStore:
             rows = self._db.execute("SELECT id, name, model, gpu, flags, workload FROM cells").fetchall()
         return {r[0]: CellInfo(r[0], r[1], r[2], r[3], json.loads(r[4]), r[5]) for r in rows}
 
-    def observations(self) -> list[Observation]:
+    def observations(self) -> list[RecordedResult]:
         """Every result across runs, light (no JSON), in run order."""
         with self._lock:
             rows = self._db.execute("""
                 SELECT s.run_id, s.cell_id, s.outcome, s.signature, s.exposure_s, s.time_to_hang_s,
                        s.detector, s.gpu_hours
                 FROM results s JOIN runs r ON r.id = s.run_id ORDER BY r.seq, s.rowid""").fetchall()
-        return [Observation(r[0], r[1], Outcome(r[2]), r[3], r[4], r[5], r[6], r[7]) for r in rows]
+        return [RecordedResult(r[0], r[1], Outcome(r[2]), r[3], r[4], r[5], r[6], r[7]) for r in rows]
 
     def findings(self, run_id: str | None = None, limit_per_signature: int | None = None) -> list[tuple[str, CellResult]]:
         """(run id, result) of hangs and crashes, newest run first; optionally the newest few per signature."""

@@ -75,7 +75,7 @@ class CellState:
 
     @property
     def estimate(self) -> Estimate:
-        return mttf_estimate(self.exposure_s, self.hangs)
+        return mttf_estimate(self.hangs, self.exposure_s)
 
 
 @dataclass
@@ -90,8 +90,8 @@ class SignatureSummary:
     estimate: Estimate
 
 
-class ObservationLike(Protocol):
-    """What the state machine reads from a result (history.Observation or a CellResult-like row)."""
+class RecordedResultLike(Protocol):
+    """What the state machine reads from a result (history.RecordedResult or a CellResult-like row)."""
 
     run_id: str
     cell_id: str
@@ -101,7 +101,7 @@ class ObservationLike(Protocol):
     time_to_hang_s: float | None
 
 
-def mttf_estimate(exposure_s: float, hangs: int, confidence: float = 0.95) -> Estimate:
+def mttf_estimate(hangs: int, exposure_s: float, confidence: float = 0.95) -> Estimate:
     """Exponential model (REFERENCE.md), computed by `soakmatrix.matrix.contracts.stats`: E/r with the
     chi-square interval (2E/chi2(1-a/2, 2r), 2E/chi2(a/2, 2r+2)); with no hang only the one-sided
     lower bound (rule of three: E/3 at 95%)."""
@@ -112,7 +112,7 @@ def mttf_estimate(exposure_s: float, hangs: int, confidence: float = 0.95) -> Es
                     None if math.isinf(est.high_s) else float(est.high_s))
 
 
-def at_risk_s(ob: ObservationLike) -> float:
+def at_risk_s(ob: RecordedResultLike) -> float:
     """Exposure that counts toward MTTF: for a hang only the time under load before it began
     (`time_to_hang_s`), since the seconds between the hang and its verdict were not at risk."""
     exposure = float(ob.exposure_s or 0.0)
@@ -135,10 +135,10 @@ def classify(verdicts: Sequence[bool]) -> CellStatus:
     return CellStatus.FLAKY
 
 
-def cell_states(run_ids: Sequence[str], observations: Iterable[ObservationLike]) -> dict[str, CellState]:
+def cell_states(run_ids: Sequence[str], observations: Iterable[RecordedResultLike]) -> dict[str, CellState]:
     """Every observed cell's state over the runs (in the given order; observations of unknown runs ignored)."""
     order = {r: i for i, r in enumerate(run_ids)}
-    by_cell: dict[str, dict[str, ObservationLike]] = defaultdict(dict)
+    by_cell: dict[str, dict[str, RecordedResultLike]] = defaultdict(dict)
     for ob in observations:
         if ob.run_id in order:
             by_cell[ob.cell_id][ob.run_id] = ob
@@ -172,7 +172,7 @@ def cell_states(run_ids: Sequence[str], observations: Iterable[ObservationLike])
     return states
 
 
-def signature_summaries(run_ids: Sequence[str], observations: Iterable[ObservationLike]) -> list[SignatureSummary]:
+def signature_summaries(run_ids: Sequence[str], observations: Iterable[RecordedResultLike]) -> list[SignatureSummary]:
     """Hang and crash signatures, most hits first: cells hit, first seen, MTTF pooled over exposure."""
     order = {r: i for i, r in enumerate(run_ids)}
     obs = [ob for ob in observations if ob.run_id in order]
@@ -194,7 +194,7 @@ def signature_summaries(run_ids: Sequence[str], observations: Iterable[Observati
         cells = list(entry["cells"])
         exposure = sum(exposure_by_cell[c] for c in cells)
         out.append(SignatureSummary(signature, outcome, cells, entry["first"], entry["last"], entry["hits"],
-                                    exposure, mttf_estimate(exposure, entry["hits"])))
+                                    exposure, mttf_estimate(entry["hits"], exposure)))
     out.sort(key=lambda s: (-s.hits, s.signature))
     return out
 

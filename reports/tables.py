@@ -13,7 +13,7 @@ from soakmatrix.matrix.contracts.durations import format_duration
 from soakmatrix.matrix.contracts.flags import format_value
 from soakmatrix.matrix.contracts.outcomes import Outcome
 
-from .history import CellInfo, Observation, Run
+from .history import CellInfo, RecordedResult, Run
 from .state import CellState, CellStatus, SignatureSummary
 
 MAX_CELL_CHARS = 90
@@ -33,7 +33,7 @@ def format_table(headers: Sequence[str], rows: Iterable[Sequence[Any]], right: I
     return "\n".join(out) + "\n"
 
 
-def runs_table(runs: Sequence[Run], observations: Iterable[Observation]) -> str:
+def runs_table(runs: Sequence[Run], observations: Iterable[RecordedResult]) -> str:
     counts: dict[str, Counter] = {r.id: Counter() for r in runs}
     hours: dict[str, float] = {r.id: 0.0 for r in runs}
     for ob in observations:

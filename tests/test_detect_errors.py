@@ -1,12 +1,12 @@
 """The errors detector: every request failing is a dead engine, not a pass."""
 
 from soakmatrix.jobs.detect.errors import ErrorsDetector
-from soakmatrix.jobs.detect.protocol import Observation, StreamState
+from soakmatrix.jobs.detect.protocol import Tick, StreamState
 
 
 def observe(n, last="http 500"):
     return ErrorsDetector(max_in_a_row=20).observe(
-        Observation(now=9.0, stream=StreamState(at=9.0, consecutive_failures=n, last_error=last, last_token_at=4.0)))
+        Tick(now=9.0, stream=StreamState(at=9.0, consecutive_failures=n, last_error=last, last_token_at=4.0)))
 
 
 def test_a_run_of_server_errors_is_a_crash():

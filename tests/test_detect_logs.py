@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from soakmatrix.jobs.detect.logs import LogDetector
-from soakmatrix.jobs.detect.protocol import MetricsSample, Observation, StreamState
+from soakmatrix.jobs.detect.protocol import MetricsSample, Tick, StreamState
 
 INCIDENTS = Path(__file__).resolve().parent.parent / "fixtures" / "incidents"
 LOADED = StreamState(at=0, open_streams=3)
@@ -13,7 +13,7 @@ IDLE = StreamState(at=0, open_streams=0)
 
 
 def observe(lines, stream=LOADED, metrics=None):
-    return LogDetector().observe(Observation(now=1.0, log_lines=lines, stream=stream, metrics=metrics))
+    return LogDetector().observe(Tick(now=1.0, log_lines=lines, stream=stream, metrics=metrics))
 
 
 @pytest.mark.parametrize("name", ["seed002_shm_broadcast_timeout.log", "seed003_shm_broadcast_timeout.log",

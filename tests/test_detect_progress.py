@@ -1,7 +1,7 @@
 """The progress detector on recorded metric series (no server, no clock)."""
 
 from soakmatrix.jobs.detect.progress import ProgressDetector, parse_metrics
-from soakmatrix.jobs.detect.protocol import MetricsSample, Observation, StreamState
+from soakmatrix.jobs.detect.protocol import MetricsSample, Tick, StreamState
 
 VLLM_TEXT = """# HELP vllm:num_requests_running Number of requests in model execution batches.
 # TYPE vllm:num_requests_running gauge
@@ -35,7 +35,7 @@ def test_parse_metrics_sums_engines():
 def feed(det, series, stream=None):
     """series: (t, tokens, running) triples, one scrape each; returns the first verdict."""
     for t, tokens, running in series:
-        v = det.observe(Observation(now=t, metrics=MetricsSample(at=t, generation_tokens=tokens,
+        v = det.observe(Tick(now=t, metrics=MetricsSample(at=t, generation_tokens=tokens,
                                                                  prompt_tokens=0, running=running, waiting=0),
                                     stream=stream(t) if stream else None))
         if v:
@@ -73,7 +73,7 @@ def test_failed_scrapes_carry_no_information():
     det = ProgressDetector(floor_s=6)
     assert feed(det, [(t, 10 * t, 8) for t in range(5)]) is None
     for t in range(5, 40):   # the API server is too busy to answer /metrics
-        assert det.observe(Observation(now=t, metrics=None, scrape_error="timeout")) is None
+        assert det.observe(Tick(now=t, metrics=None, scrape_error="timeout")) is None
     # tokens moved meanwhile: the next answered scrape shows progress
     assert feed(det, [(40, 400, 8), (41, 410, 8)]) is None
 

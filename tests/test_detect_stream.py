@@ -1,12 +1,12 @@
 """The client-side stream stall detector on recorded stream states."""
 
-from soakmatrix.jobs.detect.protocol import Observation, StreamState
+from soakmatrix.jobs.detect.protocol import Tick, StreamState
 from soakmatrix.jobs.detect.stream import StreamDetector
 
 
 def run(det, states):
     for s in states:
-        v = det.observe(Observation(now=s.at, stream=s))
+        v = det.observe(Tick(now=s.at, stream=s))
         if v:
             return v
     return None

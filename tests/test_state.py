@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from soakmatrix.reports.history import Observation
+from soakmatrix.reports.history import RecordedResult
 from soakmatrix.reports.state import (
     CellStatus,
     at_risk_s,
@@ -19,7 +19,7 @@ RUNS = [f"night{i}" for i in range(1, 7)]
 CODE = {"P": "passed", "H": "hang", "C": "crash", "X": "config_error", "I": "infra_error", ".": None}
 
 
-def history(cell: str, pattern: str, signature: str = "silent_stall", exposure: float = 3600.0) -> list[Observation]:
+def history(cell: str, pattern: str, signature: str = "silent_stall", exposure: float = 3600.0) -> list[RecordedResult]:
     """`PPHPH.`: one letter per night (P passed, H hang, C crash, X config error, I infra error, . not run)."""
     out = []
     for run, letter in zip(RUNS, pattern):
@@ -27,7 +27,7 @@ def history(cell: str, pattern: str, signature: str = "silent_stall", exposure: 
         if outcome is None:
             continue
         hung = outcome == "hang"
-        out.append(Observation(run, cell, outcome, signature if outcome in ("hang", "crash") else None,
+        out.append(RecordedResult(run, cell, outcome, signature if outcome in ("hang", "crash") else None,
                                exposure if outcome != "infra_error" else 0.0, 1800.0 if hung else None))
     return out
 
@@ -94,8 +94,8 @@ def test_signature_summary_pools_mttf_over_all_exposure_of_the_cells_it_hit():
 
 
 def test_time_after_a_hang_began_is_not_exposure():
-    hung = Observation("night1", "c", "hang", "silent_stall", exposure_s=3700.0, time_to_hang_s=2200.0)
-    passed = Observation("night2", "c", "passed", None, exposure_s=3600.0, time_to_hang_s=None)
+    hung = RecordedResult("night1", "c", "hang", "silent_stall", exposure_s=3700.0, time_to_hang_s=2200.0)
+    passed = RecordedResult("night2", "c", "passed", None, exposure_s=3600.0, time_to_hang_s=None)
     assert at_risk_s(hung) == 2200.0 and at_risk_s(passed) == 3600.0
     assert cell_states(RUNS, [hung, passed])["c"].estimate.mttf_s == pytest.approx(5800.0)
 
@@ -103,12 +103,12 @@ def test_time_after_a_hang_began_is_not_exposure():
 def test_mttf_estimate_is_the_shared_statistics_module_s():
     # 3 hangs in 10 h: E/r = 3.33 h inside its interval; the interval itself is matrix.stats' to define
     from soakmatrix.matrix.contracts import stats
-    est = mttf_estimate(36_000.0, 3)
+    est = mttf_estimate(3, 36_000.0)
     ref = stats.mttf_estimate(3, 36_000.0)
     assert est.mttf_s == pytest.approx(12_000.0)
     assert (est.low_s, est.high_s) == pytest.approx((ref.low_s, ref.high_s))
     assert 3_000.0 < est.low_s < 12_000.0 < est.high_s < 100_000.0
-    none = mttf_estimate(9_000.0, 0)
+    none = mttf_estimate(0, 9_000.0)
     assert none.mttf_s is None and none.high_s is None and none.low_s == pytest.approx(3_000.0, rel=0.01)
 
 

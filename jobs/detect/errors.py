@@ -9,7 +9,7 @@ request timeouts (a hang's symptom, the stall detectors' business) do not count.
 
 from __future__ import annotations
 
-from .protocol import Observation, Verdict, register
+from .protocol import Tick, HangVerdict, register
 
 
 class ErrorsDetector:
@@ -18,11 +18,11 @@ class ErrorsDetector:
     def __init__(self, max_in_a_row: int = 20) -> None:
         self.max_in_a_row = max_in_a_row
 
-    def observe(self, obs: Observation) -> Verdict | None:
+    def observe(self, obs: Tick) -> HangVerdict | None:
         s = obs.stream
         if s is None or s.consecutive_failures < self.max_in_a_row or s.last_error == "timeout":
             return None
-        return Verdict(detector=self.name, kind="crash", at=obs.now, since=s.last_token_at,
+        return HangVerdict(detector=self.name, kind="crash", at=obs.now, since=s.last_token_at,
                        message=f"{s.consecutive_failures} requests in a row failed (last: {s.last_error})",
                        hint="engine_dead", details={"consecutive_failures": s.consecutive_failures,
                                                     "last_error": s.last_error})

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from soakmatrix.jobs.signatures import CUDA_ERROR, ENGINE_DEAD, NCCL_TIMEOUT, OOM, RPC_TIMEOUT, SHM_WARNING
 
-from .protocol import Observation, Verdict, register
+from .protocol import Tick, HangVerdict, register
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ class LogDetector:
         self.patterns = LOG_PATTERNS if patterns is None else patterns
         self.seen: list[str] = []    # every matching line, for the classifier and the report
 
-    def observe(self, obs: Observation) -> Verdict | None:
+    def observe(self, obs: Tick) -> HangVerdict | None:
         loaded = obs.stream is not None and obs.stream.open_streams > 0
         if obs.metrics is not None and (obs.metrics.running or 0) > 0:
             loaded = True
@@ -58,7 +58,7 @@ class LogDetector:
         if best is None:
             return None
         _, p, line = best
-        return Verdict(detector=self.name, kind=p.kind, at=obs.now, since=None,
+        return HangVerdict(detector=self.name, kind=p.kind, at=obs.now, since=None,
                        message=f"server log: {line.strip()[:300]}", hint=p.hint, details={"line": line.strip()})
 
 register("logs")(LogDetector)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from .protocol import MetricsSample, Observation, StallThreshold, Verdict, register
+from .protocol import MetricsSample, Tick, StallThreshold, HangVerdict, register
 
 METRIC_FIELDS = {
     # sample name (as the parser yields it) -> MetricsSample field
@@ -55,7 +55,7 @@ class ProgressDetector:
         self._busy_since: float | None = None    # first scrape of the current busy period
         self._peak_running = 0.0
 
-    def observe(self, obs: Observation) -> Verdict | None:
+    def observe(self, obs: Tick) -> HangVerdict | None:
         m = obs.metrics
         if m is None or m.generation_tokens is None:
             return None
@@ -88,7 +88,7 @@ class ProgressDetector:
         limit = self.threshold.value(waiting_prompt)
         if stalled <= limit:
             return None
-        return Verdict(
+        return HangVerdict(
             detector=self.name, kind="hang", at=obs.now, since=since,
             message=(f"generation_tokens_total flat at {m.generation_tokens:.0f} for {stalled:.1f} s "
                      f"with {m.running or 0:.0f} requests running, {m.waiting or 0:.0f} waiting "

@@ -1,8 +1,8 @@
 """The detector interface of the hang watchdog: what a detector sees, what it says, and the registry.
 
-A detector is a small pure state machine. Every tick the watchdog hands it one `Observation` (a
+A detector is a small pure state machine. Every tick the watchdog hands it one `Tick` (a
 metrics sample, the client's stream state, new log lines, the process's exit code, the clock) and
-the detector answers with a `Verdict` or None. Side effects (HTTP scrapes, reading the log, polling
+the detector answers with a `HangVerdict` or None. Side effects (HTTP scrapes, reading the log, polling
 the process, reading the clock) stay in `watchdog.py`, so detectors are tested on recorded series.
 """
 
@@ -38,7 +38,7 @@ class StreamState:
 
 
 @dataclass(frozen=True)
-class Observation:
+class Tick:
     now: float
     metrics: MetricsSample | None = None     # None: no scrape this tick, or it failed / timed out
     stream: StreamState | None = None
@@ -48,7 +48,7 @@ class Observation:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class HangVerdict:
     detector: str                            # the detector that fired
     kind: str                                # "hang" | "crash"
     at: float                                # epoch seconds when it fired
@@ -65,7 +65,7 @@ class Verdict:
 class Detector(Protocol):
     name: str
 
-    def observe(self, obs: Observation) -> Verdict | None:
+    def observe(self, obs: Tick) -> HangVerdict | None:
         """Take one tick's observation; return a verdict once this detector is sure."""
         ...
 

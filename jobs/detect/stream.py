@@ -8,7 +8,7 @@ gap) raises the threshold instead of raising an alarm.
 
 from __future__ import annotations
 
-from .protocol import Observation, StallThreshold, Verdict, register
+from .protocol import Tick, StallThreshold, HangVerdict, register
 
 
 class StreamDetector:
@@ -20,7 +20,7 @@ class StreamDetector:
         self._open_since: float | None = None    # first tick of the current period with open streams
         self._waiting_prompt = 0                 # longest prompt waiting for a first token this silence
 
-    def observe(self, obs: Observation) -> Verdict | None:
+    def observe(self, obs: Tick) -> HangVerdict | None:
         s = obs.stream
         if s is None:
             return None
@@ -45,7 +45,7 @@ class StreamDetector:
         limit = self.threshold.value(s.waiting_first_token_prompt_len)
         if silent <= limit:
             return None
-        return Verdict(
+        return HangVerdict(
             detector=self.name, kind="hang", at=obs.now, since=since,
             message=(f"no token on any of {s.open_streams} open streams for {silent:.1f} s "
                      f"(threshold {limit:.1f} s)"),

@@ -55,7 +55,3 @@ def chat_ids(messages: Any) -> list[int]:
 
 def detokenize(ids: Sequence[int]) -> str:
     return "".join(" " + VOCAB[i % len(VOCAB)] for i in ids)
-
-
-def token_text(token_id: int) -> str:
-    return " " + VOCAB[token_id % len(VOCAB)]

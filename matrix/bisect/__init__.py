@@ -118,7 +118,7 @@ class ConfigStats:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class FlagVerdict:
     element: Element
     kind: str                    # necessary | modifier | irrelevant | context
     text: str                    # e.g. "modifier x8.1 (p=0.002)"
@@ -148,7 +148,7 @@ class BisectResult:
     failing: stats.MttfEstimate | None
     minimal_mttf: stats.MttfEstimate | None
     certified_soak_s: float | None       # soak that sees the minimal set hang with prob = confidence
-    verdicts: list[Verdict]
+    verdicts: list[FlagVerdict]
     configs: list[ConfigStats]
     values: list[ValueProbe]
     probes: int
@@ -823,8 +823,8 @@ def _shrink_values(search: _Search, minimal_mask: int, alternatives: Mapping[str
 
 
 def _verdicts(search: _Search, minimal_mask: int, context: Mapping[str, Any],
-              context_elements: Sequence[Element]) -> list[Verdict]:
-    out: list[Verdict] = []
+              context_elements: Sequence[Element]) -> list[FlagVerdict]:
+    out: list[FlagVerdict] = []
     conf = search.s.confidence
     for i, e in enumerate(search.elements):
         bit = 1 << i
@@ -837,7 +837,7 @@ def _verdicts(search: _Search, minimal_mask: int, context: Mapping[str, Any],
                         f"slower than the cap)")
             else:
                 text = f"necessary (without it: MTTF > {format_duration(stats.mttf_lower_bound(exp, conf))} at {conf:.0%})"
-            out.append(Verdict(e, "necessary", text))
+            out.append(FlagVerdict(e, "necessary", text))
             continue
         with_e = [cs for m, cs in search.configs.items() if (m & minimal_mask) == minimal_mask and m & bit]
         without_e = [cs for m, cs in search.configs.items() if (m & minimal_mask) == minimal_mask and not m & bit]
@@ -847,12 +847,12 @@ def _verdicts(search: _Search, minimal_mask: int, context: Mapping[str, Any],
         if ea > 0 and eb > 0 and cmp.p_value < 1 - conf and (ha + hb) > 0:
             ratio = cmp.ratio
             shown = "inf" if math.isinf(ratio) else f"{ratio:.1f}"
-            out.append(Verdict(e, "modifier", f"modifier x{shown} (p={cmp.p_value:.2g})", ratio, cmp.p_value))
+            out.append(FlagVerdict(e, "modifier", f"modifier x{shown} (p={cmp.p_value:.2g})", ratio, cmp.p_value))
         else:
             p = f"p={cmp.p_value:.2g}" if ea > 0 and eb > 0 else "not compared"
-            out.append(Verdict(e, "irrelevant", f"irrelevant ({p})", cmp.ratio, cmp.p_value))
+            out.append(FlagVerdict(e, "irrelevant", f"irrelevant ({p})", cmp.ratio, cmp.p_value))
     for e in context_elements:
-        out.append(Verdict(e, "context", f"context (fixed at {e.value!r}: {context.get(e.name, '')})"))
+        out.append(FlagVerdict(e, "context", f"context (fixed at {e.value!r}: {context.get(e.name, '')})"))
     return out
 
 
