@@ -15,7 +15,7 @@ from typing import Any, Callable, Mapping, TypeVar
 
 from soakmatrix.matrix.spec import GpuType
 
-from . import ACCELERATOR_PREFIX
+from .placement import ACCELERATOR_PREFIX
 
 ADDRESS_ENV = "RAY_ADDRESS"
 T = TypeVar("T")
