@@ -23,7 +23,9 @@ import psutil
 import pytest
 
 from soakmatrix.fixtures import fault_plugin as fp
-from soakmatrix.matrix.contracts.hangmodel import load_hang_model
+from soakmatrix.jobs import hang_arming
+from soakmatrix.jobs.sim import hangs as sim_hangs
+from soakmatrix.matrix.contracts.hangmodel import STYLE_SIGNATURE, load_hang_model
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -108,6 +110,33 @@ def test_draws_are_exponential_and_reproducible():
     assert sum(draws) / len(draws) == pytest.approx(50.0, rel=0.06)
     assert fp.draw_fires_after(7, "0", "x", 50.0) == draws[0]
     assert fp.draw_fires_after(8, "0", "x", 50.0) != draws[0]
+
+
+def test_the_plugin_and_the_simulated_engine_arm_alike(tmp_path):
+    """One arming (jobs/hang_arming.py): for one model, flags, GPU and seed both sides carry the same
+    hangs with the same MTTFs, each drawn by the shared draw in that side's own RNG namespace."""
+    path = tmp_path / "h.yaml"
+    path.write_text(textwrap.dedent("""\
+        seed: 5
+        hangs:
+          - {id: a, style: silent_stall, when: {prefix_caching: false}, mttf_s: 100,
+             modifiers: [{when: {enforce_eager: true}, mttf_factor: 8}]}
+          - {id: b, style: shm_broadcast, when: {tp: 1}, min_running: 2, mttf_s: 300}
+          - {id: c, style: event_sync_stall, when: {prefix_caching: false}, gpu: [H200], mttf_s: 60}
+          - {id: d, style: crash, when: {cudagraph_mode: NONE}, mttf_s: 50}
+          - {id: e, style: silent_stall, when: {async_scheduling: true}, mttf_s: 50}
+        """))
+    model = load_hang_model(path)
+    flags = fp.canonical_flags(config())
+    for gpu in (None, "H200"):
+        for seed in (0, 9):
+            sim = sim_hangs.arm(model, flags, gpu, seed)
+            plugin = fp.arm(model, flags, gpu, tuple(STYLE_SIGNATURE), str(seed))
+            assert [(a.hang.id, a.mttf_s) for a in plugin] == [(a.hang.id, a.mttf_s) for a in sim]
+            assert [a.hang.id for a in sim] == (["a", "b", "c", "d"] if gpu else ["a", "b", "d"])
+            for namespace, armed in ((sim_hangs.RNG_NAMESPACE, sim), (fp.RNG_NAMESPACE, plugin)):
+                shared = hang_arming.arm(model, flags, gpu, seed, namespace)
+                assert [a.fires_after_s for a in armed] == [a.fires_after_s for a in shared]
 
 
 def test_site_fires_once_and_writes_the_hang_record(tmp_path, monkeypatch):

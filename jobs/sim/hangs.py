@@ -1,40 +1,36 @@
 """When the simulated engine hangs: exponential time to hang, accrued only under enough load.
 
-Each hang of the hang model whose `when` matches the engine's (default-filled) flags and GPU is
-*armed* with its own time to hang, drawn once from an exponential distribution whose mean is
-`Hang.effective_mttf_s(flags)` (the modifiers applied) divided by the time scale. The draw uses a
-seeded RNG (the hang model's `seed`, the engine's `--seed` and the hang's id), so one command line
-always hangs at the same point of its load. A hang's clock runs only while at least its
-`min_running` requests are running; the first hang whose clock passes its draw fires.
+Arming is shared with the fault plugin (`jobs/hang_arming.py`): each hang of the hang model whose
+`when` matches the engine's (default-filled) flags and GPU gets its own time to hang, drawn once with
+mean `Hang.effective_mttf_s(flags)` divided by the time scale, from an RNG seeded by the hang
+model's `seed`, the engine's `--seed` and the hang's id, so one command line always hangs at the same
+point of its load. What is the simulator's own is the clock: a hang's runs only while at least its
+`min_running` requests are running, and the first hang whose clock passes its draw fires.
 """
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
+from soakmatrix.jobs import hang_arming
 from soakmatrix.matrix.contracts import flags as flagmod
 from soakmatrix.matrix.contracts.hangmodel import Hang, HangModel
 
-
-def hang_rng(model_seed: int, seed: int, hang_id: str) -> random.Random:
-    return random.Random(f"soakmatrix-sim-hang:{model_seed}:{seed}:{hang_id}")
+RNG_NAMESPACE = "soakmatrix-sim-hang"
 
 
 def draw_time_to_hang(hang: Hang, flags: Mapping[str, object], model_seed: int, seed: int,
                       time_scale: float = 1.0) -> float:
     """Wall seconds of qualifying load before `hang` fires (exponential, mean MTTF / time_scale)."""
-    full = flagmod.resolve_defaults(flags)
-    mttf = hang.effective_mttf_s(full)
-    return hang_rng(model_seed, seed, hang.id).expovariate(1.0 / mttf) / time_scale
+    mttf = hang.effective_mttf_s(flagmod.resolve_defaults(flags))
+    return hang_arming.draw_exposure(RNG_NAMESPACE, model_seed, seed, hang.id, mttf, time_scale)
 
 
 @dataclass
-class ArmedHang:
-    hang: Hang
-    mttf_s: float          # effective MTTF, unscaled (seconds of engine time)
-    fires_after_s: float   # wall seconds of qualifying load (scaled)
+class ArmedHang(hang_arming.Arming):
+    """An armed hang (`mttf_s` in engine seconds, `fires_after_s` in scaled wall seconds) and its clock."""
+
     accrued_s: float = 0.0
 
     @property
@@ -45,11 +41,8 @@ class ArmedHang:
 def arm(model: HangModel, flags: Mapping[str, object], gpu: str | None, seed: int,
         time_scale: float = 1.0) -> list[ArmedHang]:
     full = flagmod.resolve_defaults(flags)
-    armed = []
-    for hang in model.active(full, gpu or None):
-        armed.append(ArmedHang(hang, hang.effective_mttf_s(full),
-                               draw_time_to_hang(hang, full, model.seed, seed, time_scale)))
-    return armed
+    return [ArmedHang(a.hang, a.mttf_s, a.fires_after_s)
+            for a in hang_arming.arm(model, full, gpu, seed, RNG_NAMESPACE, time_scale=time_scale)]
 
 
 class HangClock:
