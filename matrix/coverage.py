@@ -12,6 +12,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from covertable import Controller
 
+from .constraints import CONSTRAINTS, rule_matches
 from .spec import CELL_KEYS, Matrix
 
 
@@ -49,8 +50,6 @@ def _checks(keys: Sequence[str], matrix: Matrix | None,
     """(keys read, predicate) pairs: as fine-grained as the matrix allows, else one over all keys."""
     if matrix is None:
         return [(tuple(keys), allowed)]
-    from .plan import CONSTRAINTS, rule_matches
-
     out: list[tuple[tuple[str, ...], Callable]] = []
     for rule in matrix.exclude:
         read = tuple(k for k in rule if k in keys)

@@ -5,8 +5,9 @@ import textwrap
 
 import pytest
 
+from soakmatrix.matrix.constraints import rule_matches, violations
 from soakmatrix.matrix.coverage import covering_array, uncovered_tuples
-from soakmatrix.matrix.plan import factors_of, plan, rule_matches, violations
+from soakmatrix.matrix.plan import factors_of, plan
 from soakmatrix.matrix.spec import load_matrix
 
 TEXT = textwrap.dedent("""\

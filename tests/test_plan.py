@@ -5,7 +5,8 @@ import textwrap
 
 import pytest
 
-from soakmatrix.matrix.plan import apply_exclude, apply_include, plan
+from soakmatrix.matrix.constraints import apply_exclude, apply_include
+from soakmatrix.matrix.plan import plan
 from soakmatrix.matrix.spec import SpecError, load_matrix
 
 
