@@ -1,13 +1,14 @@
-"""The matrix file: frozen dataclasses and a loader that reports every error at once.
+"""The matrix file: a loader that reports every error at once.
 
 A matrix file names models, GPU types, flag axes, include/exclude rules (GitHub Actions semantics),
 workloads, profiles and the baseline (each flag's neutral value, used by bisection). `load_matrix`
-returns a `Matrix` or raises `SpecError` listing every problem with its file, line and key.
+returns a `Matrix` or raises `SpecError` listing every problem with its file, line and key. The
+frozen dataclasses it builds live in `spec_types` and are re-exported here, as are the duration
+helpers, so `matrix.spec` stays the one place to import a matrix's names from.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -16,82 +17,10 @@ from .contracts.durations import format_duration, parse_duration
 from .contracts.flags import Flag
 from .contracts.workloads import WORKLOAD_KINDS, Workload, check_param, params_of
 from .contracts.yamlsrc import Source, SpecError, load
+from .spec_types import CELL_KEYS, GpuType, Matrix, Model, Profile, SimSettings
 
 __all__ = ["Model", "GpuType", "Workload", "Profile", "SimSettings", "Matrix", "load_matrix",
            "parse_duration", "format_duration", "SpecError", "CELL_KEYS"]
-
-# Keys of include/exclude entries that are not flags.
-CELL_KEYS = ("model", "gpu", "workload")
-
-@dataclass(frozen=True)
-class Model:
-    name: str
-    path: str
-    weights_gb: float = 0.0
-    mtp_head: bool = False
-    moe: bool = False
-    args: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class GpuType:
-    name: str
-    count: int                 # GPUs per node
-    memory_gb: float
-    ray_label: str             # Ray's accelerator_type label, e.g. H200 or GeForce-RTX-5090
-
-
-@dataclass(frozen=True)
-class Profile:
-    name: str
-    coverage: int | None       # None: the full product; t: a t-way covering array
-    soak_s: float
-    workloads: tuple[str, ...]
-    budget_gpu_hours: float | None = None
-    models: tuple[str, ...] | None = None
-    gpus: tuple[str, ...] | None = None
-    startup_s: float = 600.0   # expected start-up per cell, counted in GPU-hours
-    retries: int = 2           # infra errors retried this many times
-    cap_s: float | None = None  # hard cap per cell; default soak + start-up + 10 min
-
-
-@dataclass(frozen=True)
-class SimSettings:
-    hang_model: str | None = None   # absolute path, or None for a healthy engine
-    time_scale: float = 1.0
-
-
-@dataclass(frozen=True)
-class Matrix:
-    file: str
-    name: str
-    models: Mapping[str, Model]
-    gpus: Mapping[str, GpuType]
-    axes: Mapping[str, tuple[Any, ...]]
-    include: tuple[Mapping[str, Any], ...]
-    exclude: tuple[Mapping[str, Any], ...]
-    workloads: Mapping[str, Workload]
-    profiles: Mapping[str, Profile]
-    baseline: Mapping[str, Any]
-    registry: Mapping[str, Flag]
-    sim: SimSettings = field(default_factory=SimSettings)
-    source_dependencies: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-    include_lines: tuple[int, ...] = ()
-
-    def profile(self, name: str | None) -> Profile:
-        """The named profile; without a name, the only one or the first."""
-        if name is None:
-            return next(iter(self.profiles.values()))
-        if name not in self.profiles:
-            raise SpecError([_problem(self.file, 0, "profiles",
-                                      f"no profile {name!r}; known: {', '.join(self.profiles) or 'none'}")])
-        return self.profiles[name]
-
-
-def _problem(file: str, line: int, key: str, message: str):
-    from soakmatrix.matrix.contracts.yamlsrc import Problem
-    return Problem(file, line, key, message)
-
 
 TOP_KEYS = {"name", "description", "models", "gpus", "axes", "include", "exclude", "workloads", "profiles",
             "baseline", "flags", "sim", "source_dependencies"}
@@ -110,6 +39,9 @@ def load_matrix(path: str | Path, text: str | None = None, registry: Mapping[str
 
 
 class _Builder:
+    """Builds a Matrix section by section, recording every problem in the source instead of
+    stopping at the first, so one run of `plan` names them all."""
+
     def __init__(self, src: Source, registry: dict[str, Flag]):
         self.src = src
         self.registry = registry
