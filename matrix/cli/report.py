@@ -12,6 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from soakmatrix.matrix.arguments import count
 from soakmatrix.matrix.contracts.outcomes import EXIT_OK, EXIT_USAGE
 
 HELP = ("Print what a history store knows (runs, failing and flaky cells, hang signatures, bisections), "
@@ -25,7 +26,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--junit", metavar="FILE", help="write the run's JUnit XML here")
     parser.add_argument("--merge", nargs="+", metavar="XML", help="JUnit files to merge (needs -o)")
     parser.add_argument("-o", "--output", metavar="OUT.xml", help="where --merge writes")
-    parser.add_argument("--limit", type=int, default=50, help="rows of the cells table (default 50)")
+    parser.add_argument("--limit", type=count, default=50, help="rows of the cells table (default 50)")
 
 
 def main(args: argparse.Namespace) -> int:

@@ -10,8 +10,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from soakmatrix.matrix.arguments import positive_number
 from soakmatrix.matrix.contracts.outcomes import EXIT_OK
-from soakmatrix.matrix.contracts.yamlsrc import Problem
+from soakmatrix.matrix.contracts.yamlsrc import LIMITS, Problem, decode, read_text
 from soakmatrix.matrix.run import add_run_options, execute, make_plan
 from soakmatrix.matrix.smoke_selection import (
     cells_touching,
@@ -33,7 +34,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--changed-files", metavar="FILE|-",
                         help="paths changed by the PR, one per line (`git diff --name-only`); - reads stdin")
     parser.add_argument("--fail-fast", action="store_true", help="cancel the rest at the first hang or crash")
-    parser.add_argument("--budget", type=float, metavar="GPU_HOURS",
+    parser.add_argument("--budget", type=positive_number, metavar="GPU_HOURS",
                         help="GPU-hour budget (default: the profile's budget_gpu_hours)")
 
 
@@ -44,20 +45,23 @@ def profile_name(matrix: Matrix, requested: str | None) -> str | None:
 
 
 def read_changed(source: str) -> list[str]:
+    """The changed-files list, read within the same limits as every input file (size, UTF-8, no NUL)."""
     if source == "-":
-        return read_changed_files(sys.stdin.read())
-    try:
-        with open(source, encoding="utf-8") as fh:
-            return read_changed_files(fh.read())
-    except OSError as exc:
-        raise SpecError([Problem(source, 0, "--changed-files", f"cannot read: {exc.strerror}")]) from exc
+        name, raw = "<stdin>", sys.stdin.buffer.read(LIMITS.max_bytes + 1)
+        if len(raw) > LIMITS.max_bytes:
+            raise SpecError([Problem(name, 0, "--changed-files", f"more than {LIMITS.max_bytes // 1024} KiB")])
+        text = decode(name, raw)
+    else:
+        name, text = source, read_text(source, what="changed-files list")
+    if "\x00" in text:
+        line = text.count("\n", 0, text.index("\x00")) + 1
+        raise SpecError([Problem(name, line, "--changed-files", "a NUL byte: not a list of paths")])
+    return read_changed_files(text)
 
 
 def main(args: argparse.Namespace) -> int:
     matrix = load_matrix(args.matrix)
     profile = matrix.profile(profile_name(matrix, args.profile))
-    if args.budget is not None and args.budget <= 0:
-        raise SpecError([Problem("<command line>", 0, "--budget", f"must be > 0 GPU-hours, got {args.budget:g}")])
     cells = make_plan(matrix, profile, args.backend).cells
     out = sys.stderr
     focus: set[str] = set()

@@ -167,7 +167,11 @@ def _hang(src: Source, path: tuple, entry: Any, registry: Mapping[str, Flag]) ->
     gpu = entry.get("gpu")
     if gpu is not None:
         gpu = gpu if isinstance(gpu, list) else [gpu]
-        if not all(isinstance(g, str) for g in gpu):
+        if not gpu:
+            # an empty list would match no GPU (the hang never fires), or read as "every GPU"
+            src.error(path + ("gpu",), "an empty list matches no GPU; leave `gpu` out to match every GPU type")
+            gpu = None
+        elif not all(isinstance(g, str) and g for g in gpu):
             src.error(path + ("gpu",), "expected a GPU type or a list of them")
             gpu = None
     min_running = entry.get("min_running", 1)
