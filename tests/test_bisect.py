@@ -5,20 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from soakmatrix.matrix.bisect import (
-    CAP_RISE,
-    Element,
-    Settings,
-    _ModifierModel,
-    _recheck_members,
-    _Search,
-    bisect,
-    default_cap,
-    exposure_until,
-    p_as_fast,
-)
+from soakmatrix.matrix.bisect import CAP_RISE, Element, Settings, bisect, default_cap, exposure_until, p_as_fast
 from soakmatrix.matrix.bisect.oracle import Probe, ProbeResult
 from soakmatrix.matrix.bisect.oracle_virtual import VirtualOracle
+from soakmatrix.matrix.bisect.ratecheck import ModifierModel, recheck_members
+from soakmatrix.matrix.bisect.search import Search
 from soakmatrix.matrix.contracts import flags as flagmod
 from soakmatrix.matrix.contracts.hangmodel import Hang, HangModel, Modifier
 
@@ -276,7 +267,7 @@ def test_a_flag_without_which_the_hang_is_slower_than_the_cap_joins_the_set():
 
 def _search_with(data: dict[int, tuple[int, float]], n: int = 4, oracle=None,
                  settings: Settings = Settings(confidence=0.99)):
-    search = _Search(failing(n), elements(n), oracle, settings, None, None, lambda f: 1, None)
+    search = Search(failing(n), elements(n), oracle, settings, None, None, lambda f: 1, None)
     search.initial_cap = 20 * MTTF
     for mask, (hangs, exposure) in data.items():
         cs = search.stats_of(mask)
@@ -288,15 +279,15 @@ def test_rate_check_model_names_the_flag_the_rate_needs():
     # the set is {f0}; configs with f2 hang once per MTTF, configs without it once per 8 MTTF
     slow_without_f2 = _search_with({0b1111: (10, 10 * MTTF), 0b0101: (5, 5 * MTTF),
                                     0b1011: (2, 16 * MTTF), 0b0001: (1, 8 * MTTF)})
-    model = _ModifierModel(slow_without_f2, 0b0001, [1, 2, 3], None)
+    model = ModifierModel(slow_without_f2, 0b0001, [1, 2, 3], None)
     assert model.needed[1] > 0.99 and model.p_enough < 0.01       # candidate index 1 is f2
     assert model.caps[1] < 8 * MTTF
     # the same exposure with the rate unchanged without f2: the set is enough
     same_rate = _search_with({0b1111: (10, 10 * MTTF), 0b0101: (5, 5 * MTTF),
                               0b1011: (16, 16 * MTTF), 0b0001: (8, 8 * MTTF)})
-    assert _ModifierModel(same_rate, 0b0001, [1, 2, 3], None).p_enough > 0.99
+    assert ModifierModel(same_rate, 0b0001, [1, 2, 3], None).p_enough > 0.99
     # with an explicit cap above the slowed MTTF, f2 only modifies the rate
-    generous = _ModifierModel(slow_without_f2, 0b0001, [1, 2, 3], 100 * MTTF)
+    generous = ModifierModel(slow_without_f2, 0b0001, [1, 2, 3], 100 * MTTF)
     assert generous.p_enough > 0.99
 
 
@@ -304,21 +295,21 @@ def test_the_set_is_enough_only_with_evidence_against_the_mildest_needed_slowdow
     # the set {f0} alone hung twice in half an MTTF: the posterior (prior 0.7 on "no flag needed")
     # is past 0.99, but an x8 modifier left out would show that now and then by luck; the guard
     # wants a Bayes factor of 2 / alpha for "at most x2 slower" against "x6 slower without the flag"
-    lucky = _ModifierModel(_search_with({0b1111: (10, 10 * MTTF), 0b0001: (2, 0.5 * MTTF)}), 0b0001, [1, 2, 3], None)
+    lucky = ModifierModel(_search_with({0b1111: (10, 10 * MTTF), 0b0001: (2, 0.5 * MTTF)}), 0b0001, [1, 2, 3], None)
     assert lucky.p_enough >= 0.99
     assert not lucky.enough(0.01)
     # ten hangs of the set alone at the pooled rate settle it
-    settled = _ModifierModel(_search_with({0b1111: (10, 10 * MTTF), 0b0001: (10, 10 * MTTF)}), 0b0001, [1, 2, 3],
+    settled = ModifierModel(_search_with({0b1111: (10, 10 * MTTF), 0b0001: (10, 10 * MTTF)}), 0b0001, [1, 2, 3],
                              None)
     assert settled.enough(0.01)
     # with a cap far above any slowdown of the grid no flag can be needed: no guard
-    generous = _ModifierModel(_search_with({0b1111: (10, 10 * MTTF), 0b0001: (2, 0.5 * MTTF)}), 0b0001, [1, 2, 3],
+    generous = ModifierModel(_search_with({0b1111: (10, 10 * MTTF), 0b0001: (2, 0.5 * MTTF)}), 0b0001, [1, 2, 3],
                               1000 * MTTF)
     assert generous.enough(0.01)
     # a modifier prior of 0 turns the rate check off, guard included
     off = _search_with({0b1111: (10, 10 * MTTF), 0b0001: (2, 0.5 * MTTF)},
                        settings=Settings(confidence=0.99, modifier_prior=0.0))
-    assert _ModifierModel(off, 0b0001, [1, 2, 3], None).enough(0.01)
+    assert ModifierModel(off, 0b0001, [1, 2, 3], None).enough(0.01)
 
 
 class ModifierOracle:
@@ -348,14 +339,14 @@ def test_after_the_rate_check_adds_a_flag_each_flag_of_the_search_is_asked_again
     for seed in range(5):
         notes: list[str] = []
         search = _search_with(data, oracle=ModifierOracle(seed))
-        grown, decided = _recheck_members(search, 0b0011, 0b0111, None, notes)
+        grown, decided = recheck_members(search, 0b0011, 0b0111, None, notes)
         assert decided and grown == 0b0101, (seed, notes)
         assert any(note.startswith("f1 is not needed once f2 is in the set") for note in notes)
         assert search.probes <= 20
     # had f1's absence passed 20 MTTFs with f2 on, it would stay, and no probe is needed to say so
     kept = {**data, 0b1101: (0, 20 * MTTF)}
     search = _search_with(kept, oracle=ModifierOracle(0))
-    assert _recheck_members(search, 0b0011, 0b0111, None, []) == (0b0111, True)
+    assert recheck_members(search, 0b0011, 0b0111, None, []) == (0b0111, True)
     assert search.probes == 0
 
 

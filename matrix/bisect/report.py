@@ -8,7 +8,7 @@ from typing import Any
 from soakmatrix.matrix.contracts.durations import format_duration
 from soakmatrix.matrix.contracts.flags import format_value
 
-from . import BisectResult
+from .model import BisectResult
 
 
 def _dur(seconds: float | None) -> str:

@@ -1,0 +1,205 @@
+"""Ablation, the search's first way: the failing cell without each flag in turn.
+
+A hang drops the flag (the rest still holds the trigger, and the hang pools into the rate); a
+removal that does not hang keeps it. Baseline + the kept flags must hang (certification); each kept
+flag's absence is screened at a loose level; the rate check (ratecheck.py) runs on that set; then
+each kept flag's absence is soaked until it rejects "as fast as the configs with the set" at
+alpha / (3 n), on its own evidence. That is the shape of the lower bound (bound.py): the evidence
+against "one flag fewer is enough" is the cost any procedure pays, and ablation spends little else.
+When ablation cannot decide, the posterior search (search.py) goes on from every probe so far.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from soakmatrix.matrix.contracts import stats
+
+from .posterior import exposure_until, p_as_fast
+from .ratecheck import rate_check
+
+if TYPE_CHECKING:
+    from .search import Search
+
+ABLATION_STAGE_MTTFS = 5.0  # an ablation soak: at most this many MTTFs read from every probe so far
+SCREEN_LEVEL = 0.02        # a kept flag's absence is screened at this level before the rate check
+NECESSITY_SPLIT = 3.0      # ablation keeps a flag once its absence rejects "as fast" at alpha / (this x n)
+CERTIFICATION_SOAKS = 2    # soaks of baseline + the kept flags before asking the rate check why it does not hang
+RESCUE_PROBES = 12         # the rate check's probes for a kept set that does not hang (else: two triggers)
+
+
+def ablation_search(search: Search) -> int | None:
+    """Soak the failing cell without each flag in turn: a hang drops the flag (what is left
+    still holds the trigger), a removal that does not hang keeps it. Then baseline + the kept
+    flags must hang (certification); every kept flag's absence is screened at a loose level
+    (an innocent flag kept by an unlucky first soak hangs here); the rate check looks for a
+    flag outside the set that the rate needs; and each kept flag's absence is soaked until it
+    rejects "as fast as the configs with the set" at alpha / (3 n) (NECESSITY_SPLIT).
+
+    Returns the kept set, or None when ablation cannot decide (a removal that cannot run,
+    every removal hanging, a kept set that does not hang and the rate check cannot say why:
+    two triggers), for the posterior search to go on from, with every probe's data."""
+    s = search.s
+    keep = _ablate_each(search)
+    if keep is None:
+        return None
+    level = search.alpha / max(search.n, 1) / NECESSITY_SPLIT
+    guarded = s.modifier_prior <= 0      # the rate check runs once, between screen and necessity
+    rescued: set[int] = set()
+    while not search.over_budget():
+        H, E = _pool(search, keep)
+        search.track_cap(H, E)
+        narrow = search.stats_of(keep)
+        if narrow.hangs == 0:
+            if keep == 0:
+                return _give_up(search, "every flag's removal still hung: two triggers, or the baseline hangs")
+            if not search.runnable[keep]:
+                return _give_up(search, "baseline + the kept flags cannot run")
+            if narrow.probes < CERTIFICATION_SOAKS:
+                _certify(search, keep, H, E)
+                continue
+            # baseline + the set is slower than the configs with more flags: one of those is
+            # needed for the rate (a modifier the cap makes part of the set) or holds a second
+            # trigger; the rate check gets a few probes to find the first
+            if keep in rescued:
+                return _give_up(search, "baseline + the kept flags does not hang")
+            rescued.add(keep)
+            notes: list[str] = []
+            grown, rate_cap = rate_check(search, keep, s.mttf_cap_s, notes, RESCUE_PROBES)
+            if grown == keep or rate_cap is None:
+                return _give_up(search, "baseline + the kept flags does not hang, and no one flag more makes it")
+            search.notes += notes
+            search.rate_added |= grown & ~keep
+            keep = grown
+            continue
+        goal = level if guarded else SCREEN_LEVEL
+        dropped, todo = _unrefuted(search, keep & ~search.rate_added, keep, H, E, goal)
+        if dropped:
+            keep &= ~dropped
+            continue
+        if not todo and not guarded:
+            guarded = True
+            grown, _ = rate_check(search, keep, s.mttf_cap_s, search.notes)
+            search.rate_added |= grown & ~keep
+            keep = grown
+            continue
+        if not todo:
+            return keep
+        # with fewer flags to soak than --parallel, each flag's exposure is split over copies
+        width = max(1, s.parallel)
+        todo = todo[:width]
+        batch = []
+        for i, (j, need) in enumerate(todo):
+            n_copies = len(range(i, width, len(todo)))       # the width dealt out round-robin
+            target = search.full & ~(1 << j)
+            if not search.runnable[target]:
+                target = keep & ~(1 << j)
+            if not search.runnable[target]:
+                return _give_up(search, f"no config without {search.elements[j].name} can run")
+            soak = max(min(need / n_copies, _stage(search, target)), s.startup_s)
+            batch += [(target, soak, "search")] * n_copies
+        search.run(batch)
+    return None
+
+
+def _ablate_each(search: Search) -> int | None:
+    """The first round: the failing cell without each flag, one soak each (ABLATION_STAGE_MTTFS x
+    the MTTF read so far, never longer than a config at the cap needs to show itself).
+    Returns the flags whose removal did not hang, or None if a removal cannot run."""
+    s = search.s
+    keep = search.full
+    longest = stats.soak_for_detection(search.post.cap, 1 - search.alpha / max(search.n, 1))
+    untested = list(range(search.n))
+    while untested and not search.over_budget():
+        soak = max(min(_stage(search), longest), s.startup_s)
+        batch = []
+        for j in untested[:max(1, s.parallel)]:
+            target = search.full & ~(1 << j)
+            if not search.runnable[target]:
+                return _give_up(search, f"the failing cell without {search.elements[j].name} cannot run")
+            batch.append((target, soak, "search"))
+        del untested[:len(batch)]
+        for mask, result in search.run(batch):
+            if result.hung_with(search.signature):
+                keep &= mask
+    return keep
+
+
+def _certify(search: Search, keep: int, H: float, E: float) -> None:
+    """Soak baseline + the kept flags long enough to see it hang if it is as fast as the
+    configs with more flags (the slower of the pooled MTTF and the one read from every probe)."""
+    mttf = max(E / max(H, 1.0), _stage(search) / ABLATION_STAGE_MTTFS)
+    soak = min(stats.soak_for_detection(mttf, 1 - search.alpha / 2),
+               stats.soak_for_detection(search.post.cap, 1 - search.alpha / 2))
+    soak = max(soak, 2.0 * search.stats_of(keep).longest_s)
+    search.stats_of(keep).role = "certification"
+    search.run([(keep, max(soak, search.s.startup_s), "certification")])
+
+
+def _unrefuted(search: Search, flags: int, keep: int, H: float, E: float,
+               goal: float) -> tuple[int, list[tuple[int, float]]]:
+    """Of `flags` (all in `keep`): those whose absence was seen to hang (to drop), and the
+    others whose absence has not yet rejected "as fast as the configs with `keep`" at `goal`,
+    with the exposure still needed, fewest first."""
+    dropped, todo = 0, []
+    for j in range(search.n):
+        bit = 1 << j
+        if not flags & bit:
+            continue
+        h, e = _lacking(search, keep, bit)
+        if h > 0:
+            dropped |= bit
+        elif p_as_fast(0, e, H, E) > goal:
+            todo.append((j, exposure_until(0, e, H, E, goal) - e))
+    return dropped, sorted(todo, key=lambda t: t[1])
+
+
+def _stage(search: Search, mask: int | None = None) -> float:
+    """The longest soak the ablation gives one config at a time: ABLATION_STAGE_MTTFS x an MTTF
+    that neither lucky early hangs nor the kept flags' passes can pull far off, and at least
+    twice `mask`'s longest soak so far: a hang that needs a long unbroken run under load (seed
+    000 came hours into a chat) is never seen by soaks that stay short, however many.
+
+    The MTTF is the rate's maximum likelihood over every hang so far, each hang's time read as
+    truncated at its probe's soak (a probe stopped at its soak could only have hung within it:
+    read plainly, short soaks make the rate look fast, and short soaks come from a fast-looking
+    rate). Passes do not count, since a kept flag's removal never hangs; the MTTF read from
+    every probe, passes included, bounds it from above. An innocent flag's removal then rarely
+    passes a stage; such a pass would keep the flag, and its exposure out of the pooled rate."""
+    again = 2.0 * search.configs[mask].longest_s if mask in search.configs else 0.0
+    hangs = [(r.exposure_s, r.probe.soak_s) for r in search.log if r.hung_with(search.signature)]
+    everything = sum(cs.exposure_s for cs in search.configs.values())
+    slowest = everything / max(len(hangs), 1)
+    if not hangs:
+        return max(ABLATION_STAGE_MTTFS * slowest, again)
+    t = np.array([h[0] for h in hangs])
+    soak = np.array([max(h[1], h[0]) for h in hangs])
+    rate = len(hangs) / max(float(t.sum()), 1e-9)
+    for _ in range(50):
+        # d/d rate of sum(ln rate - rate t - ln(1 - exp(-rate soak))) = 0, as a fixed point
+        correction = soak / np.expm1(np.minimum(rate * soak, 700.0))
+        new_rate = len(hangs) / float((t + correction).sum())
+        if abs(new_rate - rate) <= 1e-9 * rate:
+            break
+        rate = new_rate
+    return max(ABLATION_STAGE_MTTFS * min(1.0 / max(rate, 1e-12), slowest), again)
+
+
+def _pool(search: Search, keep: int) -> tuple[float, float]:
+    """Hangs and exposure pooled over every config that contains `keep`."""
+    rows = [cs for m, cs in search.configs.items() if (m & keep) == keep]
+    return float(sum(cs.hangs for cs in rows)), float(sum(cs.exposure_s for cs in rows))
+
+
+def _lacking(search: Search, keep: int, bit: int) -> tuple[int, float]:
+    """Hangs and exposure pooled over every config that contains `keep` but for `bit`."""
+    rest = keep & ~bit
+    rows = [cs for m, cs in search.configs.items() if (m & rest) == rest and not m & bit]
+    return sum(cs.hangs for cs in rows), sum(cs.exposure_s for cs in rows)
+
+
+def _give_up(search: Search, why: str) -> None:
+    search.gave_up = why
+    return None

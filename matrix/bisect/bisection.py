@@ -1,0 +1,120 @@
+"""The bisection from start to end: calibrate, search, check the cap and the rate, certify the set,
+shrink its values, and write the result with a verdict per flag.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from soakmatrix.matrix.contracts import stats
+
+from .model import BisectResult, Element, FeasibleFn, GpuCountFn, Settings, ValueProbe, default_cap, default_gpu_count
+from .oracle import ProbeOracle
+from .posterior import Posterior
+from .ratecheck import drop_modifiers, rate_check, recheck_members, soak_the_set_alone
+from .search import Search
+from .verdicts import flag_verdicts, shrink_values
+
+
+def bisect(failing_flags: Mapping[str, Any], elements: Sequence[Element], oracle: ProbeOracle,
+           settings: Settings = Settings(), *, signature: str | None = None,
+           context: Mapping[str, str] | None = None, context_elements: Sequence[Element] = (),
+           alternatives: Mapping[str, Sequence[Any]] | None = None,
+           feasible: FeasibleFn | None = None, gpu_count: GpuCountFn = default_gpu_count,
+           progress: Callable[[str], None] | None = None) -> BisectResult:
+    """Find the smallest set of `elements` that, over the baseline, hangs like the failing cell.
+
+    `failing_flags` is the failing cell's full flag dict; `elements` the flags that may move to
+    their baseline value; `context` names flags that cannot move and why (`context_elements`).
+    `alternatives[name]` lists values to try, in order toward the baseline, once the set is known.
+    `signature`: count only hangs with this signature (default: the calibration's first hang).
+    """
+    s = settings
+    if s.verify_cap is None:
+        s = replace(s, verify_cap=s.mttf_cap_s is not None)
+    search = Search(failing_flags, elements, oracle, s, signature, feasible, gpu_count, progress)
+    ok, cal_soak = search.calibrate()
+    cal = search.stats_of(search.full)
+    failing_est = cal.mttf(s.confidence) if cal.exposure_s > 0 else None
+
+    def result(status: str, minimal_mask: int = 0, p: float = 0.0, notes: list[str] | None = None,
+               values: list[ValueProbe] | None = None, cap: float = math.nan,
+               minimal_est=None, certified=None, verdicts=None) -> BisectResult:
+        return BisectResult(
+            status=status, signature=search.signature, elements=list(elements), context=dict(context or {}),
+            minimal=[e.name for i, e in enumerate(elements) if minimal_mask >> i & 1], posterior=p,
+            confidence=s.confidence, mttf_cap_s=cap, failing=failing_est, minimal_mttf=minimal_est,
+            certified_soak_s=certified, verdicts=verdicts or [], configs=list(search.configs.values()) + search.extra_configs,
+            values=values or [], probes=search.probes, gpu_hours=search.gpu_hours, notes=notes or [],
+            log=search.log, minimal_flags=search.flags_of(minimal_mask) if status == "found" else {},
+            gpu_hours_by_role=dict(search.spent),
+            rate_added=[e.name for i, e in enumerate(elements) if (minimal_mask & search.rate_added) >> i & 1])
+
+    if not ok:
+        bound = stats.mttf_lower_bound(cal.exposure_s, s.confidence)
+        return result("not_reproduced", notes=[
+            f"the failing cell did not hang with the expected signature in {cal.exposure_s:.0f}s of load: "
+            f"MTTF > {bound:.0f}s at {s.confidence:.0%}; nothing to bisect"])
+
+    cap = s.mttf_cap_s if s.mttf_cap_s else default_cap(cal.hangs, cal.exposure_s, s.cap_factor)
+    notes = search.notes
+    if cal.hangs < s.calibration_hangs:
+        notes.append(f"calibration stopped at {cal.hangs} hang(s) (budget): the MTTF interval is wide")
+    search.initial_cap = cap
+    search.post = Posterior(search.n, cap, s.slow_zero_prior)
+    for mask, cs in search.configs.items():
+        search.post.observe(mask, cs.hangs, cs.exposure_s)
+    if search.n == 0:
+        lp = np.zeros(1)
+        top = 0
+    else:
+        top = search.search()
+        lp = search.post.log_posterior()
+        cap = search.post.cap
+    p_top = float(np.exp(lp[top]))
+    status = "found" if (search.n == 0 or search.decided) and search.stats_of(top).hangs > 0 else "inconclusive"
+    if status == "inconclusive":
+        notes.append(f"stopped by the probe or GPU-hour budget: the best set has posterior {p_top:.3f} "
+                     f"< {s.confidence}")
+    if status == "found" and s.verify_cap:
+        top = drop_modifiers(search, top, cap, notes)
+    if status == "found":
+        grown, rate_cap = rate_check(search, top, s.mttf_cap_s, notes)
+        if rate_cap is None:
+            status = "inconclusive"
+        elif s.mttf_cap_s is None:
+            cap = rate_cap
+        search.rate_added |= grown & ~top
+        if grown != top:
+            top, decided = recheck_members(search, top, grown, s.mttf_cap_s, notes)
+            if not decided:
+                status = "inconclusive"
+            if search.stats_of(top).hangs == 0 and search.runnable[top] and not search.over_budget():
+                H, E = float(search.post.H[top]), float(search.post.E[top])
+                search.run([(top, stats.soak_for_detection(min(E / max(H, 1.0), cap), s.confidence), "certification")])
+            if search.stats_of(top).hangs == 0:
+                status = "inconclusive"
+                notes.append("the grown set was not seen to hang in its certification run")
+    if status == "found" and s.modifier_prior > 0:
+        soak_the_set_alone(search, top, cap)
+    outside = [cs for m, cs in search.configs.items() if cs.hangs and (m & top) != top]
+    if outside:
+        notes.append("hangs with this signature were also seen in configs without this set ("
+                     + "; ".join(cs.label for cs in outside)
+                     + "): another trigger (an OR of conditions) or a modifier may exist; this is one minimal set, "
+                       "others may exist")
+    H, E = float(search.post.H[top]), float(search.post.E[top])
+    minimal_est = stats.mttf_estimate(int(H), E, s.confidence) if E > 0 else None
+    certified = None
+    if H > 0:
+        upper = stats.mttf_upper_bound(int(H), E, s.confidence)
+        certified = float(stats.soak_for_detection(min(upper, cap) if status == "found" else upper, s.confidence))
+    values: list[ValueProbe] = []
+    if status == "found" and s.shrink_values and alternatives and certified:
+        values = shrink_values(search, top, alternatives, certified)
+    verdicts = flag_verdicts(search, top, context or {}, context_elements)
+    return result(status, top, p_top, notes, values, cap, minimal_est, certified, verdicts)

@@ -1,0 +1,299 @@
+"""The rate check: is the set enough to hang within the cap, or does the rate need one flag more?
+
+The search's model gives every config that contains the set one shared rate. The rate check lets
+the rate drop by a factor without one flag outside the set (ModifierModel) and soaks the configs
+that tell until it is sure whether the hang without that flag is slower than the cap (the flag then
+joins the set, and each flag the search had put there is asked again with it on: recheck_members).
+"The set is enough" also needs a prior-free Bayes factor of 2 / alpha against the mildest slowdown
+that would make a flag needed. With an explicit cap, each flag of the set is also soaked out to the
+cap (drop_modifiers).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import numpy as np
+from scipy import special
+
+from soakmatrix.matrix.contracts import stats
+from soakmatrix.matrix.contracts.durations import format_duration
+
+from .model import POINT_CAP_FACTOR
+
+if TYPE_CHECKING:
+    from .search import Search
+
+# How much slower the hang may be without one flag outside the set: log-uniform from twice the
+# default cap's factor up (a factor nearer the cap's would be a coin toss on the cap's own noise).
+MODIFIER_FACTORS = tuple(2.0 * POINT_CAP_FACTOR * 2.0 ** i for i in range(4))   # x6, x12, x24, x48
+ENOUGH_FACTOR = 2.0                  # the rate check's guard counts up to x2 slower as "the set is enough"
+MODIFIER_SOAKS = (1.0, 2.0, 4.0)     # candidate soaks of a rate-check probe, in pooled MTTFs
+MAX_MODIFIER_PROBES = 100
+MODIFIER_EVIDENCE_HANGS = 3          # the set alone hangs at least this often: every modifier verdict's "without" side
+
+
+class ModifierModel:
+    """Is the set enough to hang within the cap, or is one more flag needed for the rate?
+
+    The search's model gives every config that contains the set one shared rate. Here the rate
+    may drop by a factor r (a grid, log-uniform) without one flag j outside the set: hypotheses
+    `none` (prior 1 - Settings.modifier_prior) and (j, r). With a 1/lambda prior, each has a closed-form
+    likelihood in the hangs and exposure of the configs containing the set, split by j. Under
+    (j, r), j is *needed* when the hang without it is slower than the cap (r / lambda > cap_j,
+    cap_j derived from the configs with j when no cap was given).
+
+    "The set is enough" also needs the prior-free guard (`enough`): the posterior leans on the
+    prior's 1 - modifier_prior for "none", and where a modifier is there (every run of the
+    benchmark's modifier rows; seed 002's autotune) 2-3 % of runs met a few lucky quick hangs
+    without it that tipped that prior."""
+
+    def __init__(self, search: Search, mask: int, candidates: list[int], cap: float | None):
+        self.search, self.mask, self.candidates, self.cap = search, mask, candidates, cap
+        rows = [(m, cs.hangs, cs.exposure_s) for m, cs in search.configs.items()
+                if (m & mask) == mask and cs.exposure_s > 0]
+        self.H = float(sum(h for _, h, _ in rows))
+        self.E = float(sum(e for _, _, e in rows))
+        J, R = len(candidates), len(MODIFIER_FACTORS)
+        self.r = np.array(MODIFIER_FACTORS)
+        HA = np.array([sum(h for m, h, _ in rows if m >> j & 1) for j in candidates], dtype=float)
+        EA = np.array([sum(e for m, _, e in rows if m >> j & 1) for j in candidates], dtype=float)
+        HB, EB = self.H - HA, self.E - EA
+        self.HA, self.EA, self.HB, self.EB = HA, EA, HB, EB
+        Eeff = EA[:, None] + EB[:, None] / self.r[None, :]                     # J x R
+        self.Eeff = np.maximum(Eeff, 1e-9)
+        log_ml = -HB[:, None] * np.log(self.r)[None, :] - self.H * np.log(self.Eeff)
+        log_none = -self.H * math.log(max(self.E, 1e-9))
+        q = search.s.modifier_prior
+        prior_j = math.log(q / max(J * R, 1)) if q > 0 else -math.inf
+        logs = np.concatenate([[math.log(1 - q) + log_none], (prior_j + log_ml).ravel()])
+        w = np.exp(logs - logs.max())
+        w /= w.sum()
+        self.p_none = float(w[0])
+        self.post = w[1:].reshape(J, R)
+        if cap is not None:
+            caps = np.full(J, cap)
+        else:
+            caps = np.array([search.cap_from(ha, ea) if ha > 0
+                             else search.initial_cap for ha, ea in zip(HA, EA)])
+        self.caps = caps
+        # P(lambda < r / cap_j): the hang without j is slower than the cap
+        self.p_slow = special.gammainc(max(self.H, 1e-9), self.r[None, :] / caps[:, None] * self.Eeff)
+        self.needed = (self.post * self.p_slow).sum(axis=1)                     # per candidate
+        # the guard's Bayes factor per candidate: "enough" (no slowdown, or x2: two triggers in
+        # the failing cell halve the rate without one of them) against the mildest slowdown of the
+        # grid that would make it needed; a candidate that no slowdown of the grid makes needed
+        # (a generous explicit cap) needs no guard
+        log_x2 = -HB * math.log(ENOUGH_FACTOR) - self.H * np.log(np.maximum(EA + EB / ENOUGH_FACTOR, 1e-9))
+        log_enough = np.logaddexp(log_none, log_x2) - math.log(2.0)
+        needs = self.p_slow > 0.5
+        mildest = np.argmax(needs, axis=1)
+        self.log_bf_enough = np.where(needs.any(axis=1), log_enough - log_ml[np.arange(J), mildest], np.inf)
+
+    @property
+    def p_enough(self) -> float:
+        return 1.0 - float(self.needed.sum())
+
+    def enough(self, alpha: float) -> bool:
+        """P(the set is enough) >= 1 - alpha, and for every candidate j the data favour "at most
+        x2 slower without j" over "slower by the grid's mildest factor that makes j needed" by a
+        Bayes factor of 2 / alpha or more. Under a true slowdown at least that large, that factor
+        is a supermartingale, so luck passes the guard with probability at most alpha / 2 (Ville's
+        inequality), whatever the prior: half the error budget, as for the certification run.
+        A modifier prior of 0 turns the rate check off, guard included."""
+        guarded = self.search.s.modifier_prior > 0 and self.log_bf_enough.size
+        if guarded and float(self.log_bf_enough.min()) < math.log(2.0 / alpha):
+            return False
+        return self.p_enough >= 1 - alpha
+
+    def choose(self) -> tuple[int, float] | None:
+        """The config and soak whose outcome tells most about which flag (if any) is needed, per
+        expected GPU-hour."""
+        s = self.search
+        J = len(self.candidates)
+        # the answer variable: 0 = the set is enough, 1 + i = candidate i is needed
+        lam_none = max(self.H, 0.5) / max(self.E, 1e-9)
+        lam = np.maximum(self.H, 0.5) / self.Eeff                                   # J x R
+        mttf = 1.0 / lam_none
+        # each (j, r) splits into "j needed" and "the set is enough"
+        need = self.post * self.p_slow
+        enough = self.post * (1 - self.p_slow)
+        options = {self.mask}
+        for j in self.candidates:
+            options.add(self.mask | 1 << j)
+            options.add(s.full & ~(1 << j))
+        best, best_score = None, 0.0
+        for c in sorted(options):
+            if not s.runnable[c]:
+                continue
+            has = np.array([c >> j & 1 for j in self.candidates], dtype=bool)
+            rate = np.where(has[:, None], lam, lam / self.r[None, :])                 # J x R
+            for k in MODIFIER_SOAKS:
+                soak = k * mttf
+                p_h_none = -math.expm1(-lam_none * soak)
+                p_h = -np.expm1(-rate * soak)
+                # joint P(answer, hang)
+                joint_h = np.zeros(J + 1)
+                joint_n = np.zeros(J + 1)
+                joint_h[0] = self.p_none * p_h_none
+                joint_n[0] = self.p_none * (1 - p_h_none)
+                joint_h[1:] = (need * p_h).sum(axis=1)
+                joint_n[1:] = (need * (1 - p_h)).sum(axis=1)
+                joint_h[0] += (enough * p_h).sum()
+                joint_n[0] += (enough * (1 - p_h)).sum()
+                info = _mutual_information(joint_h, joint_n)
+                mean_load_none = (1 - math.exp(-lam_none * soak)) / lam_none
+                mean_load = (-np.expm1(-rate * soak) / rate)
+                load = self.p_none * mean_load_none + float((self.post * mean_load).sum())
+                cost = s.cost[c] * (s.s.startup_s + load)
+                score = info / cost
+                if score > best_score:
+                    best, best_score = (c, soak), score
+        return best
+
+
+def _mutual_information(joint_h: np.ndarray, joint_n: np.ndarray) -> float:
+    total = joint_h.sum() + joint_n.sum()
+    if total <= 0:
+        return 0.0
+    joint = np.stack([joint_h, joint_n]) / total
+    py = joint.sum(axis=0, keepdims=True)
+    po = joint.sum(axis=1, keepdims=True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        terms = np.where(joint > 0, joint * np.log2(joint / (po * py)), 0.0)
+    return float(terms.sum())
+
+
+def _settle(search: Search, mask: int, candidates: list[int], cap: float | None,
+            max_probes: int = MAX_MODIFIER_PROBES) -> tuple[ModifierModel, bool]:
+    """Soak what the modifier model picks until it decides (the set is enough, or a candidate is
+    needed). Returns the last model and whether it decided (not: the probe or GPU-hour budget)."""
+    alpha = 1.0 - search.s.confidence
+    for probes in range(max_probes + 1):
+        model = ModifierModel(search, mask, candidates, cap)
+        if model.enough(alpha) or model.needed.max() >= 1 - alpha:
+            return model, True
+        if probes >= max_probes or search.over_budget():
+            break
+        pick = model.choose()
+        if pick is None:
+            break
+        # copies of one config are independent soaks whose exposure pools: with --parallel N the
+        # rate check's serial chain (mostly the set alone, until it has hung often enough) takes
+        # 1/N of the rounds for a hang or so of overshoot per batch
+        search.run([(pick[0], pick[1], "rate check")] * max(1, search.s.parallel))
+    return model, False
+
+
+def rate_check(search: Search, mask: int, cap: float | None, notes: list[str],
+                max_probes: int = MAX_MODIFIER_PROBES) -> tuple[int, float | None]:
+    """A flag outside the set without which the hang is slower than the cap is needed for the hang
+    *within the cap*: soak the configs that tell (the set alone, the set plus one flag, the failing
+    cell without one flag) until the modifier model is sure either way, and add such a flag.
+
+    Returns the grown set and, with a default cap, the cap derived from the configs that share the
+    set's rate."""
+    s = search.s
+    alpha = 1.0 - s.confidence
+    cap_out = cap if cap is not None else search.post.cap
+    for _ in range(search.n):
+        candidates = [j for j in range(search.n) if not mask >> j & 1]
+        if not candidates:
+            break
+        model, decided = _settle(search, mask, candidates, cap, max_probes)
+        if not decided:
+            notes.append(f"the rate check stopped undecided (probe or GPU-hour budget): P(the set is "
+                         f"enough to hang within the cap) = {model.p_enough:.3f}")
+            return mask, None
+        if model.enough(alpha):
+            if cap is None:
+                cap_out = search.cap_from(model.H, model.E)
+            break
+        i = int(np.argmax(model.needed))
+        j = candidates[i]
+        cap_j = float(model.caps[i])
+        r = float((model.post[i] * MODIFIER_FACTORS).sum() / max(model.post[i].sum(), 1e-12))
+        notes.append(f"{search.elements[j].name} is needed to hang within the cap: without it the hang is "
+                     f"~x{r:.0f} slower (MTTF beyond the cap {format_duration(cap_j)}; "
+                     f"P = {model.needed[i]:.3f})")
+        mask |= 1 << j
+        cap_out = cap_j if cap is None else cap
+    return mask, cap_out
+
+
+def recheck_members(search: Search, found: int, grown: int, cap: float | None,
+                     notes: list[str]) -> tuple[int, bool]:
+    """The rate check grew the search's set `found` to `grown`: is each flag of `found` still needed
+    with the added flags on? The search read configs without an added flag, which hang slowly
+    whatever else is on, so an innocent flag whose absence was seen only there looked necessary.
+    Each flag gets the rate check's question with the rest of the grown set fixed: that rest is
+    enough (drop the flag), or the hang without the flag is slower than the cap (keep it).
+    Returns the set and whether every flag was decided."""
+    alpha = 1.0 - search.s.confidence
+    added = ", ".join(e.name for j, e in enumerate(search.elements) if (grown & ~found) >> j & 1)
+    for i in range(search.n):
+        bit = 1 << i
+        if not found & bit:
+            continue
+        rest = grown & ~bit
+        model, decided = _settle(search, rest, [i], cap)
+        if not decided:
+            notes.append(f"the rate check stopped undecided whether {search.elements[i].name} is still needed "
+                         f"(probe or GPU-hour budget): P(not needed) = {model.p_enough:.3f}")
+            return grown, False
+        if model.enough(alpha):
+            notes.append(f"{search.elements[i].name} is not needed once {added} is in the set: baseline + the "
+                         f"set without it hangs as fast (P = {model.p_enough:.3f})")
+            grown = rest
+    return grown, True
+
+
+def soak_the_set_alone(search: Search, mask: int, cap: float) -> None:
+    """Baseline + the set gets at least MODIFIER_EVIDENCE_HANGS hangs: they are the "without" side
+    of every other flag's modifier verdict at once. The rate check's guard usually saw more; under
+    a generous explicit cap it has nothing to guard and the set alone may have hung only once."""
+    cs = search.stats_of(mask)
+    while cs.hangs and cs.hangs < MODIFIER_EVIDENCE_HANGS and search.runnable[mask] and not search.over_budget():
+        soak = stats.soak_for_detection(min(cs.exposure_s / cs.hangs, cap), search.s.confidence)
+        before = cs.hangs
+        search.run([(mask, max(soak, search.s.startup_s), "certification")])
+        if cs.hangs == before:
+            return
+
+
+def _without(search: Search, mask: int, bit: int) -> tuple[int, float]:
+    """Hangs and exposure of baseline + the set but for one element (that exact config: configs
+    with more flags may hang through another trigger)."""
+    cs = search.configs.get(mask & ~bit)
+    return (cs.hangs, cs.exposure_s) if cs else (0, 0.0)
+
+
+def drop_modifiers(search: Search, mask: int, cap: float, notes: list[str]) -> int:
+    """An element whose removal still hangs within the cap only changes how often: drop it.
+
+    Hangs seen without it count; with an explicit cap (`verify_cap`), each element is also soaked
+    out until "MTTF > cap at the stated confidence" holds or it hangs.
+    """
+    s = search.s
+    changed = True
+    while changed and not search.over_budget():
+        changed = False
+        for i, e in enumerate(search.elements):
+            bit = 1 << i
+            if not mask & bit:
+                continue
+            h, exposure = _without(search, mask, bit)
+            need = stats.soak_for_detection(cap, s.confidence) - exposure
+            if h == 0 and s.verify_cap and need > 0 and search.runnable[mask & ~bit]:
+                search.stats_of(mask & ~bit).role = "cap check"
+                search.run([(mask & ~bit, need, "cap check")])
+                h, exposure = _without(search, mask, bit)
+            if s.verify_cap and h > 0 and exposure / h <= cap:
+                notes.append(f"{e.name} is not needed for the hang within the cap: without it "
+                             f"{h} hang(s) in {format_duration(exposure)} (MTTF ~{format_duration(exposure / h)} "
+                             f"<= cap {format_duration(cap)})")
+                mask &= ~bit
+                changed = True
+                break
+    return mask

@@ -1,0 +1,99 @@
+"""After the set is known: other values of its flags toward the baseline, and a verdict per flag.
+
+A multi-valued flag of the set is tried at each alternative (TP 8 -> 4 -> 2, other choices) for the
+certified soak. Each flag gets one verdict from every probe so far: necessary (in the set), a
+modifier (the rate differs with and without it, among configs holding the set), irrelevant, or
+context (it could not move from its failing value).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+from soakmatrix.matrix.contracts import stats
+from soakmatrix.matrix.contracts.durations import format_duration
+
+from .model import ConfigStats, Element, FlagVerdict, ValueProbe
+from .oracle import Probe
+
+if TYPE_CHECKING:
+    from .search import Search
+
+
+def shrink_values(search: Search, minimal_mask: int, alternatives: Mapping[str, Sequence[Any]],
+                  soak_s: float) -> list[ValueProbe]:
+    """Soak the minimal set with each alternative value of its flags; an integer flag stops at the
+    first value that no longer hangs."""
+    out: list[ValueProbe] = []
+    for i, e in enumerate(search.elements):
+        if not minimal_mask >> i & 1:
+            continue
+        for value in alternatives.get(e.name, ()):
+            if search.over_budget():
+                return out
+            flags = search.flags_of(minimal_mask, **{e.name: value})
+            reason = search.feasible(flags) if search.feasible else None
+            if reason:
+                out.append(ValueProbe(e.name, value, 0, 0.0, f"infeasible: {reason}"))
+                continue
+            result = search.oracle.run([Probe(flags, soak_s, f"{search.label(minimal_mask)} with {e.name}={value}")])[0]
+            search.log.append(result)
+            search.probes += 1
+            search.gpu_hours += result.gpu_hours
+            search.spent["shrink"] = search.spent.get("shrink", 0.0) + result.gpu_hours
+            cs = ConfigStats(-1, f"minimal set with {e.name}={value}", flags, role="shrink",
+                             probes=1, gpu_hours=result.gpu_hours)
+            search.extra_configs.append(cs)
+            if result.outcome in ("config_error", "infra_error"):
+                out.append(ValueProbe(e.name, value, 0, 0.0, f"{result.outcome}: {result.message}"))
+                continue
+            cs.exposure_s = result.exposure_s
+            hung = result.hung_with(search.signature)
+            cs.hangs = int(hung)
+            cs.other_hangs = int(result.hung and not hung)
+            if hung:
+                out.append(ValueProbe(e.name, value, 1, result.exposure_s, "hangs"))
+            else:
+                bound = stats.mttf_lower_bound(result.exposure_s, search.s.confidence)
+                out.append(ValueProbe(e.name, value, 0, result.exposure_s,
+                                      f"no hang in {format_duration(result.exposure_s)}: MTTF > {format_duration(bound)} "
+                                      f"at {search.s.confidence:.0%}"))
+                if isinstance(value, int) and not isinstance(value, bool):
+                    break   # a smaller TP/MTP is not tried once a larger one stopped hanging
+    return out
+
+
+def flag_verdicts(search: Search, minimal_mask: int, context: Mapping[str, Any],
+                  context_elements: Sequence[Element]) -> list[FlagVerdict]:
+    """One verdict per element (necessary, modifier or irrelevant), then one per context flag."""
+    out: list[FlagVerdict] = []
+    conf = search.s.confidence
+    for i, e in enumerate(search.elements):
+        bit = 1 << i
+        if minimal_mask & bit:
+            without = [cs for m, cs in search.configs.items() if (m & minimal_mask) == (minimal_mask & ~bit)]
+            h = sum(cs.hangs for cs in without)
+            exp = sum(cs.exposure_s for cs in without)
+            if h:
+                text = (f"necessary (without it: {h} hang(s) in {format_duration(exp)}, MTTF ~{format_duration(exp / h)}, "
+                        f"slower than the cap)")
+            else:
+                text = f"necessary (without it: MTTF > {format_duration(stats.mttf_lower_bound(exp, conf))} at {conf:.0%})"
+            out.append(FlagVerdict(e, "necessary", text))
+            continue
+        with_e = [cs for m, cs in search.configs.items() if (m & minimal_mask) == minimal_mask and m & bit]
+        without_e = [cs for m, cs in search.configs.items() if (m & minimal_mask) == minimal_mask and not m & bit]
+        ha, ea = sum(c.hangs for c in with_e), sum(c.exposure_s for c in with_e)
+        hb, eb = sum(c.hangs for c in without_e), sum(c.exposure_s for c in without_e)
+        cmp = stats.compare_rates(ha, ea, hb, eb)
+        if ea > 0 and eb > 0 and cmp.p_value < 1 - conf and (ha + hb) > 0:
+            ratio = cmp.ratio
+            shown = "inf" if math.isinf(ratio) else f"{ratio:.1f}"
+            out.append(FlagVerdict(e, "modifier", f"modifier x{shown} (p={cmp.p_value:.2g})", ratio, cmp.p_value))
+        else:
+            p = f"p={cmp.p_value:.2g}" if ea > 0 and eb > 0 else "not compared"
+            out.append(FlagVerdict(e, "irrelevant", f"irrelevant ({p})", cmp.ratio, cmp.p_value))
+    for e in context_elements:
+        out.append(FlagVerdict(e, "context", f"context (fixed at {e.value!r}: {context.get(e.name, '')})"))
+    return out
