@@ -1,8 +1,8 @@
 """Flag bisection for intermittent hangs: the smallest set of flags that still hangs, with confidence.
 
-Pure: the probe oracle (oracle.py) is passed in; no clocks, processes or Ray here. `bisect(...)`
-(bisection.py) calibrates on the failing cell, searches, checks the rate, certifies the set and
-writes the verdicts, from these parts:
+The algorithm is pure: the probe oracle (oracle.py) is passed in; no clocks, processes or Ray in
+it. `bisect(...)` (bisection.py) calibrates on the failing cell, searches, checks the rate,
+certifies the set and writes the verdicts, from these parts:
 
 - model.py: elements, settings, what was seen on each config, the result and its verdict types;
 - posterior.py: the posterior over which set of flags is the trigger, and the pooled-rate tests;
