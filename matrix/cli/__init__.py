@@ -24,6 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bisect": ("soakmatrix.matrix.cli.bisect", "find the smallest set of flags that still hangs"),
     "report": ("soakmatrix.matrix.cli.report", "write JUnit and the dashboard from a history store"),
     "sim-engine": ("soakmatrix.matrix.cli.sim_engine", "the simulated vLLM server (takes `vllm serve` flags)"),
+    "watch": ("soakmatrix.matrix.cli.watch", "guard a running vLLM server: catch a hang in seconds, keep the evidence"),
 }
 
 
