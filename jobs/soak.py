@@ -16,21 +16,19 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from soakmatrix.jobs.detect.protocol import Detector, HangVerdict, build_detectors
+from soakmatrix.jobs.detect.protocol import Detector, build_detectors
 from soakmatrix.matrix.contracts.outcomes import Outcome
 from soakmatrix.matrix.contracts.result import CellResult
 
 from . import evidence as evidence_mod
-from . import server_process as launcher
-from . import teardown
+from . import server_process, teardown
 from .engines import Engine, get_engine
 from .load import LoadDriver
-from .signatures import Classification, Clues, classify, parse_stacks
-from .soak_spec import SoakSpec
+from .soak_spec import SoakSpec, effective_time_scale
+from .verdict_result import record_exposure, record_finding
 from .watchdog import Watchdog, WatchdogConfig
 
 EventSink = Callable[[str, dict], None]
@@ -87,9 +85,9 @@ def run_cell(spec: SoakSpec, *, stop: threading.Event | None = None, on_event: E
 def _soak(spec: SoakSpec, engine: Engine, result: CellResult, stop: threading.Event, emit: EventSink,
           options: SoakOptions, state_dir: str) -> None:
     folder = Path(spec.artifacts_dir)
-    scale = spec.time_scale if spec.backend == "sim" and spec.time_scale > 0 else 1.0
+    scale = effective_time_scale(spec.backend, spec.time_scale)
     emit("launching", {"engine": engine.name, "artifacts": str(folder)})
-    server = launcher.launch(engine, spec)
+    server = server_process.launch(engine, spec)
     result.artifacts["server_log"] = str(server.log_path)
     result.artifacts["command"] = str(folder / "command.txt")
     load: LoadDriver | None = None
@@ -97,11 +95,11 @@ def _soak(spec: SoakSpec, engine: Engine, result: CellResult, stop: threading.Ev
     try:
         failure = server.wait_ready(spec.startup_timeout_s, stop)
         for _ in range(PORT_RETRIES):
-            if not launcher.port_taken(failure):
+            if not server_process.port_taken(failure):
                 break
             # another process took the free port between our pick and the server's bind: new port
             server.stop(grace_s=options.teardown_grace_s)
-            server = launcher.launch(engine, spec)
+            server = server_process.launch(engine, spec)
             failure = server.wait_ready(spec.startup_timeout_s, stop)
         if failure is not None:
             result.outcome = failure.outcome
@@ -123,15 +121,11 @@ def _soak(spec: SoakSpec, engine: Engine, result: CellResult, stop: threading.Ev
             load.stop_sending()   # the soak is over; what is still in flight may yet hang
             verdict = dog.watch(until=time.monotonic() + options.drain_s, stop=stop,
                                 done=lambda: load.finished or load.snapshot().open_streams == 0)
-        # exposure ends where the hang began (the last progress), so MTTF estimates (exposure / hangs)
-        # do not count the detection delay as time the engine survived
-        load_end = time.time() if verdict is None else (verdict.since if verdict.since is not None else verdict.at)
+        now = time.time()
         stats = load.stats.summary()
         result.tokens, result.requests = int(stats["tokens"]), int(stats["completed"])
-        result.exposure_s = max(0.0, load_end - load_start) * scale
         result.extra["load"] = stats
-        result.extra["wall_exposure_s"] = round(max(0.0, load_end - load_start), 3)
-        result.extra["time_scale"] = scale
+        record_exposure(result, load_start, verdict, now, scale)
         result.extra["health"] = _health_summary(dog.health)
 
         if stop.is_set():
@@ -144,14 +138,10 @@ def _soak(spec: SoakSpec, engine: Engine, result: CellResult, stop: threading.Ev
         emit("verdict", {"detector": verdict.detector, "kind": verdict.kind, "message": verdict.message})
         load.stop(timeout_s=5)
         ev = evidence_mod.capture(server, folder / "evidence", pyspy_timeout_s=options.pyspy_timeout_s, stop=stop)
-        result.artifacts.update(ev.artifacts)
         emit("evidence", {"artifacts": sorted(ev.artifacts), "seconds": round(ev.seconds, 1)})
         log_lines = server.log_text(4_000_000).splitlines()[-options.log_lines_for_classifier:]
-        clues = Clues(stacks=tuple(t for text in ev.stack_texts for t in parse_stacks(text)),
-                      log_lines=tuple(log_lines), verdict_kind=verdict.kind, exit_code=server.poll(),
-                      hint=verdict.hint)
-        _found(result, verdict, classify(clues), load_start, scale, dog)
-        result.log_tail = ev.log_tail
+        record_finding(result, verdict, ev, log_lines, server.poll(), load_start, scale,
+                       dog.last_sample.running if dog.last_sample else None)
         _attach_sim_record(result, folder)
     finally:
         if load is not None:
@@ -186,40 +176,6 @@ def _passed(result: CellResult, stats: Mapping[str, Any]) -> None:
     result.outcome = Outcome.PASSED
     result.message = (f"no hang in {result.exposure_s:.0f} s under load: {result.requests} requests, "
                       f"{result.tokens} tokens")
-
-
-def _found(result: CellResult, verdict: HangVerdict, cls: Classification, load_start: float, scale: float,
-           dog: Watchdog) -> None:
-    kind = cls.outcome or verdict.kind
-    result.outcome = Outcome.HANG if kind == "hang" else Outcome.CRASH
-    result.signature = cls.signature
-    result.fingerprint = cls.fingerprint
-    result.stuck_frames = list(cls.stuck_frames)
-    result.detector = verdict.detector
-    result.detected_after_s = round(verdict.detected_after_s, 2) if verdict.detected_after_s is not None else None
-    began = verdict.since if verdict.since is not None else verdict.at
-    result.time_to_hang_s = round(max(0.0, began - load_start) * scale, 2)
-    result.message = describe(verdict, cls, dog.last_sample.running if dog.last_sample else None)
-    result.extra["causes"] = list(cls.causes)
-    result.extra["verdict"] = {"detector": verdict.detector, "kind": verdict.kind, "at": verdict.at,
-                               "since": verdict.since, "message": verdict.message, "hint": verdict.hint,
-                               "details": _jsonable(dict(verdict.details))}
-
-
-def describe(verdict: HangVerdict, cls: Classification, running: float | None) -> str:
-    """One sentence a maintainer reads first: what stopped, when, and who noticed."""
-    after = f" after {verdict.detected_after_s:.1f} s" if verdict.detected_after_s is not None else ""
-    sig = f" [{cls.signature}{': ' + ', '.join(cls.causes) if cls.causes else ''}]" if cls.signature else ""
-    if verdict.kind == "crash" and (cls.outcome or "crash") == "crash":
-        return f"server failed at {_clock(verdict.at)}: {verdict.message}; detector {verdict.detector} fired{sig}"
-    when = _clock(verdict.since if verdict.since is not None else verdict.at)
-    busy = f" with {running:.0f} requests running" if running else ""
-    return (f"tokens stopped at {when}{busy}; detector {verdict.detector} fired{after}{sig}: "
-            f"{verdict.message}")
-
-
-def _clock(epoch: float) -> str:
-    return datetime.fromtimestamp(epoch, tz=timezone.utc).strftime("%H:%M:%S")
 
 
 def _health_summary(health: Sequence[tuple[float, int | None]]) -> dict[str, Any]:
@@ -258,10 +214,6 @@ def _archive_previous(folder: Path) -> None:
     target.mkdir()
     for p in old:
         p.rename(target / p.name)
-
-
-def _jsonable(value: Any) -> Any:
-    return json.loads(json.dumps(value, default=str))
 
 
 def _version(engine: Engine) -> str:

@@ -32,3 +32,10 @@ class SoakSpec:
     time_scale: float = 1.0            # sim engine: every duration divided by this
     seed: int = 0
     attempt: int = 1
+
+
+def effective_time_scale(backend: str, time_scale: float) -> float:
+    """How many times faster than the wall clock the engine's clock runs: the simulated engine's
+    `time_scale`, 1.0 for the real engine. A scale that is not positive (no valid matrix or marker
+    has one) counts as 1.0."""
+    return time_scale if backend == "sim" and time_scale > 0 else 1.0

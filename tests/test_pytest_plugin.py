@@ -176,6 +176,31 @@ def test_verdicts_hang_and_crash_fail_startup_problems_error():
     assert verdict_of(_result(Outcome.CRASH), "hang").kind == "fail"
 
 
+
+def test_a_hang_seen_by_the_watchdog_fixture_is_exposed_up_to_where_it_began(tmp_path, monkeypatch):
+    """`hang_watchdog` reads a verdict as the soak job does (`jobs.verdict_result`): exposure and time
+    to hang end at the last progress (`since`), not when the detector fired, in engine time."""
+    from types import SimpleNamespace
+
+    from soakmatrix.fixtures.pytest_soak import HangWatch, SoakServer
+    from soakmatrix.jobs import evidence
+    from soakmatrix.jobs.detect.protocol import HangVerdict
+
+    spec = spec_from_marker({"engine": "sim", "time_scale": 60}, default_engine="sim", artifacts_dir=tmp_path)
+    running = SimpleNamespace(log_path=tmp_path / "server.log", log_text=lambda limit: "", poll=lambda: None)
+    load = SimpleNamespace(stats=SimpleNamespace(summary=lambda: {"tokens": 90, "completed": 3}),
+                           stop=lambda timeout_s: None)
+    monkeypatch.setattr(evidence, "capture", lambda server, folder, **kw: evidence.Evidence(Path(folder)))
+    watch = HangWatch(SoakServer(spec, running), load, SimpleNamespace(last_sample=None),
+                      fail=lambda message: None, record=lambda result, spec: None)
+    start = 1_000_000.0
+    verdict = HangVerdict("stream", "hang", at=start + 10.0, since=start + 4.0, message="no token for 6 s")
+    result = watch.result(verdict, start)
+    assert result.outcome == Outcome.HANG and result.detector == "stream"
+    assert result.exposure_s == pytest.approx(4.0 * 60) and result.time_to_hang_s == pytest.approx(4.0 * 60)
+    assert result.extra["wall_exposure_s"] == 4.0 and result.extra["time_scale"] == 60.0
+    assert result.detected_after_s == 6.0
+
 def test_gpus_are_split_between_workers():
     assert worker_of({}) == Worker("main", 0, 1)
     w1 = worker_of({"PYTEST_XDIST_WORKER": "gw1", "PYTEST_XDIST_WORKER_COUNT": "2"})

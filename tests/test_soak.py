@@ -13,7 +13,7 @@ import pytest
 from soakmatrix.jobs import teardown
 from soakmatrix.jobs.engines.protocol import LaunchCommand
 from soakmatrix.jobs.soak import SoakOptions, run_cell
-from soakmatrix.jobs.soak_spec import SoakSpec
+from soakmatrix.jobs.soak_spec import SoakSpec, effective_time_scale
 from soakmatrix.jobs.watchdog import WatchdogConfig
 from soakmatrix.matrix.contracts.hangmodel import STYLE_SIGNATURE
 from soakmatrix.matrix.contracts.outcomes import Outcome
@@ -266,3 +266,9 @@ def test_the_command_file_reproduces_the_launch_with_its_environment(tmp_path):
                  options=QUICK)
     line = Path(r.artifacts["command"]).read_text()
     assert line.startswith("VLLM_LOG_STATS_INTERVAL=1 ") and "fake_openai.py --port " in line
+
+
+def test_only_the_simulated_engine_runs_faster_than_the_wall_clock():
+    assert effective_time_scale("sim", 30.0) == 30.0
+    assert effective_time_scale("vllm", 30.0) == 1.0
+    assert effective_time_scale("sim", 0.0) == 1.0   # never valid in a matrix or a marker; as if unset

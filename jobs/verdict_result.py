@@ -1,0 +1,82 @@
+"""From a watch's end (a detector's verdict or none) to the `CellResult` fields that say what happened.
+
+The soak job (`jobs.soak.run_cell`) and the pytest plugin's `hang_watchdog` both end a watch here,
+so a hang reads the same whichever of them saw it: the same outcome, signature and message, and an
+exposure that ends where the hang began. Pure: the callers capture the evidence and read the log.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from typing import Any, Sequence
+
+from soakmatrix.matrix.contracts.outcomes import Outcome
+from soakmatrix.matrix.contracts.result import CellResult
+
+from .detect.protocol import HangVerdict
+from .evidence import Evidence
+from .signatures import Classification, Clues, classify, parse_stacks
+
+
+def hang_began(verdict: HangVerdict) -> float:
+    """When the hang began: the last progress the detector saw, else when it fired."""
+    return verdict.since if verdict.since is not None else verdict.at
+
+
+def record_exposure(result: CellResult, load_start: float, verdict: HangVerdict | None, now: float,
+                    scale: float) -> None:
+    """Exposure from the load's start to `now`, or with a verdict to where the hang began, so MTTF
+    estimates (exposure / hangs) do not count the detection delay as time the engine survived.
+    `scale` turns wall seconds into engine seconds (the simulated engine's time scale)."""
+    load_end = now if verdict is None else hang_began(verdict)
+    wall = max(0.0, load_end - load_start)
+    result.exposure_s = wall * scale
+    result.extra["wall_exposure_s"] = round(wall, 3)
+    result.extra["time_scale"] = scale
+
+
+def record_finding(result: CellResult, verdict: HangVerdict, evidence: Evidence, log_lines: Sequence[str],
+                   exit_code: int | None, load_start: float, scale: float, running: float | None) -> Classification:
+    """Classify a verdict with its evidence and write the finding into `result`: hang or crash,
+    signature, stuck frames, time to hang (engine seconds), the one-line message, the evidence's
+    files and log tail. `running` is how many requests the engine last reported running."""
+    clues = Clues(stacks=tuple(t for text in evidence.stack_texts for t in parse_stacks(text)),
+                  log_lines=tuple(log_lines), verdict_kind=verdict.kind, exit_code=exit_code, hint=verdict.hint)
+    cls = classify(clues)
+    result.artifacts.update(evidence.artifacts)
+    kind = cls.outcome or verdict.kind
+    result.outcome = Outcome.HANG if kind == "hang" else Outcome.CRASH
+    result.signature = cls.signature
+    result.fingerprint = cls.fingerprint
+    result.stuck_frames = list(cls.stuck_frames)
+    result.detector = verdict.detector
+    result.detected_after_s = round(verdict.detected_after_s, 2) if verdict.detected_after_s is not None else None
+    result.time_to_hang_s = round(max(0.0, hang_began(verdict) - load_start) * scale, 2)
+    result.message = describe(verdict, cls, running)
+    result.extra["causes"] = list(cls.causes)
+    result.extra["verdict"] = {"detector": verdict.detector, "kind": verdict.kind, "at": verdict.at,
+                               "since": verdict.since, "message": verdict.message, "hint": verdict.hint,
+                               "details": _jsonable(dict(verdict.details))}
+    result.log_tail = evidence.log_tail
+    return cls
+
+
+def describe(verdict: HangVerdict, cls: Classification, running: float | None) -> str:
+    """One sentence a maintainer reads first: what stopped, when, and who noticed."""
+    after = f" after {verdict.detected_after_s:.1f} s" if verdict.detected_after_s is not None else ""
+    sig = f" [{cls.signature}{': ' + ', '.join(cls.causes) if cls.causes else ''}]" if cls.signature else ""
+    if verdict.kind == "crash" and (cls.outcome or "crash") == "crash":
+        return f"server failed at {_clock(verdict.at)}: {verdict.message}; detector {verdict.detector} fired{sig}"
+    when = _clock(hang_began(verdict))
+    busy = f" with {running:.0f} requests running" if running else ""
+    return (f"tokens stopped at {when}{busy}; detector {verdict.detector} fired{after}{sig}: "
+            f"{verdict.message}")
+
+
+def _clock(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, tz=timezone.utc).strftime("%H:%M:%S")
+
+
+def _jsonable(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=str))
