@@ -15,6 +15,7 @@ from typing import Any, Mapping
 from .contracts import flags as flagmod
 from .contracts.durations import format_duration, parse_duration
 from .contracts.flags import Flag
+from .contracts.hangmodel import load_hang_model
 from .contracts.workloads import WORKLOAD_KINDS, Workload, check_param, params_of
 from .contracts.yamlsrc import Source, SpecError, load
 from .spec_types import CELL_KEYS, GpuType, Matrix, Model, Profile, SimSettings
@@ -74,20 +75,21 @@ class _Builder:
         gpus = self.gpus(top.get("gpus"))
         axes = self.axes(top.get("axes"))
         workloads = self.workloads(top.get("workloads"))
-        exclude = self.rules(top.get("exclude"), ("exclude",), models, gpus, workloads)
+        exclude = self.rules(top.get("exclude"), ("exclude",), models, gpus, workloads, axes=axes)
         include = self.rules(top.get("include"), ("include",), models, gpus, workloads)
         profiles = self.profiles(top.get("profiles"), models, gpus, workloads)
         baseline = self.flag_values(top.get("baseline"), ("baseline",))
         sim = self.sim(top.get("sim"))
         deps = self.source_dependencies(top.get("source_dependencies"))
-        name = top.get("name") or Path(src.file).stem
-        if not isinstance(name, str):
-            self.err(("name",), "expected a string")
+        name = top.get("name", Path(src.file).stem)
+        if not isinstance(name, str) or not name.strip():
+            self.err(("name",), f"expected a non-empty string, got {name!r}")
         src.raise_if_any()
         include_lines = tuple(src.line(("include", i)) for i in range(len(include)))
         return Matrix(file=src.file, name=str(name), models=models, gpus=gpus, axes=axes, include=include,
                       exclude=exclude, workloads=workloads, profiles=profiles, baseline=baseline,
-                      registry=self.registry, sim=sim, source_dependencies=deps, include_lines=include_lines)
+                      registry=self.registry, sim=sim, source_dependencies=deps, include_lines=include_lines,
+                      key_lines=dict(src.lines))
 
     # -- sections ---------------------------------------------------------------------------------
 
@@ -134,9 +136,11 @@ class _Builder:
             if not isinstance(model_path, str) or not model_path:
                 self.err(path + ("path",), "required: the model's path or hub id")
                 continue
-            weights = spec.get("weights_gb", 0)
-            if isinstance(weights, bool) or not isinstance(weights, (int, float)) or weights < 0:
-                self.err(path + ("weights_gb",), f"expected a non-negative number, got {weights!r}")
+            weights = spec.get("weights_gb")   # left out: unknown, and the memory constraint is skipped
+            if weights is not None and (isinstance(weights, bool) or not isinstance(weights, (int, float))
+                                        or weights <= 0):
+                self.err(path + ("weights_gb",), f"expected a number of GB above 0, got {weights!r}")
+            if not isinstance(weights, (int, float)) or isinstance(weights, bool) or weights <= 0:
                 weights = 0
             bools = {}
             for key in ("mtp_head", "moe"):
@@ -161,19 +165,22 @@ class _Builder:
         for name, spec in section.items():
             path = ("gpus", name)
             spec = self.mapping(spec, path, GPU_KEYS)
+            # every problem of the entry is reported, not only the first
             count = spec.get("count")
+            ok = True
             if isinstance(count, bool) or not isinstance(count, int) or count < 1:
                 self.err(path + ("count",), f"required: GPUs per node, an integer >= 1 (got {count!r})")
-                continue
+                ok = False
             memory = spec.get("memory_gb")
             if isinstance(memory, bool) or not isinstance(memory, (int, float)) or memory <= 0:
                 self.err(path + ("memory_gb",), f"required: memory per GPU in GB, > 0 (got {memory!r})")
-                continue
+                ok = False
             label = spec.get("ray_label", str(name))
             if not isinstance(label, str) or not label:
-                self.err(path + ("ray_label",), "expected a string")
-                continue
-            out[str(name)] = GpuType(str(name), count, float(memory), label)
+                self.err(path + ("ray_label",), "expected a non-empty string")
+                ok = False
+            if ok:
+                out[str(name)] = GpuType(str(name), count, float(memory), label)
         return out
 
     def flag_value(self, name: Any, value: Any, path: tuple) -> bool:
@@ -217,7 +224,11 @@ class _Builder:
                 out[name] = v
         return out
 
-    def rules(self, value: Any, path: tuple, models: Mapping, gpus: Mapping, workloads: Mapping) -> tuple:
+    def rules(self, value: Any, path: tuple, models: Mapping, gpus: Mapping, workloads: Mapping,
+              axes: Mapping[str, tuple] | None = None) -> tuple:
+        """include/exclude entries; with `axes` (exclude), a flag must be an axis and its value one of the
+        axis's, as GitHub Actions refuses an exclude that names no key of the matrix: an entry that can
+        match nothing is a mistake, not a no-op."""
         if value is None:
             return ()
         if not isinstance(value, list):
@@ -238,8 +249,16 @@ class _Builder:
                     ok &= self.known(v, gpus, kpath, "GPU type")
                 elif key == "workload":
                     ok &= self.known(v, workloads, kpath, "workload")
-                else:
-                    ok &= self.flag_value(key, v, kpath)
+                elif axes is not None and key in self.registry and key not in axes:
+                    self.err(kpath, f"{key!r} is not an axis of this matrix, so this entry excludes nothing; "
+                                    f"axes: {', '.join(axes) or 'none'}")
+                    ok = False
+                elif not self.flag_value(key, v, kpath):
+                    ok = False
+                elif axes is not None and not any(_same_value(v, a) for a in axes[key]):
+                    self.err(kpath, f"{v!r} is not a value of the {key} axis ({', '.join(map(repr, axes[key]))}), "
+                                    "so this entry excludes nothing")
+                    ok = False
             if ok:
                 out.append(dict(entry))
         return tuple(out)
@@ -292,6 +311,8 @@ class _Builder:
 
     def profiles(self, value: Any, models: Mapping, gpus: Mapping, workloads: Mapping) -> dict[str, Profile]:
         out = {}
+        if value == {}:
+            self.err(("profiles",), "empty: leave `profiles` out for one default profile, or name one")
         section = self.mapping(value, ("profiles",))
         if not section:
             section = {"default": {}}
@@ -299,9 +320,9 @@ class _Builder:
             path = ("profiles", name)
             spec = self.mapping(spec, path, PROFILE_KEYS)
             coverage = self.coverage(spec.get("coverage", "full"), path + ("coverage",))
-            soak = self.duration(spec.get("soak", "10m"), path + ("soak",))
+            soak = self.duration(spec.get("soak", "10m"), path + ("soak",), positive=True)
             startup = self.duration(spec.get("startup", "10m"), path + ("startup",))
-            cap = self.duration(spec["cap"], path + ("cap",)) if "cap" in spec else None
+            cap = self.duration(spec["cap"], path + ("cap",), positive=True) if "cap" in spec else None
             wl = self.names(spec.get("workloads"), workloads, path + ("workloads",), "workload")
             budget = spec.get("budget_gpu_hours")
             if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float)) or budget <= 0):
@@ -329,12 +350,15 @@ class _Builder:
         self.err(path, f"expected `full` or a t-way strength like {{t: 2}} (1-6), got {value!r}")
         return None
 
-    def duration(self, value: Any, path: tuple) -> float:
+    def duration(self, value: Any, path: tuple, positive: bool = False) -> float:
         try:
-            return parse_duration(value)
+            seconds = parse_duration(value)
         except ValueError as exc:
             self.err(path, str(exc))
             return 0.0
+        if positive and seconds <= 0:
+            self.err(path, f"must be longer than 0, got {value!r}")
+        return seconds
 
     def sim(self, value: Any) -> SimSettings:
         spec = self.mapping(value, ("sim",), SIM_KEYS)
@@ -347,12 +371,22 @@ class _Builder:
                 resolved = (Path(self.src.file).parent / hang_model).resolve()
                 if not resolved.is_file():
                     self.err(("sim", "hang_model"), f"no such file: {resolved}")
+                else:
+                    self.hang_model_problems(resolved)
                 hang_model = str(resolved)
         scale = spec.get("time_scale", 1.0)
         if isinstance(scale, bool) or not isinstance(scale, (int, float)) or scale <= 0:
             self.err(("sim", "time_scale"), f"expected a positive number, got {scale!r}")
             scale = 1.0
         return SimSettings(hang_model, float(scale))
+
+    def hang_model_problems(self, path: Path) -> None:
+        """A broken hang model is the matrix's problem too: found at `plan`, not as every cell's
+        config_error. Its problems are reported with its own file and lines."""
+        try:
+            load_hang_model(path, registry=self.registry)
+        except SpecError as exc:
+            self.src.problems.extend(exc.problems)
 
     def source_dependencies(self, value: Any) -> dict[str, tuple[str, ...]]:
         out = {}
@@ -371,3 +405,7 @@ class _Builder:
                     good.append(name)
             out[str(pattern)] = tuple(good)
         return out
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    return a == b and isinstance(a, bool) == isinstance(b, bool)

@@ -69,6 +69,15 @@ class Matrix:
     sim: SimSettings = field(default_factory=SimSettings)
     source_dependencies: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     include_lines: tuple[int, ...] = ()
+    key_lines: Mapping[tuple, int] = field(default_factory=dict, compare=False, repr=False)   # key path -> line
+
+    def line_of(self, *path: Any) -> int:
+        """The line of a key path in the file (the nearest enclosing key's, else 1)."""
+        while path:
+            if path in self.key_lines:
+                return self.key_lines[path]
+            path = path[:-1]
+        return 1
 
     def profile(self, name: str | None) -> Profile:
         """The named profile; without a name, the only one or the first."""

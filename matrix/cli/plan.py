@@ -8,6 +8,7 @@ import sys
 from collections import Counter
 
 from soakmatrix.matrix.contracts.durations import format_duration
+from soakmatrix.matrix.contracts.redact import redact_argv, redact_env
 from soakmatrix.matrix.plan import Plan, describe_combo, plan
 from soakmatrix.matrix.spec import load_matrix
 
@@ -47,9 +48,9 @@ def render(result: Plan, all_excluded: bool = False) -> str:
            f"vLLM argv check: {result.validation}", ""]
     for pc in result.cells:
         out.append(f"{pc.id}  {pc.name}")
-        out.append(f"    {pc.cell.gpu} x{pc.gpu_count}  {pc.gpu_hours:.2f} GPU-h  $ {' '.join(_quote(a) for a in pc.command)}")
+        out.append(f"    {pc.cell.gpu} x{pc.gpu_count}  {pc.gpu_hours:.2f} GPU-h  $ {' '.join(_quote(a) for a in redact_argv(pc.command))}")
         if pc.env:
-            out.append("    env " + " ".join(f"{k}={v}" for k, v in pc.env.items()))
+            out.append("    env " + " ".join(f"{k}={v}" for k, v in redact_env(pc.env).items()))
     if result.rejected:
         out += ["", f"rejected by vLLM ({len(result.rejected)}):"]
         out += [f"  {describe_combo(e.combo)}: {e.reason}" for e in result.rejected]

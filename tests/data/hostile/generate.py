@@ -138,7 +138,7 @@ MATRICES: dict[str, tuple[str | bytes, str]] = {
     "model_weights_zero": (m("models", "tiny-moe", "weights_gb", 0), "weights_gb"),
     "model_weights_text": (m("models", "tiny-moe", "weights_gb", "heavy"), "weights_gb"),
     "model_mtp_head_text": (m("models", "tiny-moe", "mtp_head", "yes please"), "mtp_head"),
-    "model_args_string": (m("models", "tiny-moe", "args", "--max-model-len 4096"), "args"),
+    "model_args_bool": (m("models", "tiny-moe", "args", True), "args"),
     "model_args_mapping": (m("models", "tiny-moe", "args", {"max-model-len": 4096}), "args"),
     "model_args_nested": (m("models", "tiny-moe", "args", [["--a"]]), "args"),
     "model_unknown_key": (m("models", "tiny-moe", "colour", "red"), "colour"),
@@ -207,8 +207,7 @@ MATRICES: dict[str, tuple[str | bytes, str]] = {
     "custom_flag_no_argv": (m("flags", {"block_size": {"type": "int"}}), "block_size"),
     "custom_flag_bad_type": (m("flags", {"block_size": {"type": "complex", "argv": ["--block-size", "{value}"]}}),
                              "type"),
-    "custom_flag_argv_string": (m("flags", {"block_size": {"type": "int", "argv": "--block-size {value}"}}),
-                                "argv"),
+    "custom_flag_argv_number": (m("flags", {"block_size": {"type": "int", "argv": 16}}), "argv"),
     "source_deps_unknown_flag": (m("source_dependencies", {"vllm/**": ["turbo"]}), "turbo"),
     "source_deps_not_mapping": (m("source_dependencies", ["vllm/**"]), "source_dependencies"),
     "sim_time_scale_zero": (m("sim", "time_scale", 0), "time_scale"),
@@ -216,7 +215,7 @@ MATRICES: dict[str, tuple[str | bytes, str]] = {
     "sim_missing_hang_model": (m("sim", "hang_model", "hangs/nope.yaml"), "hang_model"),
     "sim_unknown_key": (m("sim", "colour", "red"), "colour"),
     "huge_product": (edit(BASE_MATRIX, lambda d: d["axes"].update(
-        max_num_seqs=list(range(1, 41)), max_num_batched_tokens=list(range(1024, 1024 + 40 * 64, 64)),
+        max_num_seqs=list(range(1, 101)), max_num_batched_tokens=list(range(1024, 1024 + 100 * 64, 64)),
         prefix_caching=[True, False], chunked_prefill=[True, False], enforce_eager=[True, False],
         async_scheduling=[True, False], kv_cache_dtype=["auto", "fp8"])), "combinations"),
 }
