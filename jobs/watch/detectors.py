@@ -65,7 +65,9 @@ class CanaryStreamDetector:
             return None
         if self._open_since is None:
             self._open_since = s.oldest_waiting_first_token_since or s.at
-        since = max(self._open_since, s.last_token_at or 0.0, self._server_progress_at or 0.0)
+        # a canary that has not had its first token is timed from its own start, not its predecessor's
+        since = max(self._open_since, s.oldest_waiting_first_token_since or 0.0, s.last_token_at or 0.0,
+                    self._server_progress_at or 0.0)
         silent = s.at - since
         limit = self.threshold.value(s.waiting_first_token_prompt_len)
         if silent <= limit:

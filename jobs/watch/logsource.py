@@ -52,11 +52,13 @@ class FileLog(_Recent):
         # the lines before we attached are no news for the detectors, but belong in a log tail
         try:
             with open(self.path, "rb") as f:
-                f.seek(max(0, self._follow.offset - history_bytes))
-                data = f.read(self._follow.offset - f.tell())
+                start = max(0, self._follow.offset - history_bytes)
+                f.seek(start)
+                data = f.read(self._follow.offset - start)
         except OSError:
             return
-        self.recent.extend(l.decode("utf-8", "replace") for l in data.split(b"\n")[1:-1])
+        lines = data.split(b"\n")[(1 if start else 0):-1]   # not a line cut in half by the seek
+        self.recent.extend(l.decode("utf-8", "replace") for l in lines)
 
     def new_lines(self) -> list[str]:
         try:
