@@ -7,7 +7,9 @@ import random
 import pytest
 
 from soakmatrix.jobs.sim.args import parse_sim_argv
-from soakmatrix.jobs.sim.core import Clocks, CoreRequest, Scheduler, step_time_s
+from soakmatrix.jobs.sim.clocks import Clocks
+from soakmatrix.jobs.sim.executor import step_time_s
+from soakmatrix.jobs.sim.scheduler import CoreRequest, Scheduler
 
 
 def config(*argv: str):
