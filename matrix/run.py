@@ -21,7 +21,7 @@ from soakmatrix.matrix.contracts.result import CellResult
 
 from .plan import Plan, PlannedCell, plan
 from .progress import Progress
-from .soak_specs import soak_spec_for
+from .soak_specs import matrix_time_scale, soak_spec_for
 from .spec import Matrix, Profile
 
 JUNIT_EVERY_S = 10.0
@@ -174,7 +174,7 @@ def execute(matrix: Matrix, profile: Profile, cells: Sequence[PlannedCell], args
         def make_spec(pc: PlannedCell) -> SoakSpec:
             return soak_spec_for(pc, matrix, args.backend, out)
 
-        scale = matrix.sim.time_scale if args.backend == "sim" else 1.0
+        scale = matrix_time_scale(matrix, args.backend)
         startup_timeout = make_spec(cells[0]).startup_timeout_s if cells else 0.0
         cap = cap_seconds(profile.soak_s, startup_timeout, profile.cap_s, scale)
         interrupted = stopped_early = False

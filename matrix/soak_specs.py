@@ -1,7 +1,8 @@
 """From a planned cell to the `SoakSpec` a node runs: the one place the planner's view becomes the job's.
 
 `soakmatrix run`, the bisection's soak oracle and the pytest plugin's matrix cells all build their
-specs here, so a cell soaks the same way whichever of them asked.
+specs here, so a cell soaks the same way whichever of them asked; the first two also take the wall
+clock's view of a matrix from here (`matrix_time_scale`, `startup_timeout_s`) to size their caps.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from soakmatrix.jobs.soak_spec import SoakSpec
+from soakmatrix.jobs.soak_spec import SoakSpec, effective_time_scale
 
 from .plan import PlannedCell
 from .spec import Matrix
@@ -23,8 +24,20 @@ def soak_spec_for(pc: PlannedCell, matrix: Matrix, backend: str = "sim",
         cell_id=pc.id, cell_name=pc.name, model=pc.cell.model, model_path=pc.model_path,
         gpu_type=pc.cell.gpu, gpu_count=pc.gpu_count, workload=matrix.workloads[pc.cell.workload],
         flags=pc.cell.flag_dict, serve_args=pc.serve_args, env=dict(pc.env), soak_s=pc.soak_s,
-        startup_timeout_s=max(120.0, 1.5 * pc.startup_s), backend=backend,
+        startup_timeout_s=startup_timeout_s(pc.startup_s), backend=backend,
         artifacts_dir=str(Path(out_dir) / "cells" / pc.id),
         hang_model=matrix.sim.hang_model, time_scale=matrix.sim.time_scale,
     )
     return replace(spec, **overrides) if overrides else spec
+
+
+def startup_timeout_s(expected_startup_s: float) -> float:
+    """How long a server may take to become ready: half again the profile's expected start-up, and
+    never under two minutes (a small model's start-up varies more than it weighs)."""
+    return max(120.0, 1.5 * expected_startup_s)
+
+
+def matrix_time_scale(matrix: Matrix, backend: str) -> float:
+    """How many times faster than the wall clock a matrix's durations pass on `backend`
+    (`jobs.soak_spec.effective_time_scale`: the matrix's `sim.time_scale` for the simulated engine)."""
+    return effective_time_scale(backend, matrix.sim.time_scale)

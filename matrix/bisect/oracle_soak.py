@@ -16,12 +16,10 @@ from typing import Any, Callable, Sequence
 from soakmatrix.jobs.soak_spec import SoakSpec
 from soakmatrix.matrix.contracts.result import CellResult
 from soakmatrix.matrix.plan import PlannedCell, planned_cell
-from soakmatrix.matrix.soak_specs import soak_spec_for
+from soakmatrix.matrix.soak_specs import matrix_time_scale, soak_spec_for, startup_timeout_s
 from soakmatrix.matrix.spec import Matrix, Profile
 
 from .oracle import Probe, ProbeResult
-
-WALL_CAP_MARGIN_S = 600.0
 
 
 def probe_result(probe: Probe, result: CellResult, gpu_count: int, startup_s: float) -> ProbeResult:
@@ -67,7 +65,7 @@ class SoakOracle:
         return self._launcher
 
     def run(self, probes: Sequence[Probe]) -> list[ProbeResult]:
-        from soakmatrix.matrix.schedule import run_cells
+        from soakmatrix.matrix.schedule import cap_seconds, run_cells
 
         cells = [self._cell(p) for p in probes]
         results: list[ProbeResult | None] = [None] * len(probes)
@@ -79,13 +77,13 @@ class SoakOracle:
             self._round += 1
             round_dir = self.out_dir / f"probe-{self._round:03d}"
             by_id = {cells[i].id: i for i in this_round}
-            scale = self.matrix.sim.time_scale if self.backend == "sim" and self.matrix.sim.time_scale > 0 else 1.0
             longest = max(cells[i].soak_s for i in this_round)
 
             def make_spec(pc: PlannedCell) -> SoakSpec:
                 return soak_spec_for(pc, self.matrix, self.backend, round_dir)
 
-            cap = longest / scale + max(120.0, 1.5 * self.profile.startup_s) + WALL_CAP_MARGIN_S
+            cap = cap_seconds(longest, startup_timeout_s(self.profile.startup_s), None,
+                              matrix_time_scale(self.matrix, self.backend))
             summary = run_cells([cells[i] for i in this_round], make_spec, self.launcher(), _Quiet(self._on_result),
                                 retries=self.profile.retries, cap_s=cap, order=list)
             for result in summary.results:
