@@ -25,6 +25,8 @@ from typing import Sequence
 
 import psutil
 
+from soakmatrix.jobs.server_process import free_port
+
 
 def serve(port: int, step_s: float) -> None:
     """The token server: every step, one SSE chunk to every open stream (no model, no batching cost)."""
@@ -64,12 +66,6 @@ def serve(port: int, step_s: float) -> None:
     app.router.add_post("/v1/completions", completions)
     app.on_startup.append(ticker)
     web.run_app(app, host="127.0.0.1", port=port, print=None)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def pin(pid: int, core: int) -> None:

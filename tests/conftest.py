@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 from pathlib import Path
 
 # Every Ray cluster a test starts (in this process or a CLI it runs) stays on 127.0.0.1: Ray would
@@ -13,14 +12,10 @@ os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 
 import pytest
 
+from soakmatrix.jobs.server_process import free_port   # tests import it from here too
+
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "matrix" / "examples"
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_ray_cluster(head_node_args, nodes=None, attempts: int = 3):

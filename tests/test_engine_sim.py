@@ -9,9 +9,9 @@ import urllib.request
 
 import pytest
 
-from soakmatrix.fixtures.sim_testing import free_port
 from soakmatrix.jobs.engines import get_engine
 from soakmatrix.jobs.engines.sim import SimEngine
+from soakmatrix.jobs.server_process import free_port
 from soakmatrix.jobs.soak_spec import SoakSpec
 from soakmatrix.matrix.contracts import flags as flagmod
 from soakmatrix.matrix.contracts.workloads import Workload

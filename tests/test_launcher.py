@@ -1,4 +1,5 @@
-"""The launcher: own process group, log capture, readiness, start-up failures as outcomes."""
+"""Starting an engine (jobs/server_process.py): own process group, log capture, readiness, start-up
+failures as outcomes."""
 
 import getpass
 import json
@@ -14,7 +15,7 @@ import psutil
 import pytest
 from fake_openai import start_fake
 
-from soakmatrix.jobs import server_process as launcher
+from soakmatrix.jobs import server_process
 from soakmatrix.jobs.server_process import classify_startup_failure
 from soakmatrix.matrix.contracts.outcomes import Outcome
 
@@ -54,7 +55,7 @@ def temp_report(server, timeout_s: float = 30.0) -> dict:
 
 def run_leaving_temp_files(tmp_path, port, env: dict):
     """Start LEAVES_TEMP_FILES with `env`, read its report, stop it: (server, report, teardown)."""
-    server = launcher.launch_argv([sys.executable, "-c", LEAVES_TEMP_FILES], tmp_path, port, env=env)
+    server = server_process.launch_argv([sys.executable, "-c", LEAVES_TEMP_FILES], tmp_path, port, env=env)
     try:
         seen = temp_report(server)
     finally:
@@ -100,19 +101,20 @@ def test_usage_error_is_a_config_error(tmp_path):
         server.stop(grace_s=2)
     assert failure.outcome == Outcome.CONFIG_ERROR and failure.exit_code == 2
     assert "unrecognized arguments: --no-such-flag" in failure.message
-    assert not launcher.port_taken(failure)
+    assert not server_process.port_taken(failure)
     assert server.tmp_dir is not None and not server.tmp_dir.exists()   # gone on a start-up failure too
 
 
 def test_a_port_race_is_recognised():
     failure = classify_startup_failure(1, "OSError: [Errno 98] error while attempting to bind on address "
                                           "('127.0.0.1', 8000): Address already in use", 1)
-    assert launcher.port_taken(failure) and failure.outcome == Outcome.INFRA_ERROR
+    assert server_process.port_taken(failure) and failure.outcome == Outcome.INFRA_ERROR
 
 
 @pytest.mark.slow
 def test_never_ready_is_an_infra_error_and_stop_cancels(tmp_path, port):
-    server = launcher.launch_argv([sys.executable, FAKE, "--port", str(port), "--startup-s", "60"], tmp_path, port)
+    server = server_process.launch_argv([sys.executable, FAKE, "--port", str(port), "--startup-s", "60"],
+                                        tmp_path, port)
     try:
         failure = server.wait_ready(1.5)
         assert failure.outcome == Outcome.INFRA_ERROR and "not ready" in failure.message
@@ -126,7 +128,7 @@ def test_never_ready_is_an_infra_error_and_stop_cancels(tmp_path, port):
 
 @pytest.mark.slow
 def test_each_server_gets_a_private_temp_dir_that_stop_removes(tmp_path, port):
-    server = launcher.launch_argv([sys.executable, "-c", LEAVES_TEMP_FILES], tmp_path, port)
+    server = server_process.launch_argv([sys.executable, "-c", LEAVES_TEMP_FILES], tmp_path, port)
     try:
         seen = temp_report(server)
         private = server.tmp_dir
@@ -139,8 +141,8 @@ def test_each_server_gets_a_private_temp_dir_that_stop_removes(tmp_path, port):
         shared = Path(tempfile.gettempdir()) / f"torchinductor_{getpass.getuser()}"
         assert seen["inductor"] == os.path.realpath(shared)
         # a second server does not share it
-        other = launcher.launch_argv([sys.executable, "-c", "import time; time.sleep(60)"], tmp_path / "b",
-                                     launcher.free_port())
+        other = server_process.launch_argv([sys.executable, "-c", "import time; time.sleep(60)"], tmp_path / "b",
+                                           server_process.free_port())
         try:
             assert other.tmp_dir is not None and other.tmp_dir != private
         finally:
