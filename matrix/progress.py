@@ -12,10 +12,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, TextIO
 
+from soakmatrix.matrix.contracts.durations import format_duration
 from soakmatrix.matrix.contracts.outcomes import Outcome
 from soakmatrix.matrix.contracts.result import CellResult
 
-from .contracts.durations import format_duration
 from .plan import PlannedCell
 
 
@@ -107,7 +107,8 @@ class Progress:
     def cell_started(self, pc: PlannedCell, attempt: int, node: str) -> None:
         self.tally.started(pc, self.clock())
         if not self.tty:
-            self.stream.write(event_line("start", pc.name, f"node {node[:12]}" + (f", attempt {attempt}" if attempt > 1 else "")) + "\n")
+            detail = f"node {node[:12]}" + (f", attempt {attempt}" if attempt > 1 else "")
+            self.stream.write(event_line("start", pc.name, detail) + "\n")
             self.stream.flush()
         self._draw()
 
