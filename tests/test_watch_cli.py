@@ -1,0 +1,47 @@
+"""End to end through the real CLI: `python -m soakmatrix.matrix.cli watch` against a simulated server with
+a planted hang; the incident is in the evidence folder, the hook ran, and the history store shows it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from soakmatrix.fixtures.sim_testing import SimProcess, load
+
+
+def test_usage_errors_exit_2():
+    p = subprocess.run([sys.executable, "-m", "soakmatrix.matrix.cli", "watch", "not-a-url"],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "not an http(s) URL" in p.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_cli_catches_a_planted_hang_keeps_evidence_runs_hook_and_stores_it(tmp_path):
+    hangs = tmp_path / "hangs.yaml"
+    hangs.write_text("seed: 5\nhangs:\n  - id: cli-shm\n    style: shm_broadcast\n    when: {max_num_seqs: 253}\n"
+                     "    min_running: 1\n    mttf_s: 3\n")
+    log = tmp_path / "sim.log"
+    store, out = tmp_path / "history.db", tmp_path / "incidents"
+    with SimProcess(["--max-num-seqs", "253", "--hang-model", str(hangs)], log) as sim:
+        threading.Thread(target=load, args=(sim.url, 4, 60), kwargs={"request_timeout": 70}, daemon=True).start()
+        p = subprocess.run([sys.executable, "-m", "soakmatrix.matrix.cli", "watch", sim.url, "--log", str(log),
+                            "--out", str(out), "--store", str(store), "--max-incidents", "1", "--duration", "90s",
+                            "--on-hang", 'echo "$SOAKMATRIX_SIGNATURE" > "$SOAKMATRIX_EVIDENCE_DIR/hook.txt"'],
+                           capture_output=True, text=True, timeout=150)
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert "HANG detected" in p.stdout and "recorded in" in p.stdout
+    (folder,) = out.iterdir()
+    assert (folder / "py-spy.txt").exists() and (folder / "metrics.txt").exists()
+    assert (folder / "hook.txt").read_text().strip() == "shm_broadcast_timeout"
+    from soakmatrix.reports.history import HistoryStore
+    with HistoryStore(store, create=False) as h:
+        (run,) = h.runs()
+        (result,) = h.results(run.id)
+    assert run.kind == "watch" and result.outcome.value == "hang" and result.signature == "shm_broadcast_timeout"
+    report = subprocess.run([sys.executable, "-m", "soakmatrix.matrix.cli", "report", str(store)],
+                            capture_output=True, text=True, timeout=60)
+    assert report.returncode == 0 and "shm_broadcast_timeout" in report.stdout
