@@ -16,7 +16,7 @@ from soakmatrix.matrix.contracts.result import CellResult
 
 from .detect.protocol import HangVerdict
 from .evidence import Evidence
-from .signatures import Classification, Clues, classify, parse_stacks
+from .signatures import Classification, classify, clues_from_texts
 
 
 def hang_began(verdict: HangVerdict) -> float:
@@ -41,9 +41,8 @@ def record_finding(result: CellResult, verdict: HangVerdict, evidence: Evidence,
     """Classify a verdict with its evidence and write the finding into `result`: hang or crash,
     signature, stuck frames, time to hang (engine seconds), the one-line message, the evidence's
     files and log tail. `running` is how many requests the engine last reported running."""
-    clues = Clues(stacks=tuple(t for text in evidence.stack_texts for t in parse_stacks(text)),
-                  log_lines=tuple(log_lines), verdict_kind=verdict.kind, exit_code=exit_code, hint=verdict.hint)
-    cls = classify(clues)
+    cls = classify(clues_from_texts(evidence.stack_texts, log_lines, verdict_kind=verdict.kind,
+                                    exit_code=exit_code, hint=verdict.hint))
     result.artifacts.update(evidence.artifacts)
     kind = cls.outcome or verdict.kind
     result.outcome = Outcome.HANG if kind == "hang" else Outcome.CRASH
