@@ -120,3 +120,86 @@ def test_store_records_the_bisection_for_the_dashboard(tmp_path):
     assert dashboard.returncode == 0, dashboard.stderr
     page = (tmp_path / "site" / "index.html").read_text()
     assert "cudagraph_mode" in page and "necessary" in page
+
+
+def _cell_id() -> str:
+    plan = json.loads(soakmatrix("plan", str(DEMO), "--json", "--no-validate").stdout)
+    return next(c["id"] for c in plan["cells"] if c["name"] == FAILING)
+
+
+def test_signature_option_names_the_target_and_the_rest_are_listed_with_counts():
+    # the demo cell holds two planted hangs; asked for the async one, bisect finds its flags
+    out = soakmatrix("bisect", str(DEMO), "--cell", FAILING, "--virtual", "--json", "--quiet", "--seed", "3",
+                     "--no-shrink", "--signature", "event_sync_stall")
+    assert out.returncode == 1, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["signature"] == "event_sync_stall" and doc["signature_source"] == "--signature"
+    assert sorted(doc["minimal"]) == ["async_scheduling", "tp"]
+    assert doc["other_signatures"].get("shm_broadcast_timeout", 0) > 0
+
+
+def test_the_cells_recorded_signature_in_the_store_is_the_default_target(tmp_path):
+    from soakmatrix.matrix.contracts.result import CellResult
+    from soakmatrix.reports.history import HistoryStore
+
+    store = tmp_path / "history.sqlite"
+    with HistoryStore(store) as history:
+        run = history.start_run(matrix="demo", profile="demo")
+        history.record(run, CellResult(cell_id=_cell_id(), cell_name=FAILING, outcome="crash", signature="crash"))
+        history.record(run, CellResult(cell_id="other", cell_name="x", outcome="hang", signature="silent_stall"))
+        run2 = history.start_run(matrix="demo", profile="demo")
+        history.record(run2, CellResult(cell_id=_cell_id(), cell_name=FAILING, outcome="hang",
+                                        signature="event_sync_stall"))
+    out = soakmatrix("bisect", str(DEMO), "--cell", FAILING, "--virtual", "--json", "--quiet", "--seed", "3",
+                     "--no-shrink", "--store", str(store))
+    assert out.returncode == 1, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["signature"] == "event_sync_stall" and doc["signature_source"].startswith("the history store")
+
+
+def test_help_lists_the_exit_codes():
+    out = soakmatrix("bisect", "--help")
+    assert out.returncode == 0
+    for line in ("0  not reproduced", "1  found", "2  usage", "3  inconclusive"):
+        assert line in out.stdout
+    assert "never an\n     infrastructure error" in out.stdout or "never an infrastructure error" in out.stdout
+
+
+@pytest.mark.parametrize("option", [("--max-probes", "0"), ("--budget-gpu-hours", "-1"), ("--confidence", "1.5"),
+                                    ("--parallel", "0"), ("--calibration-hangs", "0"), ("--budget-gpu-hours", "nan"),
+                                    ("--mttf-cap", "0s")])
+def test_values_that_mean_nothing_are_usage_errors_naming_the_option(option):
+    out = soakmatrix("bisect", str(DEMO), "--cell", FAILING, "--virtual", *option)
+    assert out.returncode == 2 and option[0] in out.stderr and not out.stdout
+
+
+def test_a_store_that_is_not_one_is_refused_before_any_probe(tmp_path):
+    bad = tmp_path / "notes.txt"
+    bad.write_text("not a database, just some notes\n" * 100)
+    out = soakmatrix("bisect", str(DEMO), "--cell", FAILING, "--virtual", "--store", str(bad))
+    assert out.returncode == 2 and "--store" in out.stderr and str(bad) in out.stderr
+    assert not out.stdout and "probe" not in out.stderr and "Traceback" not in out.stderr
+    assert bad.read_text().startswith("not a database")
+
+
+def test_a_failure_after_the_bisection_keeps_its_result_and_exit_code(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    out = soakmatrix("bisect", str(DEMO), "--cell", FAILING, "--virtual", "--json", "--quiet", "--seed", "3",
+                     "--no-shrink", "--emit-test", str(blocker / "test_x.py"))
+    assert out.returncode == 1
+    assert json.loads(out.stdout)["status"] == "found"
+    assert "--emit-test" in out.stderr and "the result above stands" in out.stderr
+
+
+def test_a_flag_missing_from_the_baseline_is_a_located_error_or_context(tmp_path):
+    text = DEMO.read_text().replace("  tp: 1\nsim:", "sim:")        # tp leaves the baseline
+    assert "tp: 1\nsim" not in text
+    matrix = tmp_path / "demo.yaml"
+    matrix.write_text(text)
+    (tmp_path / "hangs").mkdir()
+    (tmp_path / "hangs" / "demo.yaml").write_text((EXAMPLES / "hangs" / "demo.yaml").read_text())
+    out = soakmatrix("bisect", str(matrix), "--cell", FAILING, "--virtual", "--quiet")
+    assert out.returncode == 2, out.stderr
+    line = next(i for i, s in enumerate(text.splitlines(), 1) if s.startswith("baseline:"))
+    assert f"{matrix}:{line}: baseline.tp: " in out.stderr and "add `tp:" in out.stderr

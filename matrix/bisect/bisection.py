@@ -25,13 +25,14 @@ def bisect(failing_flags: Mapping[str, Any], elements: Sequence[Element], oracle
            context: Mapping[str, str] | None = None, context_elements: Sequence[Element] = (),
            alternatives: Mapping[str, Sequence[Any]] | None = None,
            feasible: FeasibleFn | None = None, gpu_count: GpuCountFn = default_gpu_count,
-           progress: Callable[[str], None] | None = None) -> BisectResult:
+           progress: Callable[[str], None] | None = None, signature_source: str = "") -> BisectResult:
     """Find the smallest set of `elements` that, over the baseline, hangs like the failing cell.
 
     `failing_flags` is the failing cell's full flag dict; `elements` the flags that may move to
     their baseline value; `context` names flags that cannot move and why (`context_elements`).
     `alternatives[name]` lists values to try, in order toward the baseline, once the set is known.
-    `signature`: count only hangs with this signature (default: the calibration's first hang).
+    `signature`: count only hangs with this signature (default: the calibration's first hang, never
+    a crash); `signature_source` says where it came from, for the report.
     """
     s = settings
     if s.verify_cap is None:
@@ -52,7 +53,10 @@ def bisect(failing_flags: Mapping[str, Any], elements: Sequence[Element], oracle
             values=values or [], probes=search.probes, gpu_hours=search.gpu_hours, notes=notes or [],
             log=search.log, minimal_flags=search.flags_of(minimal_mask) if status == "found" else {},
             gpu_hours_by_role=dict(search.spent),
-            rate_added=[e.name for i, e in enumerate(elements) if (minimal_mask & search.rate_added) >> i & 1])
+            rate_added=[e.name for i, e in enumerate(elements) if (minimal_mask & search.rate_added) >> i & 1],
+            signature_source=signature_source if signature else ("the first hang of the calibration"
+                                                                  if search.signature else ""),
+            other_signatures=_other_signatures(search))
 
     if not ok:
         bound = stats.mttf_lower_bound(cal.exposure_s, s.confidence)
@@ -118,3 +122,13 @@ def bisect(failing_flags: Mapping[str, Any], elements: Sequence[Element], oracle
         values = shrink_values(search, top, alternatives, certified)
     verdicts = flag_verdicts(search, top, context or {}, context_elements)
     return result(status, top, p_top, notes, values, cap, minimal_est, certified, verdicts)
+
+
+def _other_signatures(search) -> dict[str, int]:
+    """Hangs and crashes that were not the target, by signature: they ended probes and count for nothing."""
+    out: dict[str, int] = {}
+    for r in search.log:
+        if r.hung and not r.hung_with(search.signature):
+            key = r.signature or r.outcome
+            out[key] = out.get(key, 0) + 1
+    return dict(sorted(out.items()))

@@ -108,6 +108,8 @@ class BisectResult:
     minimal_flags: dict[str, Any] = field(default_factory=dict)
     gpu_hours_by_role: dict[str, float] = field(default_factory=dict)   # calibration, search, rate check, ...
     rate_added: list[str] = field(default_factory=list)   # flags of the minimal set the rate check put there
+    signature_source: str = ""           # where the target signature came from (option, history, hang model, ...)
+    other_signatures: dict[str, int] = field(default_factory=dict)   # hangs of other signatures: they only ended probes
 
 
 FeasibleFn = Callable[[Mapping[str, Any]], str | None]   # why a flag dict cannot run, or None

@@ -35,8 +35,13 @@ class ProbeResult:
         return self.outcome in ("hang", "crash")
 
     def hung_with(self, signature: str | None) -> bool:
-        """A hang counts for a search only when its signature matches the failing cell's."""
-        return self.hung and (signature is None or self.signature == signature)
+        """A hang counts for a search only when its signature matches the target's. Before the
+        target is known (no signature yet), only a hang counts: a crash is never taken for the
+        hang a cell was reported for (a frequent unrelated crash would otherwise become the
+        target in the runs where it came first)."""
+        if signature is None:
+            return self.outcome == "hang"
+        return self.hung and self.signature == signature
 
 
 class ProbeOracle(Protocol):

@@ -30,7 +30,8 @@ def mttf_text(hangs: int, exposure_s: float, confidence: float) -> str:
 
 def render_text(r: BisectResult) -> str:
     c = r.confidence
-    out = [f"bisect: {r.status}" + (f", signature {r.signature}" if r.signature else "")]
+    out = [f"bisect: {r.status}" + (f", signature {r.signature}" if r.signature else "")
+           + (f" (from {r.signature_source})" if r.signature and r.signature_source else "")]
     if r.failing is not None:
         out.append(f"failing cell: MTTF {r.failing.describe(_dur)} from {r.failing.hangs} hang(s) "
                    f"in {_dur(r.failing.exposure_s)}; cap {_dur(r.mttf_cap_s)}")
@@ -44,6 +45,9 @@ def render_text(r: BisectResult) -> str:
                    f"{mttf_text(cs.hangs, cs.exposure_s, c)}")
     if any(cs.other_hangs for cs in r.configs):
         out.append("  * hangs of another signature: they ended a probe but do not count")
+    if r.other_signatures:
+        out.append("other signatures (ended probes, not counted): "
+                   + ", ".join(f"{sig} x{n}" for sig, n in r.other_signatures.items()))
     out += ["", "verdicts:"]
     for v in r.verdicts:
         e = v.element
@@ -98,6 +102,8 @@ def to_json(r: BisectResult) -> dict[str, Any]:
     return {
         "status": r.status,
         "signature": r.signature,
+        "signature_source": r.signature_source,
+        "other_signatures": r.other_signatures,
         "confidence": r.confidence,
         "posterior": _num(r.posterior),
         "mttf_cap_s": _num(r.mttf_cap_s),

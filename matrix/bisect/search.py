@@ -128,7 +128,7 @@ class Search:
                     self.runnable[mask] = False
                 out.append((mask, result))
                 continue
-            if result.hung and self.signature is None:
+            if self.signature is None and result.hung_with(None):
                 self.signature = result.signature
             target = result.hung_with(self.signature)
             cs.exposure_s += result.exposure_s
@@ -163,6 +163,9 @@ class Search:
                 if cs.hangs == 0 and misses >= 1 and all(r.outcome == "passed" for _, r in results):
                     return False, max_soak
             if all(r.outcome in ("config_error",) for _, r in results):
+                return False, max_soak
+            if cs.hangs == 0 and cs.exposure_s >= max_soak:
+                # other signatures kept ending the probes: as much load as one full soak, no target hang
                 return False, max_soak
         return cs.hangs > 0, max_soak
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Mapping
 
 from soakmatrix.matrix.constraints import violations
+from soakmatrix.matrix.contracts.yamlsrc import Problem, SpecError
 from soakmatrix.matrix.plan import PlannedCell
 from soakmatrix.matrix.spec import Matrix, Profile
 
@@ -41,11 +42,28 @@ def combo_of(pc: PlannedCell, flags: Mapping[str, Any] | None = None) -> dict[st
 
 
 def elements_of(pc: PlannedCell, matrix: Matrix) -> tuple[list[Element], list[Element], dict[str, str]]:
-    """Movable elements, context elements and why each context flag cannot move."""
+    """Movable elements, context elements and why each context flag cannot move.
+
+    Every flag of the cell is accounted for. One the baseline does not name has no value to move
+    to: it is context when no other value of it (the matrix's axis, vLLM's default) can run with
+    this cell, and otherwise a configuration error naming the key (SpecError, exit 2): dropping it
+    silently would bisect a different question than the user asked."""
     flags = pc.cell.flag_dict
     movable, fixed, why = [], [], {}
+    problems: list[Problem] = []
     for name, value in flags.items():
         if name not in matrix.baseline:
+            others = _other_values(matrix, name, value)
+            runnable = [v for v in others if not violations(combo_of(pc, {**flags, name: v}), matrix)]
+            if runnable:
+                problems.append(Problem(matrix.file, matrix.line_of("baseline"), f"baseline.{name}",
+                                        f"the cell {pc.name} sets {name}={value!r} but the baseline has no value "
+                                        f"for it, so bisection cannot tell whether it matters: add `{name}: <its "
+                                        f"neutral value>` to baseline (e.g. {runnable[0]!r})"))
+            else:
+                fixed.append(Element(name, value, value))
+                why[name] = ("not in baseline, and no other value of it can run with this cell"
+                             if others else "not in baseline, and it has no other value")
             continue
         base = matrix.baseline[name]
         if value == base and isinstance(value, bool) == isinstance(base, bool):
@@ -57,7 +75,22 @@ def elements_of(pc: PlannedCell, matrix: Matrix) -> tuple[list[Element], list[El
             why[name] = "; ".join(reasons)
         else:
             movable.append(element)
+    if problems:
+        raise SpecError(problems)
     return movable, fixed, why
+
+
+def _other_values(matrix: Matrix, name: str, value: Any) -> list[Any]:
+    """Values a flag missing from the baseline could move to: its axis values, then vLLM's default."""
+    flag = matrix.registry.get(name)
+    candidates = list(matrix.axes.get(name, ())) + ([flag.default] if flag is not None and flag.default is not None
+                                                     else [])
+    out: list[Any] = []
+    for v in candidates:
+        same = v == value and isinstance(v, bool) == isinstance(value, bool)
+        if not same and v not in out:
+            out.append(v)
+    return out
 
 
 def alternatives_of(elements: list[Element], matrix: Matrix) -> dict[str, list[Any]]:
@@ -118,3 +151,31 @@ def soak_oracle(matrix: Matrix, pc: PlannedCell, profile: Profile, *, backend: s
     cluster = connect(address_from(ray_address), backend=backend, gpus=matrix.gpus)
     return SoakOracle(matrix, profile, pc.cell.model, pc.cell.gpu, pc.cell.workload,
                       backend=backend, out_dir=out_dir), cluster
+
+
+def recorded_signature(store: Any, cell_id: str) -> tuple[str | None, str]:
+    """The signature the history store last recorded for this cell: its newest hang's, else its
+    newest crash's (a cell reported as a hang is never bisected for a crash), with where it came from."""
+    hangs = [o for o in store.observations() if o.cell_id == cell_id and o.signature
+             and o.outcome.value in ("hang", "crash")]
+    for wanted in ("hang", "crash"):
+        found = [o for o in hangs if o.outcome.value == wanted]
+        if found:
+            return found[-1].signature, f"the history store (run {found[-1].run_id}, {wanted})"
+    return None, ""
+
+
+def model_signature(matrix: Matrix, pc: PlannedCell, hang_model_path: str) -> tuple[str | None, str]:
+    """The signature of the hang the hang model plants in this cell (crashes left out); None when it
+    plants none or several (then the calibration's first hang decides)."""
+    from soakmatrix.matrix.contracts import flags as flagmod
+    from soakmatrix.matrix.contracts.hangmodel import STYLE_SIGNATURE, load_hang_model
+
+    model = load_hang_model(hang_model_path, registry=matrix.registry)
+    concurrency = matrix.workloads[pc.cell.workload].params.get("concurrency")
+    full = flagmod.resolve_defaults(pc.cell.flag_dict, matrix.registry)
+    styles = {h.style for h in model.hangs if h.style != "crash" and h.matches(full, pc.cell.gpu)
+              and not (isinstance(concurrency, int) and h.min_running > concurrency)}
+    if len(styles) == 1:
+        return STYLE_SIGNATURE[styles.pop()], "the hang model"
+    return None, ""

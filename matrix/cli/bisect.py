@@ -3,16 +3,26 @@
 Reads the options, sets the bisection up from the matrix (`matrix.bisect.setup`: the cell, its
 elements and context, the oracle: virtual time from a hang model, or soak jobs on Ray), runs
 `matrix.bisect.bisect`, prints the table or JSON and optionally writes a pytest regression test
-(`matrix.bisect.emit`). Exit codes: 1 a minimal set was found (a hang), 0 the failing cell did not
-reproduce, 3 inconclusive (budget exhausted), 2 usage or configuration error.
+(`matrix.bisect.emit`). Exit codes (EPILOG, in --help): 1 a minimal set was found (a hang), 0 the
+failing cell did not reproduce, 3 inconclusive (budget or probes exhausted, no verdict), 2 usage or
+configuration error. The result is printed before anything that can fail after it.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sqlite3
 import sys
 
+from soakmatrix.matrix.arguments import (
+    count,
+    half_open_unit_interval,
+    open_unit_interval,
+    positive_duration,
+    positive_number,
+    seed,
+)
 from soakmatrix.matrix.bisect import MAX_ELEMENTS, Settings, bisect
 from soakmatrix.matrix.bisect.emit import write_regression_test
 from soakmatrix.matrix.bisect.report import render_text, to_json
@@ -21,41 +31,55 @@ from soakmatrix.matrix.bisect.setup import (
     elements_of,
     feasibility,
     find_cell,
+    model_signature,
+    recorded_signature,
     soak_oracle,
     virtual_oracle,
 )
-from soakmatrix.matrix.contracts.durations import parse_duration
 from soakmatrix.matrix.contracts.outcomes import EXIT_FOUND, EXIT_INFRA, EXIT_OK, EXIT_USAGE
 from soakmatrix.matrix.plan import plan
 from soakmatrix.matrix.spec import load_matrix
 
+EXIT_INCONCLUSIVE = EXIT_INFRA   # the same number as run's infrastructure error; for bisect it means inconclusive
+
 HELP = ("Find the smallest set of flags (relative to the matrix baseline) that still hangs with the failing "
         "cell's signature, with stated confidence, spending few GPU-hours.")
 
+EPILOG = """exit codes:
+  0  not reproduced: the failing cell did not hang with the target signature (the report bounds its MTTF)
+  1  found: a minimal set of flags that hangs (a hang, like `run`'s 1)
+  2  usage or configuration error (named option or file:line: key: message); nothing was run
+  3  inconclusive: the probe or GPU-hour budget ran out before a verdict (for bisect, 3 is never an
+     infrastructure error: its probes retry those; raise --max-probes or --budget-gpu-hours)
 
-def _probability(text: str) -> float:
-    value = float(text)
-    if not 0.0 <= value < 1.0:
-        raise argparse.ArgumentTypeError(f"{text}: must be at least 0 and below 1")
-    return value
+A failure after the bisection (writing --emit-test, recording into --store) keeps the printed result
+and its exit code and says what failed on stderr."""
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = EPILOG
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("matrix", help="matrix YAML file")
     parser.add_argument("--cell", required=True, help="the failing cell: its id or its name (see `soakmatrix plan`)")
     parser.add_argument("--profile", help="profile (default: the first); gives start-up time and retries")
-    parser.add_argument("--confidence", type=float, default=0.95, help="stated confidence (default 0.95)")
-    parser.add_argument("--mttf-cap", help="a set hangs only if its MTTF is at most this (e.g. 6h); "
-                                           "default: 2 x the failing cell's MTTF 99%% upper bound while few hangs "
-                                           "are pooled, settling at 3 x the pooled MTTF (at most 4 x the first cap)")
+    parser.add_argument("--signature", help="the hang to bisect (e.g. shm_broadcast_timeout); other signatures only "
+                                            "end probes. Default: the cell's newest hang in --store, else the hang "
+                                            "model's (--virtual), else the calibration's first hang (never a crash)")
+    parser.add_argument("--confidence", type=open_unit_interval, default=0.95,
+                        help="stated confidence (default 0.95)")
+    parser.add_argument("--mttf-cap", type=positive_duration,
+                        help="a set hangs only if its MTTF is at most this (e.g. 6h); "
+                             "default: 2 x the failing cell's MTTF 99%% upper bound while few hangs "
+                             "are pooled, settling at 3 x the pooled MTTF (at most 4 x the first cap)")
     parser.add_argument("--virtual", action="store_true", help="virtual time: draw hangs from the hang model")
     parser.add_argument("--hang-model", help="hang-model file (default: the matrix's sim.hang_model)")
-    parser.add_argument("--seed", type=int, help="virtual oracle seed (default: the hang model's)")
-    parser.add_argument("--calibration-hangs", type=int, default=2, help="hangs of the failing cell first (default 2)")
-    parser.add_argument("--parallel", type=int, default=None, help="probes per batch (default 1 virtual, 2 on Ray; more finish sooner but spend more GPU-hours)")
-    parser.add_argument("--budget-gpu-hours", type=float, help="stop (inconclusive) after this many GPU-hours")
-    parser.add_argument("--max-probes", type=int, default=200)
-    parser.add_argument("--modifier-prior", type=_probability, default=Settings.modifier_prior,
+    parser.add_argument("--seed", type=seed, help="virtual oracle seed (default: the hang model's)")
+    parser.add_argument("--calibration-hangs", type=count, default=2, help="hangs of the failing cell first (default 2)")
+    parser.add_argument("--parallel", type=count, default=None,
+                        help="probes per batch (default 1 virtual, 2 on Ray; more finish sooner but spend more GPU-hours)")
+    parser.add_argument("--budget-gpu-hours", type=positive_number, help="stop (inconclusive) after this many GPU-hours")
+    parser.add_argument("--max-probes", type=count, default=200, help="stop (inconclusive) after this many probes")
+    parser.add_argument("--modifier-prior", type=half_open_unit_interval, default=Settings.modifier_prior,
                         help="prior probability that one flag outside the set slows the hang x6 or more; the rate "
                              "check after the search settles whether it is needed to hang within the cap "
                              f"(default {Settings.modifier_prior}; 0 skips the check)")
@@ -67,41 +91,60 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="bisect-out", help="soak job artifacts (real probes)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     parser.add_argument("--store", metavar="FILE",
-                        help="history store (SQLite) to record the result in; `soakmatrix report` shows it")
+                        help="history store (SQLite; a new file is created) to take the cell's signature from and "
+                             "record the result in; `soakmatrix report` shows it. Checked before the bisection runs")
 
+
+def _open_store(path: str):
+    """The history store, opened (and so checked) before hours of probes: a file that is not one is exit 2."""
+    from soakmatrix.reports.history import HistoryStore, StoreError
+
+    try:
+        return HistoryStore(path)
+    except (StoreError, OSError, sqlite3.Error) as exc:
+        raise _Usage(f"--store: {exc}") from None
+
+
+class _Usage(Exception):
+    pass
 
 
 def main(args: argparse.Namespace) -> int:
-    if not 0.0 < args.confidence < 1.0:
-        print("soakmatrix bisect: --confidence must be between 0 and 1 (e.g. 0.95)", file=sys.stderr)
-        return EXIT_USAGE
     try:
-        cap = parse_duration(args.mttf_cap) if args.mttf_cap else None
-    except ValueError as exc:
-        print(f"soakmatrix bisect: --mttf-cap: {exc}", file=sys.stderr)
+        return _main(args)
+    except _Usage as exc:
+        print(f"soakmatrix bisect: {exc}", file=sys.stderr)
         return EXIT_USAGE
+
+
+def _main(args: argparse.Namespace) -> int:
+    cap = args.mttf_cap
     matrix = load_matrix(args.matrix)
     result_plan = plan(matrix, args.profile)
     try:
         pc = find_cell(result_plan.cells, args.cell, matrix)
     except LookupError as exc:
-        print(f"soakmatrix bisect: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        raise _Usage(str(exc)) from None
     profile = result_plan.profile
     movable, fixed, why = elements_of(pc, matrix)
     if len(movable) > MAX_ELEMENTS:
-        print(f"soakmatrix bisect: {len(movable)} flags differ from the baseline; at most {MAX_ELEMENTS}",
-              file=sys.stderr)
-        return EXIT_USAGE
+        raise _Usage(f"{len(movable)} flags differ from the baseline; at most {MAX_ELEMENTS}")
 
     hang_model_path = args.hang_model or matrix.sim.hang_model
+    if args.virtual and not hang_model_path:
+        raise _Usage("--virtual needs a hang model: --hang-model FILE or the matrix's sim.hang_model")
+    signature, source = (args.signature, "--signature") if args.signature else (None, "")
+    if args.store:
+        store = _open_store(args.store)
+        with store:
+            if signature is None:
+                signature, source = recorded_signature(store, pc.id)
+    if signature is None and args.virtual:
+        signature, source = model_signature(matrix, pc, hang_model_path)
+
     progress = None if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
     cluster = None
     if args.virtual:
-        if not hang_model_path:
-            print("soakmatrix bisect: --virtual needs a hang model: --hang-model FILE or the matrix's sim.hang_model",
-                  file=sys.stderr)
-            return EXIT_USAGE
         oracle = virtual_oracle(matrix, pc, profile, hang_model_path, args.seed)
         parallel = args.parallel or 1
     else:
@@ -111,39 +154,52 @@ def main(args: argparse.Namespace) -> int:
             progress(f"soakmatrix bisect: on {cluster.description}")
         parallel = args.parallel or 2
     settings = Settings(confidence=args.confidence, mttf_cap_s=cap, startup_s=profile.startup_s,
-                        calibration_hangs=max(1, args.calibration_hangs), parallel=max(1, parallel),
+                        calibration_hangs=args.calibration_hangs, parallel=parallel,
                         max_probes=args.max_probes, budget_gpu_hours=args.budget_gpu_hours,
                         shrink_values=not args.no_shrink, modifier_prior=args.modifier_prior)
     if progress:
         progress(f"soakmatrix bisect: cell {pc.id} {pc.name}: {len(movable)} flag(s) differ from the baseline "
                  f"({', '.join(e.name for e in movable) or 'none'})"
-                 + (f"; context: {', '.join(why)}" if why else ""))
+                 + (f"; context: {', '.join(why)}" if why else "")
+                 + (f"; target signature {signature} (from {source})" if signature else ""))
     try:
-        result = bisect(pc.cell.flag_dict, movable, oracle, settings, context=why, context_elements=fixed,
-                        alternatives=alternatives_of(movable, matrix), feasible=feasibility(pc, matrix),
-                        progress=progress)
+        result = bisect(pc.cell.flag_dict, movable, oracle, settings, signature=signature, context=why,
+                        context_elements=fixed, alternatives=alternatives_of(movable, matrix),
+                        feasible=feasibility(pc, matrix), progress=progress, signature_source=source)
     finally:
         if cluster is not None:
             cluster.close()
     doc = to_json(result)
     doc.update({"matrix": matrix.file, "cell": {"id": pc.id, "name": pc.name},
                 "oracle": "virtual" if args.virtual else f"soak ({args.backend})"})
-    if args.store:
-        from soakmatrix.reports.history import HistoryStore
-
-        with HistoryStore(args.store) as store:
-            store.record_bisection(pc.id, doc)
+    # the result first: what can fail after it (a test file, the store) must not lose hours of probes
     if args.json:
         json.dump(doc, sys.stdout, indent=2, sort_keys=True, default=str)
         sys.stdout.write("\n")
     else:
         sys.stdout.write(f"cell {pc.id}  {pc.name}\n")
         sys.stdout.write(render_text(result))
+    sys.stdout.flush()
+    code = {"found": EXIT_FOUND, "not_reproduced": EXIT_OK}.get(result.status, EXIT_INCONCLUSIVE)
     if args.emit_test:
         if result.status != "found":
             print("soakmatrix bisect: no minimal set, so no regression test written", file=sys.stderr)
         else:
-            path = write_regression_test(args.emit_test, result, pc, matrix, args.backend, hang_model_path)
-            if progress:
-                progress(f"soakmatrix bisect: wrote {path}")
-    return {"found": EXIT_FOUND, "not_reproduced": EXIT_OK}.get(result.status, EXIT_INFRA)
+            try:
+                path = write_regression_test(args.emit_test, result, pc, matrix, args.backend, hang_model_path)
+            except OSError as exc:
+                print(f"soakmatrix bisect: --emit-test: could not write {args.emit_test}: {exc}; the result above "
+                      "stands", file=sys.stderr)
+            else:
+                if progress:
+                    progress(f"soakmatrix bisect: wrote {path}")
+    if args.store:
+        from soakmatrix.reports.history import HistoryStore, StoreError
+
+        try:
+            with HistoryStore(args.store) as store:
+                store.record_bisection(pc.id, doc)
+        except (StoreError, OSError, sqlite3.Error) as exc:
+            print(f"soakmatrix bisect: --store: could not record the result in {args.store}: {exc}; the result "
+                  "above stands", file=sys.stderr)
+    return code
