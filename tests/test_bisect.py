@@ -474,3 +474,27 @@ baseline:
     movable, fixed, why = elements_of(pc, matrix)
     assert [e.name for e in movable] == ["mtp"]
     assert [e.name for e in fixed] == ["tp"] and "not in baseline" in why["tp"]
+
+
+def test_shrunk_values_are_the_answer_everywhere():
+    # the hang needs mtp and tp >= 2; the failing cell runs tp 4: the answer is tp=2, in the minimal
+    # flags, the verdict line, the JSON, with the shrunk set's own certified soak in the report
+    from soakmatrix.matrix.bisect.report import render_text, to_json
+
+    model = HangModel(seed=3, hangs=(Hang("tp-mtp", "shm_broadcast", {"mtp": (1, 2), "tp": (2, 4)}, MTTF),))
+    fail = {"mtp": 1, "tp": 4, "async_scheduling": True}
+    movable = [Element("mtp", 1, 0), Element("tp", 4, 1), Element("async_scheduling", True, False)]
+    for seed in range(3):
+        oracle = VirtualOracle(model, registry=dict(flagmod.REGISTRY), seed=seed)
+        result = bisect(fail, movable, oracle, Settings(confidence=0.95), alternatives={"tp": [2]})
+        assert result.status == "found" and sorted(result.minimal) == ["mtp", "tp"]
+        assert [(v.flag, v.value, v.verdict) for v in result.values] == [("tp", 2, "hangs")]
+        assert result.minimal_flags == {"mtp": 1, "tp": 2, "async_scheduling": False}
+        assert result.shrunk == {"tp": {"from": 4, "to": 2}}
+        assert any(n.startswith("the shrunk set (tp=2) hung after") for n in result.notes)
+        text = render_text(result)
+        assert "minimal set: mtp=1, tp=2 " in text
+        tp_line = next(line for line in text.splitlines() if line.strip().startswith("tp "))
+        assert "-> 2" in tp_line and "necessary" in tp_line and "shrunk from 4" in tp_line
+        doc = to_json(result)
+        assert doc["minimal_flags"]["tp"] == 2 and doc["shrunk"] == {"tp": {"from": 4, "to": 2}}

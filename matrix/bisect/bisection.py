@@ -17,7 +17,7 @@ from .oracle import ProbeOracle
 from .posterior import Posterior
 from .ratecheck import drop_modifiers, rate_check, recheck_members, soak_the_set_alone
 from .search import Search
-from .verdicts import flag_verdicts, shrink_values
+from .verdicts import flag_verdicts, shrink_values, smallest_values
 
 
 def bisect(failing_flags: Mapping[str, Any], elements: Sequence[Element], oracle: ProbeOracle,
@@ -118,10 +118,18 @@ def bisect(failing_flags: Mapping[str, Any], elements: Sequence[Element], oracle
         upper = stats.mttf_upper_bound(int(H), E, s.confidence)
         certified = float(stats.soak_for_detection(min(upper, cap) if status == "found" else upper, s.confidence))
     values: list[ValueProbe] = []
+    shrunk: dict[str, Any] = {}
     if status == "found" and s.shrink_values and alternatives and certified:
         values = shrink_values(search, top, alternatives, certified)
+        shrunk, said = smallest_values(search, top, values, certified)
+        if said:
+            notes.append(said)
     verdicts = flag_verdicts(search, top, context or {}, context_elements)
-    return result(status, top, p_top, notes, values, cap, minimal_est, certified, verdicts)
+    out = result(status, top, p_top, notes, values, cap, minimal_est, certified, verdicts)
+    if shrunk:
+        out.minimal_flags = search.flags_of(top, **shrunk)
+        out.shrunk = {name: {"from": search.failing[name], "to": value} for name, value in shrunk.items()}
+    return out
 
 
 def _other_signatures(search) -> dict[str, int]:

@@ -110,6 +110,7 @@ class BisectResult:
     rate_added: list[str] = field(default_factory=list)   # flags of the minimal set the rate check put there
     signature_source: str = ""           # where the target signature came from (option, history, hang model, ...)
     other_signatures: dict[str, int] = field(default_factory=dict)   # hangs of other signatures: they only ended probes
+    shrunk: dict[str, dict[str, Any]] = field(default_factory=dict)  # flag -> {"from": failing, "to": smallest that hangs}
 
 
 FeasibleFn = Callable[[Mapping[str, Any]], str | None]   # why a flag dict cannot run, or None

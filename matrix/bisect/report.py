@@ -51,7 +51,10 @@ def render_text(r: BisectResult) -> str:
     out += ["", "verdicts:"]
     for v in r.verdicts:
         e = v.element
-        out.append(f"  {e.name:<22} {format_value(e.baseline):>18} -> {format_value(e.value):<18} {v.text}")
+        # a shrunk flag is shown at the value the answer stands on (TP 4 -> 2 still hangs: 1 -> 2)
+        value = r.shrunk[e.name]["to"] if e.name in r.shrunk else e.value
+        text = v.text + (f" (shrunk from {format_value(e.value)})" if e.name in r.shrunk else "")
+        out.append(f"  {e.name:<22} {format_value(e.baseline):>18} -> {format_value(value):<18} {text}")
     if r.values:
         out += ["", "values of the minimal set's flags (toward the baseline):"]
         for vp in r.values:
@@ -126,5 +129,6 @@ def to_json(r: BisectResult) -> dict[str, Any]:
         "gpu_hours": _num(r.gpu_hours),
         "gpu_hours_by_role": {role: _num(hours) for role, hours in r.gpu_hours_by_role.items()},
         "rate_added": r.rate_added,
+        "shrunk": r.shrunk,
         "notes": r.notes,
     }

@@ -64,6 +64,48 @@ def shrink_values(search: Search, minimal_mask: int, alternatives: Mapping[str, 
     return out
 
 
+def smallest_values(search: Search, minimal_mask: int, values: Sequence[ValueProbe],
+                    soak_s: float) -> tuple[dict[str, Any], str]:
+    """The smallest integer value of each flag of the set that still hung (TP 4 -> 2), checked together.
+
+    One flag shrunk: its own shrink probe (the rest of the set at its failing values, the certified
+    soak) is the shrunk set's certified soak. Several: the shrunk set is soaked once more, together,
+    for the certified soak; if it does not hang, the failing values stand (the values may interact).
+    Returns the overrides that stand and a sentence for the report ("" when nothing shrank)."""
+    smallest: dict[str, Any] = {}
+    for vp in values:
+        failing = next(e.value for e in search.elements if e.name == vp.flag)
+        if vp.verdict == "hangs" and isinstance(vp.value, int) and not isinstance(vp.value, bool) \
+                and isinstance(failing, int) and abs(vp.value) < abs(smallest.get(vp.flag, failing)):
+            smallest[vp.flag] = vp.value
+    if not smallest:
+        return {}, ""
+    shown = ", ".join(f"{k}={v}" for k, v in smallest.items())
+    if len(smallest) == 1:
+        (name, value), = smallest.items()
+        vp = next(v for v in values if v.flag == name and v.value == value)
+        return smallest, (f"the shrunk set ({shown}) hung after {format_duration(vp.exposure_s)} of its certified "
+                          f"soak of {format_duration(soak_s)}")
+    if search.over_budget():
+        return {}, f"the shrunk set ({shown}) was not soaked together (budget): the failing values stand"
+    flags = search.flags_of(minimal_mask, **smallest)
+    result = search.oracle.run([Probe(flags, soak_s, f"{search.label(minimal_mask)} with {shown}")])[0]
+    search.log.append(result)
+    search.probes += 1
+    search.gpu_hours += result.gpu_hours
+    search.spent["shrink"] = search.spent.get("shrink", 0.0) + result.gpu_hours
+    hung = result.hung_with(search.signature)
+    search.extra_configs.append(ConfigStats(-1, f"minimal set with {shown}", flags, role="shrink", probes=1,
+                                            gpu_hours=result.gpu_hours, hangs=int(hung),
+                                            other_hangs=int(result.hung and not hung),
+                                            exposure_s=result.exposure_s))
+    if hung:
+        return smallest, (f"the shrunk set ({shown}) hung after {format_duration(result.exposure_s)} of its "
+                          f"certified soak of {format_duration(soak_s)}")
+    return {}, (f"the shrunk set ({shown}) did not hang in its certified soak of {format_duration(soak_s)}: "
+                "the failing values stand")
+
+
 def flag_verdicts(search: Search, minimal_mask: int, context: Mapping[str, Any],
                   context_elements: Sequence[Element]) -> list[FlagVerdict]:
     """One verdict per element (necessary, modifier or irrelevant), then one per context flag."""
