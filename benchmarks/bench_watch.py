@@ -1,0 +1,199 @@
+"""`soakmatrix watch` on the simulated engine: false alarms under production-like traffic, detection latency.
+
+False alarms: one simulated server watched for a traffic pattern of `--hours` simulated hours, each
+hour one of idle / steady / burst / long prompts (16k-100k tokens, chunked prefill) and a restart
+every 12 hours, played `--compress` times faster than real time (an idle hour lasts 3600/compress
+wall seconds; steps, prefills and the watch's thresholds run at real speed). Any incident is a
+false alarm. Latency: one simulated server per trial with one planted hang (the detection
+benchmark's styles under load, plus a silent stall of an idle server that only the canary can see);
+latency is the verdict's time minus the moment the engine recorded the hang began.
+
+    python -m benchmarks.bench_watch                    # 2 simulated hours, 2 hangs per style (~5 min)
+    python -m benchmarks.bench_watch --hours 48 --per-style 10      # the long run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Sequence
+
+from soakmatrix.fixtures.sim_testing import SimProcess, free_port, load
+from soakmatrix.jobs.watch.incident import IncidentOptions
+from soakmatrix.jobs.watch.logsource import FileLog
+from soakmatrix.jobs.watch.loop import LoopConfig
+from soakmatrix.jobs.watch.runner import Watcher, WatchOptions
+from soakmatrix.jobs.watch.target import Target
+
+HANGS = """seed: 13
+hangs:
+  - {id: w-silent, style: silent_stall, when: {max_num_seqs: 251}, min_running: 1, mttf_s: 4}
+  - {id: w-event, style: event_sync_stall, when: {max_num_seqs: 252}, min_running: 2, mttf_s: 4}
+  - {id: w-shm, style: shm_broadcast, when: {max_num_seqs: 253}, min_running: 1, mttf_s: 4}
+  - {id: w-crash, style: crash, when: {max_num_seqs: 254}, min_running: 1, mttf_s: 4}
+  - {id: w-idle, style: silent_stall, when: {max_num_seqs: 255}, min_running: 1, mttf_s: 0.3}
+"""
+STYLES = {"silent_stall": 251, "event_sync_stall": 252, "shm_broadcast": 253, "crash": 254, "idle_silent_stall": 255}
+MODES = ("idle", "steady", "burst", "long_prompts")
+
+
+def watcher(url: str, out: Path, every: float, log: FileLog | None = None, **kw) -> tuple[Watcher, list[str]]:
+    notes: list[str] = []
+    w = Watcher(Target(url), IncidentOptions(out, budget_s=15), log=log,
+                on_note=lambda n: notes.append(f"{time.time():.1f} {n}"),
+                options=WatchOptions(loop=LoopConfig(canary_every_s=every), **kw))
+    return w, notes
+
+
+# ------------------------------------------------------------------ latency
+
+def one_trial(out: Path, style: str, i: int, every: float) -> dict:
+    folder = out / f"{style}-{i}"
+    folder.mkdir(parents=True)
+    (folder / "hangs.yaml").write_text(HANGS)
+    record = folder / "rec.jsonl"
+    args = ["--max-num-seqs", str(STYLES[style]), "--hang-model", str(folder / "hangs.yaml"),
+            "--hang-record", str(record), "--seed", str(100 + i)]
+    row = {"style": style, "trial": i, "latency_s": None, "detector": None, "signature": None}
+    with SimProcess(args, folder / "sim.log") as sim:
+        w, notes = watcher(sim.url, folder / "incidents", every, log=FileLog(folder / "sim.log"), max_incidents=1)
+        if style != "idle_silent_stall":
+            threading.Thread(target=load, args=(sim.url, 4, 60), kwargs={"request_timeout": 70}, daemon=True).start()
+        w.run(until=time.monotonic() + 90)
+    row["fired"] = record.exists()   # an idle server's canaries may not reach the hang's MTTF in time
+    if w.incidents and record.exists():
+        inc = w.incidents[0]
+        began = json.loads(record.read_text().splitlines()[0])["began_at"]
+        row.update(latency_s=round(inc.verdict.at - began, 2), detector=inc.verdict.detector,
+                   signature=inc.result.signature, evidence_s=round(inc.evidence.seconds, 2))
+    return row
+
+
+def measure_latency(out: Path, styles: Sequence[str], per_style: int, every: float) -> list[dict]:
+    rows = []
+    for i in range(per_style):
+        for style in styles:
+            row = one_trial(out / "latency", style, i, every)
+            rows.append(row)
+            print(f"  {style:<18} {row['latency_s']!s:>6} s  {row['detector'] or '-':<17} {row['signature']}", flush=True)
+    return rows
+
+
+# ------------------------------------------------------------------ false alarms
+
+def long_prompts(url: str, seconds: float, rng: random.Random) -> None:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        n = rng.choice([16_000, 32_000, 64_000, 100_000])
+        body = json.dumps({"prompt": [rng.randrange(5, 400) for _ in range(n)], "max_tokens": 16}).encode()
+        req = urllib.request.Request(url + "/v1/completions", body, {"Content-Type": "application/json"})
+        try:
+            urllib.request.urlopen(req, timeout=600).read()
+        except OSError:
+            return
+
+
+def play_hour(url: str, mode: str, seconds: float, rng: random.Random) -> None:
+    if mode == "idle":
+        time.sleep(seconds)
+    elif mode == "steady":
+        load(url, rng.randint(1, 4), seconds, max_tokens=64, prompt_words=rng.randint(16, 400), request_timeout=120)
+    elif mode == "burst":
+        quiet = seconds * 0.6
+        time.sleep(quiet / 2)
+        load(url, 32, seconds - quiet, max_tokens=32, prompt_words=64, request_timeout=120)
+        time.sleep(quiet / 2)
+    else:
+        long_prompts(url, seconds, rng)
+
+
+def measure_false_alarms(out: Path, hours: int, compress: float, every: float, seed: int) -> dict:
+    rng = random.Random(seed)
+    port = free_port()
+    args = ["--max-model-len", "131072"]
+    sim = SimProcess(args, out / "sim-0.log", port=port).start()
+    w, notes = watcher(sim.url, out / "alarms", every)
+    stop = threading.Event()
+    thread = threading.Thread(target=w.run, args=(stop,), daemon=True)
+    thread.start()
+    modes: dict[str, int] = {}
+    restarts = 0
+    t0 = time.monotonic()
+    try:
+        for hour in range(hours):
+            if hour and hour % 12 == 0:
+                sim.stop()
+                time.sleep(2)
+                sim = SimProcess(args, out / f"sim-{hour}.log", port=port).start()
+                restarts += 1
+            mode = rng.choices(MODES, weights=(4, 3, 2, 1))[0]
+            modes[mode] = modes.get(mode, 0) + 1
+            play_hour(sim.url, mode, 3600 / compress, rng)
+            print(f"  hour {hour + 1:>3}/{hours}: {mode:<12} incidents so far {len(w.incidents)}", flush=True)
+    finally:
+        stop.set()
+        thread.join(30)
+        sim.stop()
+    return {"hours": hours, "compress": compress, "wall_s": round(time.monotonic() - t0), "modes": modes,
+            "restarts": restarts, "false_alarms": len(w.incidents), "canaries": w.canary.sent,
+            "alarms": [i.result.message for i in w.incidents], "notes": notes[-40:]}
+
+
+def summarise(latency: list[dict], alarms: dict | None) -> str:
+    lines = []
+    if latency:
+        lines += ["", f"{'style':<18} {'hangs':>5} {'found':>5} {'median s':>9} {'worst s':>8}  detectors / signatures"]
+        for style in dict.fromkeys(r["style"] for r in latency):
+            rows = [r for r in latency if r["style"] == style and r.get("fired")]
+            lat = sorted(r["latency_s"] for r in rows if r["latency_s"] is not None)
+            dets = sorted({f"{r['detector']}/{r['signature']}" for r in rows if r["detector"]})
+            med = statistics.median(lat) if lat else float("nan")
+            lines.append(f"{style:<18} {len(rows):>5} {len(lat):>5} {med:>9.1f} {max(lat, default=float('nan')):>8.1f}"
+                         f"  {', '.join(dets)}")
+    if alarms:
+        lines += ["", f"false alarms: {alarms['false_alarms']} in {alarms['hours']} simulated hours "
+                      f"(x{alarms['compress']:g}: {alarms['wall_s']} wall s; {alarms['modes']}; "
+                      f"{alarms['restarts']} restarts; {alarms['canaries']} canaries)"]
+        lines += [f"  false alarm: {m}" for m in alarms["alarms"]]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="bench_watch", description=__doc__.splitlines()[0])
+    p.add_argument("--hours", type=int, default=2, help="simulated hours of traffic (default 2; the claim: 48)")
+    p.add_argument("--compress", type=float, default=120.0, help="simulated seconds per wall second (default 120)")
+    p.add_argument("--per-style", type=int, default=2, help="planted hangs per style (default 2)")
+    p.add_argument("--styles", default=",".join(STYLES))
+    p.add_argument("--canary-every", type=float, default=5.0)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--skip-latency", action="store_true")
+    p.add_argument("--skip-false-alarms", action="store_true")
+    p.add_argument("--out", help="keep artifacts here (default: a temporary folder)")
+    p.add_argument("--json", help="write every row here")
+    args = p.parse_args(argv)
+    ctx = tempfile.TemporaryDirectory(prefix="bench-watch-") if not args.out else None
+    out = Path(args.out or ctx.name)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    latency = [] if args.skip_latency else measure_latency(
+        out, [s for s in args.styles.split(",") if s], args.per_style, args.canary_every)
+    alarms = None if args.skip_false_alarms else measure_false_alarms(
+        out, args.hours, args.compress, args.canary_every, args.seed)
+    print(summarise(latency, alarms))
+    print(f"\n(wall time {time.monotonic() - t0:.0f} s)")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"latency": latency, "false_alarms": alarms}, indent=1))
+    if ctx is not None:
+        ctx.cleanup()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
