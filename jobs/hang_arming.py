@@ -41,17 +41,19 @@ class Arming:
 
 
 def applicable(model: HangModel, flags: Mapping[str, Any], gpu: str | None,
-               styles: Collection[str] | None = None) -> list[Hang]:
-    """The hangs (of `styles`, if given) whose `when` and `gpu` match, in the file's order."""
+               styles: Collection[str] | None = None, build: tuple[int, str] | None = None) -> list[Hang]:
+    """The hangs (of `styles`, if given) whose `when`, `gpu` and build match, in the file's order
+    (a hang keyed on the build never matches an engine that does not know its build)."""
     return [h for h in model.hangs
-            if (styles is None or h.style in styles) and h.matches(flags, gpu or None)]
+            if (styles is None or h.style in styles) and h.matches(flags, gpu or None, build)]
 
 
 def arm(model: HangModel, flags: Mapping[str, Any], gpu: str | None, seed: object, namespace: str, *,
-        styles: Collection[str] | None = None, time_scale: float = 1.0) -> list[Arming]:
+        styles: Collection[str] | None = None, time_scale: float = 1.0,
+        build: tuple[int, str] | None = None) -> list[Arming]:
     """Every applicable hang with its effective MTTF and its seeded draw."""
     armed = []
-    for hang in applicable(model, flags, gpu, styles):
+    for hang in applicable(model, flags, gpu, styles, build):
         mttf = hang.effective_mttf_s(flags)
         armed.append(Arming(hang, mttf, draw_exposure(namespace, model.seed, seed, hang.id, mttf, time_scale)))
     return armed

@@ -32,6 +32,9 @@ class SoakSpec:
     time_scale: float = 1.0            # sim engine: every duration divided by this
     seed: int = 0
     attempt: int = 1
+    build: str = ""                    # the engine build's name (matrix `builds:`); "" without builds
+    build_ordinal: int | None = None   # its place in the matrix's builds (history order)
+    runtime_env: Mapping[str, Any] | None = None   # Ray's runtime_env for the cell's task (the build)
 
 
 def effective_time_scale(backend: str, time_scale: float) -> float:

@@ -1,8 +1,9 @@
-"""A cell: (model, GPU type, flag values, workload), with a stable short id and a readable name.
+"""A cell: (model, GPU type, flag values, workload[, build]), with a stable short id and a readable name.
 
 The id is a hash of the canonical form, so the same cell keeps its id across runs, machines and
 matrix edits that do not touch it; the name `model|gpu|flag=value,...|workload` is unique and is
-what JUnit test names, dashboards and `--cell` use.
+what JUnit test names, dashboards and `--cell` use. In a matrix with `builds:` the build is part of
+both (`...|workload|build`); without one, ids and names are what they always were.
 """
 
 from __future__ import annotations
@@ -22,18 +23,21 @@ class Cell:
     gpu: str
     flags: tuple[tuple[str, Any], ...]   # sorted by flag name
     workload: str
+    build: str = ""                       # the engine build's name; "" when the matrix has no builds
 
     @classmethod
-    def make(cls, model: str, gpu: str, flags: Mapping[str, Any], workload: str) -> "Cell":
-        return cls(model, gpu, tuple(sorted(flags.items())), workload)
+    def make(cls, model: str, gpu: str, flags: Mapping[str, Any], workload: str, build: str = "") -> "Cell":
+        return cls(model, gpu, tuple(sorted(flags.items())), workload, build)
 
     @property
     def flag_dict(self) -> dict[str, Any]:
         return dict(self.flags)
 
     def canonical(self) -> str:
-        return json.dumps({"model": self.model, "gpu": self.gpu, "flags": dict(self.flags),
-                           "workload": self.workload}, sort_keys=True, separators=(",", ":"))
+        data = {"model": self.model, "gpu": self.gpu, "flags": dict(self.flags), "workload": self.workload}
+        if self.build:
+            data["build"] = self.build
+        return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
     @cached_property
     def id(self) -> str:
@@ -42,7 +46,8 @@ class Cell:
     @cached_property
     def name(self) -> str:
         flags = ",".join(f"{k}={format_value(v)}" for k, v in self.flags)
-        return f"{self.model}|{self.gpu}|{flags}|{self.workload}"
+        name = f"{self.model}|{self.gpu}|{flags}|{self.workload}"
+        return f"{name}|{self.build}" if self.build else name
 
     @property
     def tp(self) -> int:
@@ -54,10 +59,11 @@ def cell_id(canonical: str) -> str:
 
 
 def parse_name(name: str) -> tuple[str, str, dict[str, str], str]:
-    """Split a cell name into model, GPU, flag strings and workload (values stay strings)."""
+    """Split a cell name into model, GPU, flag strings and workload (values stay strings; a build,
+    the fifth part, is left out)."""
     parts = name.split("|")
-    if len(parts) != 4:
-        raise ValueError(f"not a cell name (model|gpu|flags|workload): {name!r}")
-    model, gpu, flags, workload = parts
+    if len(parts) not in (4, 5):
+        raise ValueError(f"not a cell name (model|gpu|flags|workload[|build]): {name!r}")
+    model, gpu, flags, workload = parts[:4]
     pairs = dict(item.split("=", 1) for item in flags.split(",") if item)
     return model, gpu, pairs, workload

@@ -3,8 +3,10 @@
 Order of decisions: the product (or a t-way covering array) of model x GPU x workload x axes;
 `exclude` entries remove partial matches; `include` entries merge into or add combinations
 (GitHub Actions semantics); then the built-in constraints, each exclusion kept with its reason
-(the rules themselves are in `constraints`). All of it is pure: vLLM validation is passed in as a
-function.
+(the rules themselves are in `constraints`). In a matrix with `builds:`, every combination that
+survives is then planned once per build of the profile (builds are crossed in full, never t-way: a
+regression is seen by comparing one combination across builds). All of it is pure: vLLM validation
+is passed in as a function.
 """
 
 from __future__ import annotations
@@ -15,12 +17,13 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from soakmatrix.matrix.contracts.flags import ArgvBuilder, format_value
+from soakmatrix.matrix.contracts.redact import redact_text
 from soakmatrix.matrix.contracts.yamlsrc import Problem
 
 from .cells import Cell
 from .constraints import Checker, Exclusion, apply_include, argv_builder, rule_matches, violations
 from .coverage import covering_array as default_array
-from .spec import CELL_KEYS, Matrix, Profile, SpecError
+from .spec import CELL_KEYS, Build, Matrix, Profile, SpecError
 
 
 @dataclass(frozen=True)
@@ -33,6 +36,7 @@ class PlannedCell:
     ray_label: str
     soak_s: float
     startup_s: float
+    build: Build | None = None       # the engine build (matrix `builds:`); None: the engine on the nodes
 
     @property
     def id(self) -> str:
@@ -85,6 +89,15 @@ class Plan:
         return budget is not None and self.gpu_hours > budget + 1e-9
 
     def to_json(self) -> dict[str, Any]:
+        doc = self._json()
+        if self.matrix.builds:   # only then: plans of matrices without builds stay byte-identical
+            doc["builds"] = [{"name": b.name, "ordinal": b.ordinal, "kind": b.kind, "value": redact_text(b.value)}
+                             for b in self.matrix.builds.values()]
+            for cell, pc in zip(doc["cells"], self.cells):
+                cell["build"] = pc.cell.build
+        return doc
+
+    def _json(self) -> dict[str, Any]:
         return {
             "matrix": self.matrix.file,
             "profile": self.profile.name,
@@ -196,6 +209,7 @@ def plan(matrix: Matrix, profile_name: str | None = None,
         combos = apply_include(list(combos), matrix.include, factors)
 
     problems = []
+    builds = profile_builds(matrix, profile)
     cells: list[PlannedCell] = []
     seen: set[Cell] = set()
     builder = argv_builder(matrix.registry)
@@ -211,11 +225,12 @@ def plan(matrix: Matrix, profile_name: str | None = None,
         if reasons:
             excluded.append(Exclusion(combo, "; ".join(reasons)))
             continue
-        pc = planned_cell(matrix, profile, combo, builder)
-        if pc.cell in seen:
-            continue
-        seen.add(pc.cell)
-        cells.append(pc)
+        for build in builds:
+            pc = planned_cell(matrix, profile, combo, builder, build)
+            if pc.cell in seen:
+                continue
+            seen.add(pc.cell)
+            cells.append(pc)
     if problems:
         raise SpecError(problems)
     if not cells:
@@ -245,14 +260,22 @@ def _combo_of(pc: PlannedCell) -> dict[str, Any]:
     return {"model": pc.cell.model, "gpu": pc.cell.gpu, "workload": pc.cell.workload, **pc.cell.flag_dict}
 
 
+def profile_builds(matrix: Matrix, profile: Profile) -> list[Build | None]:
+    """The builds a profile runs, in history order; [None] for a matrix without builds."""
+    if not matrix.builds:
+        return [None]
+    names = profile.builds or tuple(matrix.builds)
+    return sorted((matrix.builds[n] for n in dict.fromkeys(names)), key=lambda b: b.ordinal)
+
+
 def planned_cell(matrix: Matrix, profile: Profile, combo: Mapping[str, Any],
-                 builder: ArgvBuilder | None = None) -> PlannedCell:
+                 builder: ArgvBuilder | None = None, build: Build | None = None) -> PlannedCell:
     flags = {k: v for k, v in combo.items() if k not in CELL_KEYS}
-    cell = Cell.make(combo["model"], combo["gpu"], flags, combo["workload"])
+    cell = Cell.make(combo["model"], combo["gpu"], flags, combo["workload"], build.name if build else "")
     model, gpu = matrix.models[cell.model], matrix.gpus[cell.gpu]
     argv, env = (builder or argv_builder(matrix.registry)).build(flags)
     return PlannedCell(cell, model.path, (*model.args, *argv), env, cell.tp, gpu.ray_label,
-                       profile.soak_s, profile.startup_s)
+                       profile.soak_s, profile.startup_s, build)
 
 
 def describe_combo(combo: Mapping[str, Any]) -> str:

@@ -13,6 +13,7 @@ from typing import Any
 
 from soakmatrix.jobs.soak_spec import SoakSpec, effective_time_scale
 
+from .builds import build_env, runtime_env_for
 from .plan import PlannedCell
 from .spec import Matrix
 
@@ -28,6 +29,9 @@ def soak_spec_for(pc: PlannedCell, matrix: Matrix, backend: str = "sim",
         artifacts_dir=str(Path(out_dir) / "cells" / pc.id),
         hang_model=matrix.sim.hang_model, time_scale=matrix.sim.time_scale,
     )
+    if pc.build is not None:   # a matrix without builds leaves the spec as it always was
+        spec = replace(spec, env={**spec.env, **build_env(pc.build)}, build=pc.build.name,
+                       build_ordinal=pc.build.ordinal, runtime_env=runtime_env_for(pc.build))
     return replace(spec, **overrides) if overrides else spec
 
 

@@ -1,7 +1,8 @@
 """The matrix file: a loader that reports every error at once.
 
 A matrix file names models, GPU types, flag axes, include/exclude rules (GitHub Actions semantics),
-workloads, profiles and the baseline (each flag's neutral value, used by bisection). `load_matrix`
+workloads, profiles, the baseline (each flag's neutral value, used by bisection) and, optionally,
+the engine builds every cell runs on (`builds:`, docs/builds.md). `load_matrix`
 returns a `Matrix` or raises `SpecError` listing every problem with its file, line and key. The
 frozen dataclasses it builds live in `spec_types` and are re-exported here, as are the duration
 helpers, so `matrix.spec` stays the one place to import a matrix's names from.
@@ -12,23 +13,24 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping
 
+from .builds import builds_section
 from .contracts import flags as flagmod
 from .contracts.durations import format_duration, parse_duration
 from .contracts.flags import Flag
 from .contracts.hangmodel import load_hang_model
 from .contracts.workloads import WORKLOAD_KINDS, Workload, check_param, params_of
 from .contracts.yamlsrc import Source, SpecError, load
-from .spec_types import CELL_KEYS, GpuType, Matrix, Model, Profile, SimSettings
+from .spec_types import BUILD_KINDS, CELL_KEYS, Build, GpuType, Matrix, Model, Profile, SimSettings
 
-__all__ = ["Model", "GpuType", "Workload", "Profile", "SimSettings", "Matrix", "load_matrix",
-           "parse_duration", "format_duration", "SpecError", "CELL_KEYS"]
+__all__ = ["Model", "GpuType", "Workload", "Profile", "SimSettings", "Matrix", "Build", "load_matrix",
+           "parse_duration", "format_duration", "SpecError", "CELL_KEYS", "BUILD_KINDS"]
 
 TOP_KEYS = {"name", "description", "models", "gpus", "axes", "include", "exclude", "workloads", "profiles",
-            "baseline", "flags", "sim", "source_dependencies"}
+            "baseline", "flags", "sim", "source_dependencies", "builds"}
 MODEL_KEYS = {"path", "weights_gb", "mtp_head", "moe", "args"}
 GPU_KEYS = {"count", "memory_gb", "ray_label"}
 PROFILE_KEYS = {"coverage", "soak", "workloads", "budget_gpu_hours", "models", "gpus", "startup", "retries",
-                "cap"}
+                "cap", "builds"}
 CUSTOM_FLAG_KEYS = {"type", "argv", "env", "choices", "default", "doc"}
 SIM_KEYS = {"hang_model", "time_scale"}
 
@@ -75,11 +77,12 @@ class _Builder:
         gpus = self.gpus(top.get("gpus"))
         axes = self.axes(top.get("axes"))
         workloads = self.workloads(top.get("workloads"))
+        builds = self.builds(top.get("builds"))
         exclude = self.rules(top.get("exclude"), ("exclude",), models, gpus, workloads, axes=axes)
         include = self.rules(top.get("include"), ("include",), models, gpus, workloads)
-        profiles = self.profiles(top.get("profiles"), models, gpus, workloads)
+        profiles = self.profiles(top.get("profiles"), models, gpus, workloads, builds)
         baseline = self.flag_values(top.get("baseline"), ("baseline",))
-        sim = self.sim(top.get("sim"))
+        sim = self.sim(top.get("sim"), builds)
         deps = self.source_dependencies(top.get("source_dependencies"))
         name = top.get("name", Path(src.file).stem)
         if not isinstance(name, str) or not name.strip():
@@ -89,7 +92,7 @@ class _Builder:
         return Matrix(file=src.file, name=str(name), models=models, gpus=gpus, axes=axes, include=include,
                       exclude=exclude, workloads=workloads, profiles=profiles, baseline=baseline,
                       registry=self.registry, sim=sim, source_dependencies=deps, include_lines=include_lines,
-                      key_lines=dict(src.lines))
+                      key_lines=dict(src.lines), builds=builds)
 
     # -- sections ---------------------------------------------------------------------------------
 
@@ -301,6 +304,9 @@ class _Builder:
                 out[str(name)] = Workload(str(name), kind, params)
         return out
 
+    def builds(self, value: Any) -> dict[str, Build]:
+        return builds_section(value, self.err, self.mapping, self.duration)
+
     def names(self, value: Any, known: Mapping, path: tuple, what: str) -> tuple[str, ...] | None:
         if value is None:
             return None
@@ -309,7 +315,8 @@ class _Builder:
             return None
         return tuple(v for i, v in enumerate(value) if self.known(v, known, path + (i,), what))
 
-    def profiles(self, value: Any, models: Mapping, gpus: Mapping, workloads: Mapping) -> dict[str, Profile]:
+    def profiles(self, value: Any, models: Mapping, gpus: Mapping, workloads: Mapping,
+                 builds: Mapping | None = None) -> dict[str, Profile]:
         out = {}
         if value == {}:
             self.err(("profiles",), "empty: leave `profiles` out for one default profile, or name one")
@@ -337,7 +344,8 @@ class _Builder:
                 budget_gpu_hours=float(budget) if budget is not None else None,
                 models=self.names(spec.get("models"), models, path + ("models",), "model"),
                 gpus=self.names(spec.get("gpus"), gpus, path + ("gpus",), "GPU type"),
-                startup_s=startup, retries=retries, cap_s=cap)
+                startup_s=startup, retries=retries, cap_s=cap,
+                builds=self.names(spec.get("builds"), builds or {}, path + ("builds",), "build"))
         return out
 
     def coverage(self, value: Any, path: tuple) -> int | None:
@@ -360,7 +368,7 @@ class _Builder:
             self.err(path, f"must be longer than 0, got {value!r}")
         return seconds
 
-    def sim(self, value: Any) -> SimSettings:
+    def sim(self, value: Any, builds: Mapping[str, Build] | None = None) -> SimSettings:
         spec = self.mapping(value, ("sim",), SIM_KEYS)
         hang_model = spec.get("hang_model")
         if hang_model is not None:
@@ -372,7 +380,7 @@ class _Builder:
                 if not resolved.is_file():
                     self.err(("sim", "hang_model"), f"no such file: {resolved}")
                 else:
-                    self.hang_model_problems(resolved)
+                    self.hang_model_problems(resolved, tuple(builds or ()))
                 hang_model = str(resolved)
         scale = spec.get("time_scale", 1.0)
         if isinstance(scale, bool) or not isinstance(scale, (int, float)) or scale <= 0:
@@ -380,11 +388,12 @@ class _Builder:
             scale = 1.0
         return SimSettings(hang_model, float(scale))
 
-    def hang_model_problems(self, path: Path) -> None:
+    def hang_model_problems(self, path: Path, builds: tuple[str, ...] = ()) -> None:
         """A broken hang model is the matrix's problem too: found at `plan`, not as every cell's
-        config_error. Its problems are reported with its own file and lines."""
+        config_error. Its problems are reported with its own file and lines (a `when: {build: ...}`
+        must name a build of this matrix)."""
         try:
-            load_hang_model(path, registry=self.registry)
+            load_hang_model(path, registry=self.registry, builds=builds)
         except SpecError as exc:
             self.src.problems.extend(exc.problems)
 

@@ -33,6 +33,20 @@ class GpuType:
     ray_label: str             # Ray's accelerator_type label, e.g. H200 or GeForce-RTX-5090
 
 
+# How a build is installed, each through one field of Ray's runtime_env (matrix/builds.py).
+BUILD_KINDS = ("pip", "image", "python")
+
+
+@dataclass(frozen=True)
+class Build:
+    """A named engine build of the `builds:` section; its ordinal is its place in the file (history order)."""
+    name: str
+    ordinal: int
+    kind: str                  # one of BUILD_KINDS
+    value: str                 # the pip requirement, the image URI or the interpreter on the nodes
+    setup_timeout_s: float | None = None   # Ray's runtime_env setup_timeout_seconds; None: Ray's default
+
+
 @dataclass(frozen=True)
 class Profile:
     name: str
@@ -45,6 +59,7 @@ class Profile:
     startup_s: float = 600.0   # expected start-up per cell, counted in GPU-hours
     retries: int = 2           # infra errors retried this many times
     cap_s: float | None = None  # hard cap per cell; default soak + start-up + 10 min
+    builds: tuple[str, ...] | None = None   # None: every build of the matrix
 
 
 @dataclass(frozen=True)
@@ -70,6 +85,7 @@ class Matrix:
     source_dependencies: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     include_lines: tuple[int, ...] = ()
     key_lines: Mapping[tuple, int] = field(default_factory=dict, compare=False, repr=False)   # key path -> line
+    builds: Mapping[str, Build] = field(default_factory=dict)   # in the file's order; empty: no build axis
 
     def line_of(self, *path: Any) -> int:
         """The line of a key path in the file (the nearest enclosing key's, else 1)."""

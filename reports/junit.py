@@ -93,6 +93,8 @@ def case_properties(result: CellResult) -> dict[str, str]:
     for name, value in sorted(result.flags.items()):
         props[f"flag.{name}"] = format_value(value)
     props["vllm_version"] = result.vllm_version
+    if result.build:   # a matrix with builds; the regression.* properties come from reports/regressions.py
+        props.update({"build": result.build, **(result.extra.get("regression") or {})})
     props["engine"] = result.engine
     props["exposure_s"] = f"{result.exposure_s:.1f}"
     mttf = mttf_of(result)

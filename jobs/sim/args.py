@@ -38,6 +38,7 @@ class SimConfig:
     num_gpu_blocks: int | None = None            # --num-gpu-blocks-override
     hang_model: str | None = None
     gpu_type: str = ""
+    build: tuple[int, str] | None = None         # (ordinal, name) from SOAKMATRIX_BUILD[_ORDINAL]
     time_scale: float = 1.0
     seed: int = 0
     hang_record: str | None = None
@@ -298,6 +299,7 @@ def _apply_values(config: SimConfig, values: dict[str, Any], environ: dict[str, 
     if values.get("hang_model"):
         config.hang_model = values["hang_model"]
     config.gpu_type = values.get("gpu_type") or environ.get("SOAKMATRIX_GPU_TYPE", "")
+    config.build = _build(environ)
     if "time_scale" in values:
         config.time_scale = _float("--time-scale", values["time_scale"])
         if not config.time_scale > 0:
@@ -310,6 +312,17 @@ def _apply_values(config: SimConfig, values: dict[str, Any], environ: dict[str, 
         config.hang_record = values["hang_record"]
     config.access_log = values.get("access_log", True)
     config.log_stats = values.get("log_stats", True)
+
+
+def _build(environ: dict[str, str]) -> tuple[int, str] | None:
+    """The engine build a matrix cell runs (matrix/builds.py sets both variables); None outside a build."""
+    name, ordinal = environ.get("SOAKMATRIX_BUILD", ""), environ.get("SOAKMATRIX_BUILD_ORDINAL", "")
+    if not name and not ordinal:
+        return None
+    try:
+        return (int(ordinal), name) if ordinal else (-1, name)
+    except ValueError:
+        raise SimUsageError(f"SOAKMATRIX_BUILD_ORDINAL must be an integer, got {ordinal!r}") from None
 
 
 def _check(config: SimConfig) -> None:

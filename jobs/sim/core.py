@@ -52,7 +52,7 @@ class EngineCore:
         self.rng = random.Random(f"soakmatrix-sim-steps:{config.seed}")
         self.hang_model = load_or_empty(config.hang_model)
         self.clock = HangClock(arm(self.hang_model, config.flags, config.gpu_type, config.seed,
-                                   config.time_scale))
+                                   config.time_scale, config.build))
         self.executor = Executor(config, clocks)
         self.hung: ArmedHang | None = None
 

@@ -39,10 +39,11 @@ class ArmedHang(hang_arming.Arming):
 
 
 def arm(model: HangModel, flags: Mapping[str, object], gpu: str | None, seed: int,
-        time_scale: float = 1.0) -> list[ArmedHang]:
+        time_scale: float = 1.0, build: tuple[int, str] | None = None) -> list[ArmedHang]:
+    """The hangs this engine carries; `build` (ordinal, name) for hang models keyed on the build."""
     full = flagmod.resolve_defaults(flags)
     return [ArmedHang(a.hang, a.mttf_s, a.fires_after_s)
-            for a in hang_arming.arm(model, full, gpu, seed, RNG_NAMESPACE, time_scale=time_scale)]
+            for a in hang_arming.arm(model, full, gpu, seed, RNG_NAMESPACE, time_scale=time_scale, build=build)]
 
 
 class HangClock:

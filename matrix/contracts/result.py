@@ -36,6 +36,8 @@ class CellResult:
     gpu_count: int = 0
     engine: str = ""                       # "sim" | "vllm"
     vllm_version: str = ""
+    build: str = ""                        # the engine build (matrix `builds:`); "" without builds
+    build_ordinal: int | None = None       # its place in the matrix's builds: the history order
     started_at: float = field(default_factory=time.time)
     ended_at: float = 0.0
     attempt: int = 1                       # 1 + infra retries before this result

@@ -54,7 +54,7 @@ def infra_result(spec: SoakSpec, message: str, *, node: str = "", started_at: fl
         cell_id=spec.cell_id, cell_name=spec.cell_name, outcome=Outcome.INFRA_ERROR, model=spec.model,
         gpu_type=spec.gpu_type, workload=spec.workload.name, flags=dict(spec.flags), message=message,
         node=node, gpu_count=spec.gpu_count, engine=spec.backend, started_at=started_at or now, ended_at=now,
-        attempt=spec.attempt, retries=list(retries))
+        attempt=spec.attempt, retries=list(retries), build=spec.build, build_ordinal=spec.build_ordinal)
 
 
 

@@ -1,4 +1,7 @@
-"""The Launcher on a connected Ray cluster, and the mailbox actor its tasks report their start to."""
+"""The Launcher on a connected Ray cluster, and the mailbox actor its tasks report their start to.
+
+A cell with an engine build runs its task in the build's runtime_env (`runtime_envs`); a build Ray
+cannot set up comes back as that cell's config_error or infra_error, never as a task that waits."""
 
 from __future__ import annotations
 
@@ -8,7 +11,16 @@ from soakmatrix.jobs.soak_spec import SoakSpec
 from soakmatrix.matrix.contracts.result import CellResult
 
 from .placement import Node, avoid_selector, nodes_from_ray
+from .runtime_envs import (
+    interpreter_of,
+    interpreter_present,
+    missing_interpreter_result,
+    runtime_env_option,
+    setup_failure_result,
+)
 from .task import RunCell, soak_task
+
+INTERPRETER_CHECK_S = 60.0
 
 
 class RayLauncher:
@@ -27,26 +39,67 @@ class RayLauncher:
         self._task = ray.remote(soak_task)
         self._run_cell = run_cell
         self._cpus = cpus_per_cell
+        self._specs: dict[Any, SoakSpec] = {}
+        self._has_interpreter: dict[tuple[str, str], bool] = {}   # (node, executable) -> present
 
     def submit(self, spec: SoakSpec, ray_label: str, avoid_nodes: frozenset[str], cap_s: float) -> Any:
         options: dict[str, Any] = {"num_gpus": spec.gpu_count, "accelerator_type": ray_label,
                                    "max_retries": 0, "retry_exceptions": False,
-                                   "num_cpus": self._cpus, "name": f"soak:{spec.cell_name}"[:200]}
+                                   "num_cpus": self._cpus, "name": f"soak:{spec.cell_name}"[:200],
+                                   **runtime_env_option(spec)}
+        executable = interpreter_of(spec.runtime_env)
+        if executable:
+            hosts = [n.node_id for n in self.nodes()
+                     if n.alive and ray_label in n.accelerators and n.gpus >= spec.gpu_count]
+            lacking = frozenset(n for n in hosts if not self._interpreter_on(n, executable))
+            if hosts and len(lacking) == len(hosts):
+                return _Ready(missing_interpreter_result(spec, executable, len(hosts)))
+            avoid_nodes = avoid_nodes | lacking
         if avoid_nodes:
             options["label_selector"] = avoid_selector(avoid_nodes)
-        return self._task.options(**options).remote(spec, self._mailbox, cap_s, self._run_cell)
+        handle = self._task.options(**options).remote(spec, self._mailbox, cap_s, self._run_cell)
+        self._specs[handle] = spec
+        return handle
+
+    def _interpreter_on(self, node: str, executable: str) -> bool:
+        """Whether `executable` exists on `node` (asked once per node; unknown counts as present)."""
+        key = (node, executable)
+        if key not in self._has_interpreter:
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+            probe = self._ray.remote(num_cpus=0, max_retries=0)(interpreter_present).options(
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(executable)
+            try:
+                self._has_interpreter[key] = bool(self._ray.get(probe, timeout=INTERPRETER_CHECK_S))
+            except Exception:  # noqa: BLE001 - a node too busy or gone: let Ray try it
+                return True
+        return self._has_interpreter[key]
 
     def wait(self, handles: list[Any], timeout_s: float) -> list[Any]:
-        if not handles:
-            return []
-        ready, _ = self._ray.wait(handles, num_returns=len(handles), timeout=timeout_s, fetch_local=False)
-        return ready
+        ready = [h for h in handles if isinstance(h, _Ready)]
+        pending = [h for h in handles if not isinstance(h, _Ready)]
+        if ready or not pending:
+            return ready
+        done, _ = self._ray.wait(pending, num_returns=len(pending), timeout=timeout_s, fetch_local=False)
+        return done
 
     def result(self, handle: Any) -> CellResult:
-        value = self._ray.get(handle)
+        if isinstance(handle, _Ready):
+            return handle.result
+        from ray.exceptions import RuntimeEnvSetupError
+
+        spec = self._specs.pop(handle, None)
+        try:
+            value = self._ray.get(handle)
+        except RuntimeEnvSetupError as exc:
+            if spec is None:
+                raise
+            return setup_failure_result(spec, str(exc))
         return value if isinstance(value, CellResult) else CellResult.from_dict(value)
 
     def cancel(self, handle: Any, force: bool) -> None:
+        if isinstance(handle, _Ready):
+            return
         try:
             self._ray.cancel(handle, force=force)
         except Exception:  # noqa: BLE001 - already finished or its node is gone
@@ -57,6 +110,13 @@ class RayLauncher:
 
     def started(self) -> list[tuple[str, int, str, float]]:
         return self._ray.get(self._mailbox.drain.remote())
+
+
+class _Ready:
+    """A handle whose result is known without a task (the build cannot start anywhere)."""
+
+    def __init__(self, result: CellResult) -> None:
+        self.result = result
 
 
 class _Mailbox:

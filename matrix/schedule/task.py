@@ -84,6 +84,8 @@ def soak_task(spec: SoakSpec, mailbox: Any, cap_s: float, run_cell: RunCell | No
     spec = with_assigned_gpus(spec, ray.get_gpu_ids())
     result = run_with_cap(run_cell, spec, cap_s)
     result.extra["ray_node_id"] = node
+    if spec.build:
+        result.build, result.build_ordinal = spec.build, spec.build_ordinal
     if not result.node:
         result.node = node
     return result.to_dict()
