@@ -42,6 +42,7 @@ from .dashboard_data import (
 )
 from .files import write_atomic
 from .history import HistoryStore
+from .regressions import DEFAULT_CONFIDENCE, Regression, find_regressions, rows_of
 
 TEMPLATES = Path(__file__).parent / "templates"
 
@@ -51,7 +52,8 @@ def build_dashboard(store_path: str | os.PathLike, out_dir: str | os.PathLike) -
     now = datetime.now(timezone.utc).timestamp()
     with HistoryStore(store_path, create=False) as store:
         data = collect(store, now)
-    page = render(data)
+        regressions = find_regressions(rows_of(store))
+    page = with_regressions(render(data), regressions)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     return _write_atomic(out / "index.html", page)
@@ -92,3 +94,17 @@ def script_json(value: Any) -> Markup:
 
 def _write_atomic(path: Path, text: str) -> Path:
     return write_atomic(path, lambda fh: fh.write(text.encode("utf-8")))
+
+
+def with_regressions(page: str, regressions: list[Regression]) -> str:
+    """The page with a section of regression findings between builds (reports/regressions.py) at the
+    end of <main>; unchanged when there are none (a matrix without builds has none)."""
+    if not regressions:
+        return page
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=True,
+                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    env.filters["duration"] = lambda s: "" if s is None else format_duration(s)
+    section = env.get_template("regressions.html").render(regressions=regressions,
+                                                          confidence=f"{DEFAULT_CONFIDENCE:.0%}")
+    head, sep, tail = page.rpartition("</main>")
+    return f"{head}{section}\n{sep}{tail}" if sep else page + section
