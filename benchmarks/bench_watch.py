@@ -1,12 +1,15 @@
 """`soakmatrix watch` on the simulated engine: false alarms under production-like traffic, detection latency.
 
 False alarms: one simulated server watched for a traffic pattern of `--hours` simulated hours, each
-hour one of idle / steady / burst / long prompts (16k-100k tokens, chunked prefill) and a restart
-every 12 hours, played `--compress` times faster than real time (an idle hour lasts 3600/compress
-wall seconds; steps, prefills and the watch's thresholds run at real speed). Any incident is a
-false alarm. Latency: one simulated server per trial with one planted hang (the detection
-benchmark's styles under load, plus a silent stall of an idle server that only the canary can see);
-latency is the verdict's time minus the moment the engine recorded the hang began.
+hour one of idle / steady / burst / slow clients (streams read a chunk every 0.2-1 s) / long prompts
+(the first 100k tokens, then 16k-100k, chunked prefill, beside short requests), a restart every 12
+hours and a /metrics scrape that times out in every 8th hour, played `--compress` times faster than
+real time (an idle hour lasts 3600/compress wall seconds; steps, prefills and the watch's thresholds
+run at real speed). Any incident is a false alarm; each is listed with the load average, the watch's
+own scheduling lag and the busiest processes, to tell CPU starvation from a detector fault. Latency:
+one simulated server per trial with one planted hang (the detection benchmark's styles under load,
+plus a silent stall of an idle server that only the canary can see); latency is the verdict's time
+minus the moment the engine recorded the hang began.
 
     python -m benchmarks.bench_watch                    # 2 simulated hours, 2 hangs per style (~5 min)
     python -m benchmarks.bench_watch --hours 48 --per-style 10      # the long run
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import statistics
 import tempfile
@@ -41,12 +45,15 @@ hangs:
   - {id: w-idle, style: silent_stall, when: {max_num_seqs: 255}, min_running: 1, mttf_s: 0.3}
 """
 STYLES = {"silent_stall": 251, "event_sync_stall": 252, "shm_broadcast": 253, "crash": 254, "idle_silent_stall": 255}
-MODES = ("idle", "steady", "burst", "long_prompts")
+MODES = ("idle", "steady", "burst", "long_prompts", "slow_clients")
+MODE_WEIGHTS = (4, 3, 2, 1, 1)
+LONG_PROMPTS = (16_000, 32_000, 64_000, 100_000)
 
 
-def watcher(url: str, out: Path, every: float, log: FileLog | None = None, **kw) -> tuple[Watcher, list[str]]:
+def watcher(url: str, out: Path, every: float, log: FileLog | None = None, on_incident=None,
+            **kw) -> tuple[Watcher, list[str]]:
     notes: list[str] = []
-    w = Watcher(Target(url), IncidentOptions(out, budget_s=15), log=log,
+    w = Watcher(Target(url), IncidentOptions(out, budget_s=15), log=log, on_incident=on_incident,
                 on_note=lambda n: notes.append(f"{time.time():.1f} {n}"),
                 options=WatchOptions(loop=LoopConfig(canary_every_s=every), **kw))
     return w, notes
@@ -88,16 +95,112 @@ def measure_latency(out: Path, styles: Sequence[str], per_style: int, every: flo
 
 # ------------------------------------------------------------------ false alarms
 
-def long_prompts(url: str, seconds: float, rng: random.Random) -> None:
+class FlakyScrape:
+    """Wraps the watch's HTTP GET: once armed, the next /metrics scrape hangs for its whole timeout and
+    raises, as a scrape of an API server busy for seconds does (the scrape carries no information)."""
+
+    def __init__(self, get) -> None:
+        self.get, self.armed, self.injected = get, threading.Event(), 0
+
+    def __call__(self, url: str, timeout_s: float) -> tuple[int, str]:
+        if url.endswith("/metrics") and self.armed.is_set():
+            self.armed.clear()
+            self.injected += 1
+            time.sleep(timeout_s)
+            raise TimeoutError("timed out (injected by the benchmark)")
+        return self.get(url, timeout_s)
+
+
+class LagMeter:
+    """How late a 0.1 s sleep of this process wakes up: the CPU starvation the watch itself suffers
+    when other processes hog the cores (a starved watch or engine can read as a stall)."""
+
+    def __init__(self) -> None:
+        self.worst, self._stop = 0.0, threading.Event()
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            t0 = time.monotonic()
+            self._stop.wait(0.1)
+            self.worst = max(self.worst, time.monotonic() - t0 - 0.1)
+
+    def take(self) -> float:
+        worst, self.worst = self.worst, 0.0
+        return round(worst, 2)
+
+    def close(self) -> None:
+        self._stop.set()
+
+
+def busiest_processes(n: int = 5) -> list[str]:
+    """The processes using the most CPU right now (who starves whom, when an alarm is raised)."""
+    import psutil
+
+    procs = list(psutil.process_iter(["pid", "name", "cmdline"]))
+    for p in procs:
+        try:
+            p.cpu_percent(None)
+        except psutil.Error:
+            pass
+    time.sleep(1.0)
+    rows = []
+    for p in procs:
+        try:
+            rows.append((p.cpu_percent(None), p.pid, " ".join((p.info["cmdline"] or [p.info["name"] or "?"])[:4])))
+        except psutil.Error:
+            continue
+    return [f"{cpu:.0f}% {pid} {cmd[:100]}" for cpu, pid, cmd in sorted(rows, reverse=True)[:n]]
+
+
+def long_prompts(url: str, seconds: float, rng: random.Random) -> int:
+    """Long prompts one after another (the first of each hour 100k tokens), beside 2 short-request clients."""
     end = time.monotonic() + seconds
+    short = threading.Thread(target=load, args=(url, 2, seconds), daemon=True,
+                             kwargs={"max_tokens": 32, "prompt_words": 32, "request_timeout": 600})
+    short.start()
+    sent, n = 0, 100_000
     while time.monotonic() < end:
-        n = rng.choice([16_000, 32_000, 64_000, 100_000])
         body = json.dumps({"prompt": [rng.randrange(5, 400) for _ in range(n)], "max_tokens": 16}).encode()
         req = urllib.request.Request(url + "/v1/completions", body, {"Content-Type": "application/json"})
         try:
             urllib.request.urlopen(req, timeout=600).read()
+            sent += 1
         except OSError:
-            return
+            break
+        n = rng.choice(LONG_PROMPTS)
+    short.join(600)
+    return sent
+
+
+def slow_clients(url: str, seconds: float, rng: random.Random) -> None:
+    """Streaming clients that read a chunk every 0.2-1 s: the server waits on them, the engine does not."""
+    import http.client
+    from urllib.parse import urlsplit
+
+    u = urlsplit(url)
+    end = time.monotonic() + seconds
+
+    def reader(pause: float) -> None:
+        while time.monotonic() < end:
+            try:
+                conn = http.client.HTTPConnection(u.hostname, u.port, timeout=120)
+                conn.request("POST", "/v1/completions", json.dumps({"prompt": "x " * 50, "max_tokens": 200,
+                                                                     "stream": True, "ignore_eos": True}),
+                             {"Content-Type": "application/json"})
+                for _ in conn.getresponse():
+                    time.sleep(pause)
+                    if time.monotonic() >= end:
+                        break
+                conn.close()
+            except OSError:
+                return
+
+    readers = [threading.Thread(target=reader, args=(rng.uniform(0.2, 1.0),), daemon=True) for _ in range(6)]
+    for r in readers:
+        r.start()
+    for r in readers:
+        r.join(seconds + 130)
 
 
 def play_hour(url: str, mode: str, seconds: float, rng: random.Random) -> None:
@@ -110,21 +213,37 @@ def play_hour(url: str, mode: str, seconds: float, rng: random.Random) -> None:
         time.sleep(quiet / 2)
         load(url, 32, seconds - quiet, max_tokens=32, prompt_words=64, request_timeout=120)
         time.sleep(quiet / 2)
+    elif mode == "slow_clients":
+        slow_clients(url, seconds, rng)
     else:
         long_prompts(url, seconds, rng)
 
 
 def measure_false_alarms(out: Path, hours: int, compress: float, every: float, seed: int) -> dict:
+    """Watch one server through `hours` simulated hours: a restart every 12, a /metrics scrape that
+    times out in every 8th hour (at its middle), any incident a false alarm (with the load average, the
+    watch's own scheduling lag and the busiest processes at that moment, to tell starvation apart)."""
     rng = random.Random(seed)
     port = free_port()
     args = ["--max-model-len", "131072"]
     sim = SimProcess(args, out / "sim-0.log", port=port).start()
-    w, notes = watcher(sim.url, out / "alarms", every)
+    alarms: list[dict] = []
+    lag = LagMeter()
+
+    def on_incident(incident) -> None:
+        alarms.append({"hour": hour + 1, "mode": mode, "message": incident.result.message,
+                       "load1": round(os.getloadavg()[0], 1), "watch_lag_s": lag.worst,
+                       "busiest": busiest_processes(), "evidence": str(incident.folder)})
+
+    w, notes = watcher(sim.url, out / "alarms", every, on_incident=on_incident)
+    flaky = FlakyScrape(w.dog.get)
+    w.dog.get = flaky
     stop = threading.Event()
     thread = threading.Thread(target=w.run, args=(stop,), daemon=True)
     thread.start()
     modes: dict[str, int] = {}
-    restarts = 0
+    hourly: list[dict] = []
+    restarts, hour, mode = 0, 0, "idle"
     t0 = time.monotonic()
     try:
         for hour in range(hours):
@@ -133,17 +252,26 @@ def measure_false_alarms(out: Path, hours: int, compress: float, every: float, s
                 time.sleep(2)
                 sim = SimProcess(args, out / f"sim-{hour}.log", port=port).start()
                 restarts += 1
-            mode = rng.choices(MODES, weights=(4, 3, 2, 1))[0]
+            mode = rng.choices(MODES, weights=MODE_WEIGHTS)[0]
             modes[mode] = modes.get(mode, 0) + 1
-            play_hour(sim.url, mode, 3600 / compress, rng)
-            print(f"  hour {hour + 1:>3}/{hours}: {mode:<12} incidents so far {len(w.incidents)}", flush=True)
+            seconds = 3600 / compress
+            if hour % 8 == 3:
+                threading.Timer(seconds / 2, flaky.armed.set).start()
+            h0 = time.monotonic()
+            play_hour(sim.url, mode, seconds, rng)
+            row = {"hour": hour + 1, "mode": mode, "wall_s": round(time.monotonic() - h0, 1),
+                   "load1": round(os.getloadavg()[0], 1), "watch_lag_s": lag.take(), "alarms": len(w.incidents)}
+            hourly.append(row)
+            print(f"  hour {hour + 1:>3}/{hours}: {mode:<12} {row['wall_s']:>5} s  load {row['load1']:>4}  "
+                  f"lag {row['watch_lag_s']:>5} s  incidents so far {len(w.incidents)}", flush=True)
     finally:
         stop.set()
         thread.join(30)
         sim.stop()
+        lag.close()
     return {"hours": hours, "compress": compress, "wall_s": round(time.monotonic() - t0), "modes": modes,
-            "restarts": restarts, "false_alarms": len(w.incidents), "canaries": w.canary.sent,
-            "alarms": [i.result.message for i in w.incidents], "notes": notes[-40:]}
+            "restarts": restarts, "scrape_timeouts": flaky.injected, "false_alarms": len(w.incidents),
+            "canaries": w.canary.sent, "alarms": alarms, "hourly": hourly, "notes": notes[-40:]}
 
 
 def summarise(latency: list[dict], alarms: dict | None) -> str:
@@ -160,8 +288,12 @@ def summarise(latency: list[dict], alarms: dict | None) -> str:
     if alarms:
         lines += ["", f"false alarms: {alarms['false_alarms']} in {alarms['hours']} simulated hours "
                       f"(x{alarms['compress']:g}: {alarms['wall_s']} wall s; {alarms['modes']}; "
-                      f"{alarms['restarts']} restarts; {alarms['canaries']} canaries)"]
-        lines += [f"  false alarm: {m}" for m in alarms["alarms"]]
+                      f"{alarms['restarts']} restarts; {alarms['scrape_timeouts']} scrape timeouts; "
+                      f"{alarms['canaries']} canaries; worst watch lag "
+                      f"{max((h['watch_lag_s'] for h in alarms['hourly']), default=0)} s)"]
+        for a in alarms["alarms"]:
+            lines += [f"  false alarm in hour {a['hour']} ({a['mode']}, load {a['load1']}, watch lag "
+                      f"{a['watch_lag_s']} s): {a['message']}", *(f"    busy: {b}" for b in a["busiest"])]
     return "\n".join(lines)
 
 
