@@ -1,0 +1,43 @@
+"""Build bisection (issue 21): which build of an ordered list brought the hang in.
+
+Pure: `bisect_builds(builds, oracle, settings)` (algorithm.py) over a posterior on the change point
+(posterior.py) with probes chosen for information per GPU-hour (planner.py); the oracle is injected
+(oracle.py; oracle_virtual.py draws virtual times). `run_build_bisection` (run.py) is what the CLI
+calls, with builds from a file or a commit range (specs.py), and `render_text` / `to_json`
+(report.py) print the answer. bound.py is the floor any procedure must pay. docs/build-bisect.md.
+"""
+
+from .algorithm import (
+    BAD_UNTESTABLE,
+    FOUND,
+    INCONCLUSIVE,
+    NOT_A_REGRESSION,
+    NOT_REPRODUCED,
+    RANGE,
+    BuildBisectResult,
+    BuildSettings,
+    bisect_builds,
+)
+from .bound import BuildBound, lower_bound
+from .oracle import HANG, PASSED, UNTESTABLE, BuildOracle, BuildProbe, BuildProbeResult, FlagOracleAdapter
+from .oracle_virtual import VirtualBuildOracle
+from .report import render_text, to_json
+from .run import run_build_bisection
+from .specs import (
+    BuildSpec,
+    BuildSpecError,
+    builds_from_range,
+    git_rev_list,
+    parse_builds_file,
+    parse_builds_text,
+    parse_range,
+    resolve_builds,
+)
+
+__all__ = [
+    "BAD_UNTESTABLE", "FOUND", "INCONCLUSIVE", "NOT_A_REGRESSION", "NOT_REPRODUCED", "RANGE", "HANG", "PASSED",
+    "UNTESTABLE", "BuildBisectResult", "BuildSettings", "bisect_builds", "BuildBound", "lower_bound",
+    "BuildOracle", "BuildProbe", "BuildProbeResult", "FlagOracleAdapter", "VirtualBuildOracle", "render_text",
+    "to_json", "run_build_bisection", "BuildSpec", "BuildSpecError", "builds_from_range", "git_rev_list",
+    "parse_builds_file", "parse_builds_text", "parse_range", "resolve_builds",
+]

@@ -1,0 +1,89 @@
+"""The build probe oracle: what build bisection asks of the world, and what it gets back.
+
+A probe installs and starts one build (an engine version, a wheel, an image) with the failing cell's
+flags, model, GPU and workload, soaks it for at most `soak_s` seconds of load and stops at the first
+hang. Its answer is one of:
+
+* `hang`: a hang, with its signature (only the target signature counts as "this build is bad";
+  any other signature ends the probe early and is counted on its own),
+* `passed`: no hang in `soak_s`,
+* `untestable`: the build could not be installed or started (a `config_error`/`infra_error` of the
+  soak); it says nothing about the hang,
+
+with the exposure (load seconds up to the hang) and the GPU-hours spent, install and start-up
+included. Bisection never looks at a clock or a process: `oracle_virtual.VirtualBuildOracle` draws
+times, `FlagOracleAdapter` puts a build into the flag bisection's probe oracle (the soak oracle).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Protocol, Sequence
+
+HANG = "hang"
+PASSED = "passed"
+UNTESTABLE = "untestable"
+OUTCOMES = (HANG, PASSED, UNTESTABLE)
+
+
+@dataclass(frozen=True)
+class BuildProbe:
+    index: int                   # position in the ordered list (0 = oldest, the good side)
+    build: str                   # the build's name or spec
+    soak_s: float                # stop after this much load without a hang
+
+
+@dataclass(frozen=True)
+class BuildProbeResult:
+    probe: BuildProbe
+    outcome: str                 # hang | passed | untestable
+    signature: str | None        # the hang's signature; None unless outcome == "hang"
+    exposure_s: float            # seconds under load, up to the hang if there was one
+    gpu_hours: float             # GPUs x (install + start-up + exposure)
+    message: str = ""
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.outcome not in OUTCOMES:
+            raise ValueError(f"a build probe's outcome is one of {OUTCOMES}, got {self.outcome!r}")
+
+
+class BuildOracle(Protocol):
+    def run(self, probes: Sequence[BuildProbe]) -> list[BuildProbeResult]:
+        """Soak every probe (in parallel where possible); results in the order of `probes`."""
+        ...
+
+
+class FlagOracleAdapter:
+    """A build oracle over the flag bisection's `ProbeOracle` (e.g. `SoakOracle`): each build probe
+    becomes a flag probe of the failing cell's flags with `build_key` set to the build, so the same
+    planned-cell machinery (Ray's runtime_env per build) runs it. A crash counts as a hang with its
+    signature (as in the flag bisection); config and infra errors make the build untestable."""
+
+    def __init__(self, oracle: Any, flags: Mapping[str, Any], build_key: str = "build",
+                 probe_factory: Callable[..., Any] | None = None):
+        self.oracle = oracle
+        self.flags = dict(flags)
+        self.build_key = build_key
+        if probe_factory is None:
+            from soakmatrix.matrix.bisect.oracle import Probe as probe_factory
+        self.probe_factory = probe_factory
+
+    def run(self, probes: Sequence[BuildProbe]) -> list[BuildProbeResult]:
+        flag_probes = [self.probe_factory(flags={**self.flags, self.build_key: p.build}, soak_s=p.soak_s,
+                                          label=f"{self.build_key}={p.build}") for p in probes]
+        return [convert(p, r) for p, r in zip(probes, self.oracle.run(flag_probes))]
+
+
+def convert(probe: BuildProbe, result: Any) -> BuildProbeResult:
+    """A flag oracle's `ProbeResult` (outcome passed|hang|crash|config_error|infra_error) as a build
+    probe's answer."""
+    outcome = str(getattr(result.outcome, "value", result.outcome))
+    if outcome in ("hang", "crash"):
+        kind, signature = HANG, result.signature or outcome
+    elif outcome == "passed":
+        kind, signature = PASSED, None
+    else:
+        kind, signature = UNTESTABLE, None
+    return BuildProbeResult(probe, kind, signature, float(result.exposure_s), float(result.gpu_hours),
+                            getattr(result, "message", ""), dict(getattr(result, "extra", {}) or {}))

@@ -1,0 +1,138 @@
+"""Which build to soak next, and for how long: the most information about the change point per
+expected GPU-hour.
+
+A soak of build i for L seconds splits the hypotheses at i. Under a hypothesis J <= i (build i is
+bad) it passes with probability f_J(L) = (E_J / (E_J + L))^H_J, H_J and E_J the hangs and exposure
+that J pools over the builds it calls bad (the rate integrated out, as in the posterior: a
+hypothesis whose builds passed long soaks has a slow rate, so further passes refute it only
+polynomially). A hang is conclusive (every J above i goes); a pass scales each J <= i by f_J(L).
+The expected drop in the entropy of the change point, over the expected cost (start-up, plus about
+min(T, L) of load on a bad build and L on a good one), ranks every build and every length of a small
+grid of multiples of the MTTF pooled over the builds known bad. This is the Bayesian noisy binary
+search of Flake Aware Culprit Finding (Henderson et al., ICST 2023), with soak lengths chosen
+instead of fixed and a hang read as a time, not a bit.
+
+The end game (`_end_game`): when the pick is the build just below the likeliest group, refuting it
+is what is left. It is soaked once for the whole length **confidence demands** (the pass after which
+that group reaches the stated confidence; chunks only add start-ups, a bad build hangs as early
+either way), unless one more hang pooled on a bad build would shorten that soak by more than the
+hang costs: then the likeliest first bad build is soaked to its hang first (the floor's trade,
+bound.py: hangs on bad builds against load on the good neighbour).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+LENGTH_GRID = (0.5, 1.0, 2.0, 4.0, 8.0)     # soak lengths tried, in pooled MTTFs
+MAX_SOAK_MTTFS = 60.0                       # the length confidence demands is not tried beyond this
+POOL_SOAK_MTTFS = 10.0                      # a soak to pool one more hang on a bad build stops at its hang
+
+
+@dataclass(frozen=True)
+class Choice:
+    index: int              # the build to soak
+    soak_s: float
+    gain_bits: float        # expected drop in the entropy of the change point
+    cost_hours: float       # expected GPU-hours
+    p_bad: float            # P(this build is bad)
+    role: str = "search"    # search | refute (the end game's soak) | pool (a hang on a bad build)
+
+
+def _plogp(p: np.ndarray) -> np.ndarray:
+    safe = np.where(p > 0, p, 1.0)
+    return np.where(p > 0, p * np.log(safe), 0.0)
+
+
+def pass_factor(hangs: np.ndarray, exposure: np.ndarray, length: float) -> np.ndarray:
+    """f_J(L): the chance that a bad build passes L under each hypothesis, rate integrated out."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(exposure > 0, (exposure / (exposure + length)) ** hangs, 0.0)
+
+
+def stop_length(mass: np.ndarray, best: int, hangs: np.ndarray, exposure: np.ndarray,
+                confidence: float) -> float | None:
+    """The pass length on the build just below group `best` that brings it to `confidence`; None
+    when no pass can (too much mass above it) or it already has."""
+    p = float(mass[best])
+    if p >= confidence or best == 0:
+        return None
+    # a hair beyond the exact length, so the pass lands at the confidence, not a rounding under it
+    allowed = (p * (1.0 - confidence) / confidence - float(mass[best + 1:].sum())) * (1.0 - 1e-6)
+    if allowed <= 0:
+        return None
+    below, h, e = mass[:best], hangs[:best], exposure[:best]
+
+    def left(length: float) -> float:
+        return float((below * pass_factor(h, e, length)).sum())
+
+    lo, hi = 0.0, max(float(e.max()), 1.0)
+    while left(hi) > allowed:
+        hi *= 2.0
+        if hi > 1e12:
+            return None
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if left(mid) > allowed else (lo, mid)
+    return hi
+
+
+def choose(groups: list[tuple[int, int]], mass: np.ndarray, hangs: np.ndarray, exposure: np.ndarray,
+           mttf_s: float, startup_s: float, confidence: float, gpus: int = 1) -> Choice | None:
+    """The next probe, or None when no probe can tell the groups apart. `hangs`/`exposure`: each
+    group's pool; `mttf_s`: pooled over the builds known bad (sets the grid and the cost)."""
+    if len(groups) < 2 or not mttf_s > 0 or not math.isfinite(mttf_s):
+        return None
+    total_entropy = -float(_plogp(mass).sum())
+    cum_p = np.cumsum(mass)[:-1]
+    best: Choice | None = None
+    best_ratio = -math.inf
+    for factor in LENGTH_GRID:
+        length = factor * mttf_s
+        f = pass_factor(hangs, exposure, length)
+        passed, hung = mass * f, mass * (1.0 - f)
+        z_pass = np.cumsum(passed)[:-1] + (1.0 - cum_p)
+        z_hang = np.cumsum(hung)[:-1]
+        plogp = _plogp(mass)
+        s_pass = np.cumsum(_plogp(passed))[:-1] + (plogp.sum() - np.cumsum(plogp)[:-1])
+        s_hang = np.cumsum(_plogp(hung))[:-1]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            h_pass = np.where(z_pass > 0, -s_pass / z_pass + np.log(np.where(z_pass > 0, z_pass, 1.0)), 0.0)
+            h_hang = np.where(z_hang > 0, -s_hang / z_hang + np.log(np.where(z_hang > 0, z_hang, 1.0)), 0.0)
+        gain = total_entropy - (z_pass * h_pass + z_hang * h_hang)
+        load = cum_p * mttf_s * -math.expm1(-length / mttf_s) + (1.0 - cum_p) * length
+        cost = gpus * (startup_s + load) / 3600.0
+        ratio = np.where((cum_p > 1e-12) & (cum_p < 1.0 - 1e-12), gain / cost, -math.inf)
+        k = int(np.argmax(ratio))
+        if ratio[k] > best_ratio:
+            best_ratio = float(ratio[k])
+            best = Choice(groups[k][1], length, float(gain[k]) / math.log(2), float(cost[k]), float(cum_p[k]))
+    if best is None or not math.isfinite(best_ratio):
+        return None
+    top = int(np.argmax(mass))
+    if top == 0 or best.index != groups[top - 1][1]:
+        return best
+    return _end_game(best, groups, mass, top, hangs, exposure, mttf_s, startup_s, confidence, gpus)
+
+
+def _end_game(best: Choice, groups: list[tuple[int, int]], mass: np.ndarray, top: int, hangs: np.ndarray,
+              exposure: np.ndarray, mttf_s: float, startup_s: float, confidence: float, gpus: int) -> Choice:
+    stop = stop_length(mass, top, hangs, exposure, confidence)
+    if stop is None:
+        return best
+    b = float(mass[:top].sum())
+    # one more hang on a bad build pools into every hypothesis at or below the likeliest group
+    pooled_h, pooled_e = hangs.copy(), exposure.copy()
+    pooled_h[:top + 1] += 1.0
+    pooled_e[:top + 1] += mttf_s
+    pooled = stop_length(mass, top, pooled_h, pooled_e, confidence)
+    if pooled is not None and (1.0 - b) * (stop - pooled) > startup_s + mttf_s:
+        return Choice(groups[top][1], POOL_SOAK_MTTFS * mttf_s, 0.0, gpus * (startup_s + mttf_s) / 3600.0,
+                      1.0 - b, "pool")
+    if stop > MAX_SOAK_MTTFS * mttf_s:
+        return best
+    load = b * mttf_s * -math.expm1(-stop / mttf_s) + (1.0 - b) * stop
+    return Choice(best.index, stop, best.gain_bits, gpus * (startup_s + load) / 3600.0, b, "refute")

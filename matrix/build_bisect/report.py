@@ -1,0 +1,94 @@
+"""The build bisection's answer for people (`render_text`) and for machines (`to_json`)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from soakmatrix.matrix.contracts.durations import format_duration
+
+from .algorithm import FOUND, NOT_A_REGRESSION, RANGE, BuildBisectResult
+
+HEADLINES = {
+    "inconclusive": "inconclusive: the budget ran out before any build reached the stated confidence",
+    "not_reproduced": "not reproduced: the bad build did not hang",
+    "bad_build_untestable": "the bad build could not be installed or started",
+}
+
+
+def _hours(seconds: float) -> str:
+    return "-" if seconds is None or not math.isfinite(seconds) else format_duration(seconds)
+
+
+def headline(r: BuildBisectResult) -> str:
+    pct = f"{r.posterior:.3f} (stated {r.confidence:.0%})"
+    if r.status == FOUND:
+        last_good = "" if r.last_good is None else f", last good {r.builds[r.last_good]}"
+        return f"first bad build: {r.first_bad_build}{last_good}, posterior {pct}"
+    if r.status == RANGE and r.range:
+        lo, hi = r.range
+        return f"the first bad build is one of {r.builds[lo]}..{r.builds[hi]} (untestable builds between), posterior {pct}"
+    if r.status == NOT_A_REGRESSION:
+        return f"not a regression: the good build {r.builds[0]} hangs with {r.signature} too, posterior {pct}"
+    return HEADLINES.get(r.status, r.status)
+
+
+def render_text(r: BuildBisectResult) -> str:
+    lines = [headline(r), f"signature: {r.signature or '-'}"]
+    if r.target_hangs:
+        lines.append(f"MTTF on the bad builds: {_hours(r.mttf_s)} ({r.confidence:.0%} CI {_hours(r.mttf_low_s)}-"
+                     f"{_hours(r.mttf_high_s)}, {r.target_hangs} hangs)")
+    if r.good_mttf_bound_s is not None and r.last_good is not None:
+        lines.append(f"last good build {r.builds[r.last_good]}: MTTF > {_hours(r.good_mttf_bound_s)} at {r.confidence:.0%}")
+    if r.alternatives:
+        lines.append("next likeliest: " + ", ".join(
+            f"{r.builds[a]}" + (f"..{r.builds[b]}" if b > a else "") + f" {p:.4f}" for a, b, p in r.alternatives))
+    lines.append("")
+    lines.append(f"{'build':<24} {'probes':>6} {'hangs':>6} {'other':>6} {'exposure':>10} {'GPU-h':>7}  verdict")
+    for i, (name, b) in enumerate(zip(r.builds, r.evidence)):
+        if not b.probes and i not in (0, len(r.builds) - 1):
+            continue
+        if b.is_untestable:
+            verdict = "untestable"
+        elif b.hangs:
+            verdict = "bad"
+        elif b.probes:
+            verdict = "passed"
+        else:
+            verdict = "not probed"
+        lines.append(f"{name[:24]:<24} {b.probes:>6} {b.hangs:>6} {b.other_hangs:>6} {_hours(b.exposure_s):>10} "
+                     f"{b.gpu_hours:>7.2f}  {verdict}")
+    lines.extend(f"note: {n}" for n in r.notes)
+    roles = ", ".join(f"{k} {v:.1f}" for k, v in r.gpu_hours_by_role.items())
+    lines.append(f"{r.probes} probes, {r.gpu_hours:.1f} GPU-hours" + (f" ({roles})" if roles else ""))
+    return "\n".join(lines) + "\n"
+
+
+def _num(x: float | None) -> float | None:
+    return None if x is None or not math.isfinite(x) else round(float(x), 3)
+
+
+def to_json(r: BuildBisectResult) -> dict[str, Any]:
+    return {
+        "status": r.status,
+        "signature": r.signature,
+        "confidence": r.confidence,
+        "posterior": round(r.posterior, 6),
+        "first_bad": r.first_bad_build,
+        "first_bad_index": r.first_bad,
+        "range": None if r.range is None else [r.builds[r.range[0]], r.builds[r.range[1]]],
+        "last_good": None if r.last_good is None else r.builds[r.last_good],
+        "untestable": [r.builds[i] for i in r.untestable],
+        "alternatives": [{"first": r.builds[a], "last": r.builds[b], "posterior": round(p, 6)}
+                         for a, b, p in r.alternatives],
+        "mttf": {"hangs": r.target_hangs, "mttf_s": _num(r.mttf_s), "low_s": _num(r.mttf_low_s),
+                 "high_s": _num(r.mttf_high_s)},
+        "good_mttf_bound_s": _num(r.good_mttf_bound_s),
+        "builds": [{"build": name, "probes": b.probes, "hangs": b.hangs, "other_hangs": b.other_hangs,
+                    "exposure_s": round(b.exposure_s, 3), "gpu_hours": round(b.gpu_hours, 4),
+                    "untestable": b.is_untestable} for name, b in zip(r.builds, r.evidence)],
+        "probes": r.probes,
+        "gpu_hours": round(r.gpu_hours, 4),
+        "gpu_hours_by_role": {k: round(v, 4) for k, v in r.gpu_hours_by_role.items()},
+        "notes": list(r.notes),
+    }

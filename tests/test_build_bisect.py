@@ -1,0 +1,281 @@
+"""Build bisection (matrix/build_bisect): the first bad build, ranges over untestable builds, "not a
+regression", other signatures, the stated error rate in virtual time, the builds file and GOOD..BAD,
+the report and the adapter over the flag oracle."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from soakmatrix.matrix.build_bisect import (
+    FOUND,
+    INCONCLUSIVE,
+    NOT_A_REGRESSION,
+    NOT_REPRODUCED,
+    RANGE,
+    BuildProbeResult,
+    BuildSettings,
+    BuildSpec,
+    BuildSpecError,
+    FlagOracleAdapter,
+    VirtualBuildOracle,
+    bisect_builds,
+    builds_from_range,
+    parse_builds_text,
+    parse_range,
+    render_text,
+    resolve_builds,
+    run_build_bisection,
+    to_json,
+)
+from soakmatrix.matrix.build_bisect.algorithm import BAD_UNTESTABLE
+from soakmatrix.matrix.build_bisect.posterior import ChangePointPosterior
+
+SIG = "shm_broadcast_timeout"
+
+
+class ScriptedOracle:
+    """Deterministic: builds from `change_point` hang at `hang_s` of load, the others pass; builds in
+    `untestable` fail to install; `other_at` makes every build hang first with another signature at
+    that load on its first probe."""
+
+    def __init__(self, change_point, hang_s=1800.0, untestable=(), other_at=None, startup_s=600.0):
+        self.cp, self.hang_s, self.untestable, self.other_at, self.startup_s = change_point, hang_s, set(untestable), other_at, startup_s
+        self.seen: list[int] = []
+
+    def run(self, probes):
+        out = []
+        for p in probes:
+            first = p.index not in self.seen
+            self.seen.append(p.index)
+            if p.index in self.untestable:
+                out.append(BuildProbeResult(p, "untestable", None, 0.0, self.startup_s / 3600))
+            elif self.other_at is not None and first and self.other_at < p.soak_s:
+                out.append(BuildProbeResult(p, "hang", "nccl_watchdog_timeout", self.other_at,
+                                            (self.startup_s + self.other_at) / 3600))
+            elif p.index >= self.cp and self.hang_s < p.soak_s:
+                out.append(BuildProbeResult(p, "hang", SIG, self.hang_s, (self.startup_s + self.hang_s) / 3600))
+            else:
+                out.append(BuildProbeResult(p, "passed", None, p.soak_s, (self.startup_s + p.soak_s) / 3600))
+        return out
+
+
+def names(n):
+    return [f"b{i}" for i in range(n)]
+
+
+@pytest.mark.parametrize("n,cp", [(2, 1), (8, 1), (8, 5), (8, 7), (33, 17), (100, 3)])
+def test_a_known_change_point_is_found(n, cp):
+    r = bisect_builds(names(n), ScriptedOracle(cp), BuildSettings())
+    assert r.status == FOUND
+    assert r.first_bad == cp and r.first_bad_build == f"b{cp}"
+    assert r.last_good == cp - 1
+    assert r.posterior >= 0.99
+    assert r.signature == SIG                      # the calibration's first hang names the target
+    assert r.gpu_hours == pytest.approx(sum(b.gpu_hours for b in r.evidence))
+    assert r.gpu_hours_by_role["calibration"] > 0
+    # the last good build was refuted by exposure: its MTTF bound is stated
+    assert r.good_mttf_bound_s and r.good_mttf_bound_s > 1000.0
+
+
+def test_untestable_builds_give_a_range():
+    r = bisect_builds(names(16), ScriptedOracle(9, untestable={8, 9}), BuildSettings())
+    assert r.status == RANGE
+    assert r.range == (8, 10) and r.first_bad is None
+    assert r.untestable == [8, 9]
+    assert "b8..b10" in render_text(r)
+    # an untestable build away from the change point changes nothing
+    r = bisect_builds(names(16), ScriptedOracle(9, untestable={3}), BuildSettings())
+    assert r.status == FOUND and r.first_bad == 9
+
+
+def test_the_good_build_hanging_too_is_not_a_regression():
+    r = bisect_builds(names(32), ScriptedOracle(0), BuildSettings())
+    assert r.status == NOT_A_REGRESSION
+    assert r.range == (0, 0) and r.first_bad is None
+    assert r.evidence[0].hangs >= 1
+    assert "not a regression" in render_text(r)
+
+
+def test_other_signatures_end_probes_but_do_not_count():
+    r = bisect_builds(names(16), ScriptedOracle(6, other_at=300.0), BuildSettings(signature=SIG))
+    assert r.status == FOUND and r.first_bad == 6
+    assert sum(b.other_hangs for b in r.evidence) >= 3
+    assert all(b.hangs == 0 for b in r.evidence[:6])
+    assert any("other signatures" in n for n in r.notes)
+
+
+def test_with_the_signature_unknown_the_first_hang_names_it():
+    # the first calibration probe hangs with another signature: that becomes the target, and the
+    # planted hang (SIG) is then the "other" one: the result says which signature it bisected
+    r = bisect_builds(names(8), ScriptedOracle(5, other_at=300.0), BuildSettings())
+    assert r.signature == "nccl_watchdog_timeout"
+
+
+def test_no_hang_on_the_bad_build_is_not_reproduced():
+    r = bisect_builds(names(8), ScriptedOracle(8), BuildSettings(calibration_max_s=6 * 3600.0))
+    assert r.status == NOT_REPRODUCED
+    assert r.evidence[-1].exposure_s == pytest.approx(6 * 3600.0)
+    r = bisect_builds(names(8), ScriptedOracle(3, untestable={7}), BuildSettings())
+    assert r.status == BAD_UNTESTABLE
+
+
+def test_the_budget_ends_the_search_inconclusive():
+    r = bisect_builds(names(64), ScriptedOracle(40), BuildSettings(budget_gpu_hours=3.0))
+    assert r.status == INCONCLUSIVE
+    assert r.gpu_hours >= 3.0 and r.posterior < 0.99
+    r = bisect_builds(names(64), ScriptedOracle(40), BuildSettings(max_probes=4))
+    assert r.status == INCONCLUSIVE and r.probes == 4
+
+
+def test_known_evidence_from_the_history_pools_in():
+    plain = bisect_builds(names(8), ScriptedOracle(5), BuildSettings())
+    known = bisect_builds(names(8), ScriptedOracle(5), BuildSettings(known={7: (3, 3 * 1800.0)}))
+    assert known.status == FOUND and known.first_bad == 5
+    assert known.gpu_hours < plain.gpu_hours
+
+
+def test_the_stated_error_rate_holds_in_virtual_time():
+    n, mttf, seeds = 8, 600.0, 200
+    exact, spent = 0, []
+    for seed in range(seeds):
+        cp = int(np.random.default_rng(seed).integers(1, n))
+        oracle = VirtualBuildOracle(n, cp, mttf, seed=10_000 + seed, background_mttf_s=4 * mttf)
+        r = bisect_builds(names(n), oracle, BuildSettings(signature=SIG))
+        exact += r.status == FOUND and r.first_bad == cp
+        spent.append(r.gpu_hours)
+    assert exact >= 0.975 * seeds          # stated 0.99: a few misses in 200 are within it
+    assert np.mean(spent) < 12.0
+
+
+def test_the_posterior_groups_untestable_builds_and_rules_out_above_a_hang():
+    post = ChangePointPosterior(6)
+    post.observe(5, "hang", True, 100.0, 0.2)
+    post.observe(2, "untestable", False, 0.0, 0.1)
+    post.observe(3, "hang", True, 50.0, 0.1)
+    assert post.groups() == [(0, 0), (1, 1), (2, 3), (4, 4), (5, 5)]
+    p = post.probabilities()
+    assert p[4:].sum() == 0.0                       # build 3 hung: the first bad is at or below it
+    assert p[2] == pytest.approx(p[3])              # the untestable build cannot be told from the next
+    assert post.known_bad_pool() == (2.0, 150.0)
+
+
+def test_the_virtual_oracle():
+    o = VirtualBuildOracle(10, 4, 600.0, seed=3, untestable_fraction=0.5)
+    assert len(o.untestable) == 4 and 0 not in o.untestable and 9 not in o.untestable
+    with pytest.raises(ValueError):
+        VirtualBuildOracle(10, 10, 600.0)
+
+
+# -- builds from a file or a commit range --------------------------------------------------------------
+
+def test_a_builds_file():
+    text = """# oldest first
+vllm==0.6.2
+nightly-1: vllm @ https://wheels.example/vllm-0.6.3.dev1-cp312-linux_x86_64.whl   # the first nightly
+image:vllm/vllm-openai:v0.6.3
+
+py39: python:/opt/envs/vllm-063/bin/python
+vllm @ git+https://github.com/vllm-project/vllm@0123456789abcdef
+"""
+    builds = parse_builds_text(text)
+    assert [b.name for b in builds] == ["vllm==0.6.2", "nightly-1", "image:vllm/vllm-openai:v0.6.3", "py39",
+                                        "vllm @ git+https://github.com/vllm-project/vllm@0123456789abcdef"]
+    assert [b.kind for b in builds] == ["pip", "pip", "image", "python", "pip"]
+    assert builds[2].value == "vllm/vllm-openai:v0.6.3"
+    assert builds[3].value == "/opt/envs/vllm-063/bin/python"
+    with pytest.raises(BuildSpecError, match="at least two"):
+        parse_builds_text("vllm==0.6.2\n")
+    with pytest.raises(BuildSpecError, match="twice"):
+        parse_builds_text("a: vllm==1\nb: vllm==2\na: vllm==3\n")
+
+
+def test_a_commit_range_through_a_template():
+    assert parse_range("abc123..def456") == ("abc123", "def456")
+    assert parse_range("builds.txt") is None
+    shas = ["1111111111111111aaaa", "2222222222222222bbbb", "def4560000000000cccc"]
+    calls = []
+
+    def rev_list(good, bad):
+        calls.append((good, bad))
+        return shas
+
+    template = "vllm @ git+https://github.com/vllm-project/vllm@{sha}"
+    builds = resolve_builds("abc123..def456", template, rev_list)
+    assert calls == [("abc123", "def456")]
+    assert [b.name for b in builds] == ["abc123", "111111111111", "222222222222", "def456000000"]
+    assert builds[1].spec == f"vllm @ git+https://github.com/vllm-project/vllm@{shas[0]}"
+    with pytest.raises(BuildSpecError, match="sha"):
+        builds_from_range("abc123", "def456", "vllm @ git+https://x/vllm", rev_list)
+    with pytest.raises(BuildSpecError, match="no commits"):
+        builds_from_range("abc123", "def456", template, lambda g, b: [])
+    with pytest.raises(BuildSpecError, match="do not end"):
+        builds_from_range("abc123", "def456", template, lambda g, b: shas[:2])
+    with pytest.raises(BuildSpecError, match="template"):
+        resolve_builds("abc123..def456")
+
+
+def test_a_builds_file_path_wins_over_a_range(tmp_path):
+    path = tmp_path / "a..b"
+    path.write_text("x: vllm==1\ny: vllm==2\n")
+    assert [b.name for b in resolve_builds(str(path))] == ["x", "y"]
+    with pytest.raises(BuildSpecError, match="cannot read"):
+        resolve_builds(str(tmp_path / "missing.txt"))
+
+
+# -- what the CLI calls ---------------------------------------------------------------------------------
+
+def test_run_build_bisection_hands_specs_to_the_oracle_and_names_to_the_report():
+    specs = [BuildSpec(f"n{i}", f"vllm==0.{i}") for i in range(8)]
+
+    class SpecOracle(ScriptedOracle):
+        def run(self, probes):
+            assert all(p.build == f"vllm==0.{p.index}" for p in probes)
+            return super().run(probes)
+
+    r = run_build_bisection(specs, SpecOracle(4), confidence=0.95, signature=SIG)
+    assert r.status == FOUND and r.first_bad_build == "n4" and r.confidence == 0.95
+    doc = to_json(r)
+    json.dumps(doc)
+    assert doc["first_bad"] == "n4" and doc["last_good"] == "n3" and doc["status"] == "found"
+    assert doc["builds"][4]["build"] == "n4" and doc["builds"][4]["hangs"] >= 1
+    assert set(doc["gpu_hours_by_role"]) == {"calibration", "search"}
+    text = render_text(r)
+    assert text.startswith("first bad build: n4, last good n3")
+
+
+def test_the_adapter_over_the_flag_oracle():
+    @dataclass(frozen=True)
+    class Probe:
+        flags: dict
+        soak_s: float
+        label: str = ""
+
+    @dataclass(frozen=True)
+    class Result:
+        probe: Probe
+        outcome: str
+        signature: str | None
+        exposure_s: float
+        gpu_hours: float
+        message: str = ""
+
+    class FlagOracle:
+        def run(self, probes):
+            out = []
+            for p in probes:
+                build = int(p.flags["build"][1:])
+                assert p.flags["tp"] == 2
+                if build == 2:
+                    out.append(Result(p, "config_error", None, 0.0, 0.3))
+                elif build >= 3:
+                    out.append(Result(p, "crash" if build == 3 else "hang", SIG, 100.0, 0.4))
+                else:
+                    out.append(Result(p, "passed", None, p.soak_s, 1.0))
+            return out
+
+    r = bisect_builds(names(6), FlagOracleAdapter(FlagOracle(), {"tp": 2}, probe_factory=Probe), BuildSettings())
+    assert r.status == RANGE and r.range == (2, 3)

@@ -1,0 +1,74 @@
+"""The floor under build bisection's GPU-hours: its constraint, a brute-force check of the
+optimisation and of the worst neighbour's rate, Fano's bits, and that no run beats it."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from soakmatrix.matrix.bisect.bound import binary_divergence, refute_load
+from soakmatrix.matrix.build_bisect import BuildSettings, VirtualBuildOracle, bisect_builds
+from soakmatrix.matrix.build_bisect.bound import lower_bound, search_bits
+
+
+def test_the_evidence_is_against_the_neighbour_below():
+    b = lower_bound(32, 2280.0, 600.0, 0.99)
+    # the builds are ordered: no symmetry spreads the error budget, q = 1 - c
+    assert b.evidence == pytest.approx(binary_divergence(0.99, 0.01)) == pytest.approx(0.98 * math.log(99))
+    assert b.hang_mttfs * math.log1p(b.refute_mttfs / b.hang_mttfs) == pytest.approx(b.evidence)
+    assert b.refute_mttfs == pytest.approx(refute_load(b.hang_mttfs, b.evidence))
+
+
+def test_the_worst_neighbour_rate_by_brute_force():
+    # KL per unit load of W (rate 1 on bad builds, 0 on build J-1) to W'(lambda'): build J-1 gives
+    # lambda', bad builds lambda' - 1 - ln lambda'; its minimum over lambda' is Y ln(1 + X / Y)
+    for x, y in [(8.0, 4.0), (3.0, 10.0), (20.0, 1.0)]:
+        grid = np.exp(np.linspace(-8, 2, 200001))
+        kl = x * grid + y * (grid - 1.0 - np.log(grid))
+        assert kl.min() == pytest.approx(y * math.log1p(x / y), rel=1e-6)
+        assert grid[kl.argmin()] == pytest.approx(y / (x + y), rel=1e-3)
+
+
+@pytest.mark.parametrize("n,mttf", [(2, 600.0), (8, 2280.0), (512, 7200.0)])
+def test_the_optimum_by_brute_force(n, mttf):
+    c, s = 0.99, 600.0
+    b = lower_bound(n, mttf, s, c)
+    d = binary_divergence(c, 1 - c)
+    bits = search_bits(n, c)
+    best = math.inf
+    for y in np.linspace(2 * c - 1, 40.0, 40001):
+        x = y * math.expm1(d / y)          # the least X that meets the evidence
+        best = min(best, x + y + s / mttf * max(y + 2 * c - 1, bits))
+    assert b.gpu_hours == pytest.approx(best * mttf / 3600.0, rel=1e-5)
+
+
+def test_fanos_bits():
+    assert search_bits(2, 0.99) == 0.0                       # one change point: nothing to search
+    assert search_bits(9, 0.99) == pytest.approx(3 - (-(0.01 * math.log2(0.01) + 0.99 * math.log2(0.99)))
+                                                 - 0.01 * math.log2(7))
+    assert search_bits(513, 0.99) > 8.8
+
+
+def test_the_bound_grows_with_what_is_asked():
+    base = lower_bound(32, 2280.0, 600.0, 0.99).gpu_hours
+    assert lower_bound(32, 2280.0, 600.0, 0.999).gpu_hours > base
+    assert lower_bound(32, 7200.0, 600.0, 0.99).gpu_hours > base
+    assert lower_bound(32, 2280.0, 1200.0, 0.99).gpu_hours > base
+    assert lower_bound(512, 600.0, 600.0, 0.99).gpu_hours > lower_bound(8, 600.0, 600.0, 0.99).gpu_hours
+    assert lower_bound(32, 2280.0, 600.0, 0.99, gpus=4).gpu_hours == pytest.approx(4 * base)
+    with pytest.raises(ValueError):
+        lower_bound(1, 600.0, 600.0, 0.99)
+
+
+def test_no_run_beats_the_bound_on_average():
+    n, mttf = 8, 600.0
+    spent = []
+    for seed in range(60):
+        cp = int(np.random.default_rng(seed).integers(1, n))
+        r = bisect_builds([f"b{i}" for i in range(n)], VirtualBuildOracle(n, cp, mttf, seed=seed + 500),
+                          BuildSettings(signature="shm_broadcast_timeout"))
+        spent.append(r.gpu_hours)
+    floor = lower_bound(n, mttf, 600.0, 0.99).gpu_hours
+    assert floor < np.mean(spent) < 3 * floor
