@@ -92,6 +92,7 @@ class ResultSink:
         self._junit_at = 0.0
         self._junit_stale = self._dashboard_stale = False
         self.warnings: list[str] = []
+        self._regressions: Any = None   # reports.regressions.RunRegressions, once a cell ran on a build
 
     def cell_started(self, pc: PlannedCell, attempt: int, node: str) -> None:
         pass
@@ -115,7 +116,13 @@ class ResultSink:
         from soakmatrix.reports.junit import write_junit
 
         self._junit_at, self._junit_stale = self.clock(), False
-        write_junit(self.store.results(self.run_id), self.junit_path, self.suite, properties=self.properties)
+        results = self.store.results(self.run_id)
+        if any(r.build for r in results):   # cells on engine builds: regressions against the whole history
+            from soakmatrix.reports.regressions import RunRegressions
+
+            self._regressions = self._regressions or RunRegressions(self.store, self.run_id)
+            results = self._regressions.annotate(results)
+        write_junit(results, self.junit_path, self.suite, properties=self.properties)
 
     def write_dashboard(self) -> Path | None:
         from soakmatrix.reports.dashboard import build_dashboard

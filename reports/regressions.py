@@ -209,14 +209,30 @@ def annotate(results: Iterable[CellResult], regressions: Iterable[Regression]) -
     return out
 
 
-def rows_of(store: Any) -> list[Row]:
-    """Every result with a build in a history store (`reports.history.HistoryStore`), with its run's order."""
+def rows_of(store: Any, skip_run: str | None = None) -> list[Row]:
+    """Every result with a build in a history store (`reports.history.HistoryStore`), with its run's
+    order; `skip_run`'s results left out (the run being written: `RunRegressions` adds them)."""
     rows: list[Row] = []
     if not any(cell.name.count("|") >= 4 for cell in store.cells().values()):
         return rows   # no cell was ever run on a build (its name's fifth part): nothing to parse
     for seq, run in enumerate(store.runs()):
-        rows.extend((seq, r) for r in store.results(run.id) if r.build)
+        if run.id != skip_run:
+            rows.extend((seq, r) for r in store.results(run.id) if r.build)
     return rows
+
+
+class RunRegressions:
+    """For a run being written: the history's other runs read once, the run's own results at each call."""
+
+    def __init__(self, store: Any, run_id: str, confidence: float = DEFAULT_CONFIDENCE) -> None:
+        self.seq = next((i for i, run in enumerate(store.runs()) if run.id == run_id), 0)
+        self.past = rows_of(store, skip_run=run_id)
+        self.confidence = confidence
+
+    def annotate(self, results: Sequence[CellResult]) -> list[CellResult]:
+        """`results` (the run's) with the regressions of the whole history attached."""
+        rows = [*self.past, *((self.seq, r) for r in results if r.build)]
+        return annotate(results, find_regressions(rows, confidence=self.confidence))
 
 
 def _dur(seconds: float) -> str:

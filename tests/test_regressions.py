@@ -144,3 +144,19 @@ def test_a_history_without_builds_has_no_regression_section(tmp_path):
         store.record(run, result("", "hang", 120))
         assert rows_of(store) == []
     assert 'id="regressions"' not in build_dashboard(tmp_path / "h.sqlite", tmp_path / "dash").read_text()
+
+
+def test_a_run_being_written_sees_regressions_against_earlier_runs(tmp_path):
+    from soakmatrix.reports.regressions import RunRegressions
+
+    with HistoryStore(tmp_path / "h.sqlite") as store:
+        first = store.start_run(matrix="m", profile="p")
+        store.record(first, result("b0", ordinal=0))
+        store.finish_run(first, "finished")
+        second = store.start_run(matrix="m", profile="p")
+        tracker = RunRegressions(store, second)
+        bad = result("b1", "hang", 120, ordinal=1)
+        store.record(second, bad)
+        (annotated,) = tracker.annotate(store.results(second))
+    assert annotated.extra["regression"]["regression.last_good"] == "b0"
+    assert tracker.seq == 1 and len(tracker.past) == 1
