@@ -1,0 +1,228 @@
+"""Build bisection cost and correctness in virtual time (issue 21, item 4).
+
+A planted change point among n ordered builds (n in 8, 32, 128, 512; the first bad build uniform
+over 1..n-1, drawn per seed): builds from it on hang with the target signature at MTTF 10 min,
+38 min or 2 h, builds before it never do; with and without an unrelated flaky hang of another
+signature on every build (MTTF 3 h), which ends a probe early. Every probe pays 10 minutes of
+install and start-up; one GPU, so GPU-hours are hours of (start-up + load).
+
+Compared with: plain bisection with one 2 h soak per build (a target hang = bad, else good; another
+signature's hang restarts the soak for what is left of the 2 h); the same with up to 3 soaks of 2 h
+per build; a FACF-style search (Henderson et al., ICST 2023: a Bayesian noisy binary search over
+the change point, one fixed 2 h run per probe read as pass/fail, the chance a bad build fails a run
+estimated from the runs on builds known bad, the next probe the build that splits the posterior mass closest to half, stop at the
+stated confidence); and the floor (`matrix/build_bisect/bound.py`): the least mean GPU-hours of
+any procedure that names exactly the first bad build with the stated probability.
+
+    python -m benchmarks.bench_build_bisect                # 200 seeds per case (minutes on 2 cores)
+    python -m benchmarks.bench_build_bisect --seeds 1000   # the full run
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import re
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+
+STARTUP_S = 600.0
+FIXED_SOAK_S = 7200.0
+BACKGROUND_MTTF_S = 3 * 3600.0
+CONFIDENCE = 0.99
+SIGNATURE = "shm_broadcast_timeout"
+
+
+@dataclass(frozen=True)
+class Case:
+    n: int
+    mttf_s: float
+    background: bool = False
+    untestable: float = 0.0
+
+    @property
+    def name(self) -> str:
+        m = f"{self.mttf_s / 60:.0f}m" if self.mttf_s < 3600 else f"{self.mttf_s / 3600:.0f}h"
+        extra = (" +flaky" if self.background else "") + (f" {self.untestable:.0%} untestable" if self.untestable else "")
+        return f"n={self.n:<3} MTTF {m:<3}{extra}"
+
+
+def cases(untestable: float = 0.0) -> list[Case]:
+    out = [Case(n, m, bg) for bg in (False, True) for n in (8, 32, 128, 512) for m in (600.0, 2280.0, 7200.0)]
+    if untestable:
+        out += [Case(n, 2280.0, False, untestable) for n in (32, 128)]
+    return out
+
+
+def change_point(case: Case, seed: int) -> int:
+    return int(np.random.default_rng(seed).integers(1, case.n))
+
+
+def oracle(case: Case, seed: int):
+    from soakmatrix.matrix.build_bisect import VirtualBuildOracle
+    return VirtualBuildOracle(case.n, change_point(case, seed), case.mttf_s, startup_s=STARTUP_S, seed=seed + 7_000_000,
+                              background_mttf_s=BACKGROUND_MTTF_S if case.background else None,
+                              untestable_fraction=case.untestable)
+
+
+# -- the algorithm under test -----------------------------------------------------------------------
+
+def _run_ours(args: tuple[Case, list[int]]) -> list[tuple[float, int, int]]:
+    from soakmatrix.matrix.build_bisect import FOUND, RANGE, BuildSettings, bisect_builds
+    case, seeds = args
+    out = []
+    for seed in seeds:
+        cp = change_point(case, seed)
+        o = oracle(case, seed)
+        r = bisect_builds([f"b{i}" for i in range(case.n)], o, BuildSettings(confidence=CONFIDENCE, startup_s=STARTUP_S,
+                                                                            signature=SIGNATURE))
+        exact = (r.status == FOUND and r.first_bad == cp) or (
+            r.status == RANGE and r.range[0] <= cp <= r.range[1] and all(i in o.untestable for i in range(r.range[0], cp)))
+        out.append((r.gpu_hours, int(exact), r.probes))
+    return out
+
+
+# -- baselines ----------------------------------------------------------------------------------------
+
+def _soak(case: Case, build: int, cp: int, soak_s: float, rng: np.random.Generator) -> tuple[bool, float, int]:
+    """Soak `build` for `soak_s` of load, restarting after other signatures' hangs: (target hang,
+    load, start-ups)."""
+    load, starts = 0.0, 0
+    while load < soak_s:
+        starts += 1
+        left = soak_s - load
+        target = rng.exponential(case.mttf_s) if build >= cp else math.inf
+        other = rng.exponential(BACKGROUND_MTTF_S) if case.background else math.inf
+        if target < min(other, left):
+            return True, load + target, starts
+        if other < left:
+            load += other
+            continue
+        load = soak_s
+    return False, load, starts
+
+
+def _plain(args: tuple[Case, list[int], int]) -> list[tuple[float, int]]:
+    case, seeds, repeats = args
+    out = []
+    for seed in seeds:
+        rng = np.random.default_rng(seed + 11_000_000)
+        cp = change_point(case, seed)
+        lo, hi, hours = 0, case.n - 1, 0.0
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            bad = False
+            for _ in range(repeats):
+                hung, load, starts = _soak(case, mid, cp, FIXED_SOAK_S, rng)
+                hours += (starts * STARTUP_S + load) / 3600.0
+                if hung:
+                    bad = True
+                    break
+            lo, hi = (lo, mid) if bad else (mid, hi)
+        out.append((hours, int(hi == cp)))
+    return out
+
+
+def _facf(args: tuple[Case, list[int]]) -> list[tuple[float, int]]:
+    """Flake Aware Culprit Finding, on the build axis: fixed 2 h runs read as pass/fail."""
+    case, seeds = args
+    n = case.n
+    out = []
+    for seed in seeds:
+        rng = np.random.default_rng(seed + 13_000_000)
+        cp = change_point(case, seed)
+        hours, fails, runs = 0.0, 0, 0          # runs and fails on builds known bad
+        passes = np.zeros(n)                    # passed runs per build
+        lowest_bad = n - 1
+
+        def run(build: int) -> bool:
+            nonlocal hours
+            hung, load, starts = _soak(case, build, cp, FIXED_SOAK_S, rng)
+            hours += (starts * STARTUP_S + load) / 3600.0
+            return hung
+
+        while fails < 2 and runs < 50:          # calibration: the bad build to two failures
+            runs += 1
+            fails += run(n - 1)
+        log_prior = np.log(np.full(n, 1.0 / n))
+        for _ in range(500):
+            p_fail = (fails + 1.0) / (runs + 2.0)
+            # P(J = j): no failure below j; every pass on a build >= j is a missed failure
+            missed = np.cumsum(passes[::-1])[::-1]
+            logp = log_prior + missed * math.log(1.0 - p_fail)
+            logp[lowest_bad + 1:] = -math.inf
+            p = np.exp(logp - logp.max())
+            p /= p.sum()
+            if p.max() >= CONFIDENCE:
+                break
+            # the build whose result splits the mass closest to half: P(J <= i) nearest 0.5
+            probe = int(np.argmin(np.abs(np.cumsum(p)[:-1] - 0.5)))
+            if run(probe):
+                lowest_bad = min(lowest_bad, probe)
+                runs, fails = runs + 1, fails + 1
+            else:
+                passes[probe] += 1
+                if probe >= lowest_bad:
+                    runs += 1
+        out.append((hours, int(int(np.argmax(p)) == cp)))
+    return out
+
+
+def floor(case: Case) -> float:
+    from soakmatrix.matrix.build_bisect.bound import lower_bound
+    return lower_bound(case.n, case.mttf_s, STARTUP_S, CONFIDENCE).gpu_hours
+
+
+# -- main -------------------------------------------------------------------------------------------
+
+def _split(seeds: int, parts: int) -> list[list[int]]:
+    return [[int(s) for s in c] for c in np.array_split(np.arange(seeds), parts) if len(c)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=200, help="seeds per case (default 200; 1000 for the full run)")
+    parser.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1))
+    parser.add_argument("--filter", default="", help="only cases whose name matches this regular expression")
+    parser.add_argument("--untestable", type=float, default=0.0,
+                        help="also run n=32 and 128 at MTTF 38 min with this share of untestable builds")
+    parser.add_argument("--no-baselines", action="store_true", help="only the algorithm and the floor")
+    args = parser.parse_args(argv)
+    todo = [c for c in cases(args.untestable) if re.search(args.filter, c.name)]
+    print(f"build bisection benchmark: {args.seeds} seeds per case, first bad build uniform over 1..n-1, "
+          f"start-up + install {STARTUP_S / 60:.0f} min per probe, 1 GPU, stated confidence {CONFIDENCE}; "
+          f"+flaky: every build also hangs with another signature at MTTF {BACKGROUND_MTTF_S / 3600:.0f} h; "
+          f"GPU-hours mean/p90; exact = named exactly the first bad build", flush=True)
+    header = (f"{'case':<24} {'mean':>7} {'p90':>6} {'exact':>6} {'probes':>6} | {'floor':>5} {'x':>5} | "
+              f"{'plain 1x2h':>10} {'exact':>6} | {'plain 3x2h':>10} {'exact':>6} | {'FACF':>7} {'exact':>6}")
+    print(header)
+    print("-" * len(header), flush=True)
+    start = time.time()
+    parts = args.workers * 4
+    with ProcessPoolExecutor(max_workers=args.workers) as pool:
+        for case in todo:
+            chunks = _split(args.seeds, parts)
+            rows = [row for part in pool.map(_run_ours, [(case, c) for c in chunks]) for row in part]
+            gh = np.array([r[0] for r in rows])
+            exact = np.mean([r[1] for r in rows])
+            probes = np.mean([r[2] for r in rows])
+            fl = floor(case)
+            line = (f"{case.name:<24} {gh.mean():>7.2f} {np.percentile(gh, 90):>6.1f} {exact:>6.3f} {probes:>6.1f} | "
+                    f"{fl:>5.1f} {gh.mean() / fl:>5.2f}")
+            if not args.no_baselines and not case.untestable:
+                for fn, extra in ((_plain, (1,)), (_plain, (3,)), (_facf, ())):
+                    res = [row for part in pool.map(fn, [(case, c, *extra) for c in chunks]) for row in part]
+                    width = 7 if fn is _facf else 10
+                    line += f" | {np.mean([r[0] for r in res]):>{width}.2f} {np.mean([r[1] for r in res]):>6.3f}"
+            print(line, flush=True)
+    print(f"({time.time() - start:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
