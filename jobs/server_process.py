@@ -32,9 +32,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from soakmatrix.jobs.engines.protocol import Engine, LaunchCommand
 from soakmatrix.matrix.contracts.outcomes import Outcome
+from soakmatrix.matrix.contracts.redact import redact_argv, redact_env
 
+from .artifacts import PRIVATE_FILE, private_dir
+from .engines.protocol import Engine, LaunchCommand
 from .soak_spec import SoakSpec
 
 HOST = "127.0.0.1"
@@ -215,14 +217,14 @@ def start(command: LaunchCommand, artifacts_dir: str | Path, host: str, port: in
           extra_env: Mapping[str, str] | None = None) -> RunningServer:
     """Start `command` in a new session (own process group), output appended to server.log, with a
     private TMPDIR (see the module docstring) unless the cell's env or the command sets one."""
-    folder = Path(artifacts_dir)
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = private_dir(artifacts_dir)
     log_path = folder / "server.log"
     explicit = {**dict(extra_env or {}), **dict(command.env)}
     env = {**os.environ, **explicit, "PYTHONUNBUFFERED": "1"}
     env.pop(OWNED_TMP_ENV, None)   # inherited from a server that started us: not ours to delete
     tmp_dir: Path | None = None
-    log_file = open(log_path, "ab", buffering=0)
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, PRIVATE_FILE)
+    log_file = os.fdopen(log_fd, "ab", buffering=0)
     try:
         if "TMPDIR" not in explicit:
             tmp_dir = Path(tempfile.mkdtemp(prefix=TMP_PREFIX))
@@ -261,11 +263,14 @@ def launch(engine: Engine, spec: SoakSpec, host: str = HOST, port: int | None = 
     """Start `engine`'s server for `spec` on a free port (not yet ready: call `wait_ready`)."""
     port = port or free_port(host)
     command = engine.command(spec, host, port)
-    Path(spec.artifacts_dir).mkdir(parents=True, exist_ok=True)
-    # what a maintainer pastes to reproduce: the cell's own environment, then the argv
-    env = {**dict(spec.env), **dict(command.env)}
+    private_dir(spec.artifacts_dir)
+    # what a maintainer pastes to reproduce: the cell's own environment, then the argv, secrets masked
+    env = redact_env({**dict(spec.env), **dict(command.env)})
     prefix = "".join(f"{k}={_quote(str(v))} " for k, v in sorted(env.items()))
-    (Path(spec.artifacts_dir) / "command.txt").write_text(prefix + " ".join(_quote(a) for a in command.argv) + "\n")
+    line = prefix + " ".join(_quote(a) for a in redact_argv(command.argv)) + "\n"
+    fd = os.open(Path(spec.artifacts_dir) / "command.txt", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(line)
     return start(command, spec.artifacts_dir, host, port, extra_env=spec.env)
 
 

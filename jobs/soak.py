@@ -25,6 +25,7 @@ from soakmatrix.matrix.contracts.result import CellResult
 
 from . import evidence as evidence_mod
 from . import server_process, teardown
+from .artifacts import scrub_result, seal, secrets_of
 from .engines import Engine, get_engine
 from .load import LoadDriver
 from .soak_spec import SoakSpec, effective_time_scale
@@ -77,7 +78,10 @@ def run_cell(spec: SoakSpec, *, stop: threading.Event | None = None, on_event: E
         result.artifacts["soak_error"] = str(path)
     finally:
         result.ended_at = time.time()
+        secrets = secrets_of((*spec.serve_args, spec.model_path), spec.env)
+        scrub_result(result, secrets)
         _write_result(folder, result)
+        seal(folder, secrets)
         emit("done", {"outcome": result.outcome.value, "message": result.message})
     return result
 

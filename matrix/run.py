@@ -17,14 +17,16 @@ from typing import Any, Sequence, TextIO
 from soakmatrix.jobs.soak_spec import SoakSpec
 from soakmatrix.matrix.contracts.durations import format_duration
 from soakmatrix.matrix.contracts.outcomes import EXIT_INFRA, EXIT_OK, Outcome, exit_code
+from soakmatrix.matrix.contracts.redact import redact_argv, redact_env
 from soakmatrix.matrix.contracts.result import CellResult
 
 from .plan import Plan, PlannedCell, plan
 from .progress import Progress
 from .soak_specs import matrix_time_scale, soak_spec_for
 from .spec import Matrix, Profile
+from .stop_signals import StopSignals, signal_name
 
-JUNIT_EVERY_S = 10.0
+JUNIT_EVERY_S = 2.0       # after a SIGKILL, JUnit misses at most the last seconds' cells
 DASHBOARD_EVERY_S = 30.0
 EXIT_INTERRUPTED = 130
 
@@ -63,7 +65,7 @@ def planned_dicts(cells: Sequence[PlannedCell]) -> list[dict[str, Any]]:
     """The cells as the history store's `planned` and `soakmatrix plan --json` describe them."""
     return [{"id": pc.id, "name": pc.name, "model": pc.cell.model, "gpu": pc.cell.gpu,
              "gpu_count": pc.gpu_count, "ray_label": pc.ray_label, "workload": pc.cell.workload,
-             "flags": pc.cell.flag_dict, "command": pc.command, "env": dict(pc.env),
+             "flags": pc.cell.flag_dict, "command": redact_argv(pc.command), "env": redact_env(pc.env),
              "gpu_hours": round(pc.gpu_hours, 4)} for pc in cells]
 
 
@@ -150,13 +152,20 @@ class Fanout:
 
 def execute(matrix: Matrix, profile: Profile, cells: Sequence[PlannedCell], args: argparse.Namespace, *,
             kind: str, fail_fast: bool = False, keep_order: bool = False, stream: TextIO | None = None) -> int:
-    """Run `cells` of `profile` on Ray, recording each result; returns the exit code."""
+    """Run `cells` of `profile` on Ray, recording each result; returns the exit code (130 or 143
+    when SIGINT or SIGTERM stopped it: the run stays unfinished, and `--resume` continues it)."""
+    stream = stream or sys.stderr
+    with StopSignals() as stop_signals:
+        return _execute(matrix, profile, cells, args, kind, fail_fast, keep_order, stream, stop_signals)
+
+
+def _execute(matrix: Matrix, profile: Profile, cells: Sequence[PlannedCell], args: argparse.Namespace, kind: str,
+             fail_fast: bool, keep_order: bool, stream: TextIO, stop_signals: StopSignals) -> int:
     from soakmatrix.matrix.schedule.cluster import address_from, connect
     from soakmatrix.reports.history import HistoryStore
 
     from .schedule import RayLauncher, cap_seconds, infra_result, run_cells, unplaceable
 
-    stream = stream or sys.stderr
     out = out_dir_of(matrix, args.out)
     out.mkdir(parents=True, exist_ok=True)
     store_path = Path(args.store).resolve() if args.store else out / "history.sqlite"
@@ -166,7 +175,7 @@ def execute(matrix: Matrix, profile: Profile, cells: Sequence[PlannedCell], args
     try:
         run_id = store.start_run(matrix=matrix.name, profile=profile.name, kind=kind, resume=args.resume,
                                  meta={"matrix_file": matrix.file, "backend": args.backend,
-                                       "ray_address": address or "local", "argv": sys.argv[1:],
+                                       "ray_address": address or "local", "argv": redact_argv(sys.argv[1:]),
                                        "cells": len(cells)})
         skip = verdict_ids(store.results(run_id)) if args.resume else set()
         store.planned(run_id, planned_dicts(cells))
@@ -192,6 +201,7 @@ def execute(matrix: Matrix, profile: Profile, cells: Sequence[PlannedCell], args
                   f"{type(exc).__name__}: {exc}", file=stream)
             return EXIT_INFRA   # no verdict; the run stays unfinished for --resume
         with cluster:
+            stop_signals.install()   # again: ray.init put its own handlers in
             print(f"soakmatrix {kind}: on {cluster.description}", file=stream)
             launcher = RayLauncher()
             never = unplaceable(todo, launcher.nodes())
@@ -217,7 +227,8 @@ def execute(matrix: Matrix, profile: Profile, cells: Sequence[PlannedCell], args
             print(f"soakmatrix {kind}: {warning}", file=stream)
         print(summary_text(results, sink.junit_path, dashboard, store_path), file=stream)
         if interrupted:
-            return EXIT_INTERRUPTED
+            print(f"soakmatrix {kind}: stopped by {signal_name(stop_signals.received)}", file=stream)
+            return stop_signals.exit_code(EXIT_INTERRUPTED)
         return exit_code(r.outcome for r in results) if results else EXIT_OK
     finally:
         try:

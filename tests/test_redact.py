@@ -29,7 +29,8 @@ def test_authorization_headers_and_secret_env_assignments():
 
 def test_vllm_log_lines_stay_readable():
     line = ("INFO [core.py:1] max_num_batched_tokens=8192, tokenizer=x, max_tokens: 16, "
-            "MAX_TOKENS=3 VLLM_TOKENIZER=y --max-model-len 4096 key=value")
+            "MAX_TOKENS=3 VLLM_TOKENIZER=y --max-model-len 4096 key=value "
+            "# HELP vllm:inter_token_latency_seconds Histogram of inter-token latency in seconds.")
     assert redact_text(line) == line
 
 

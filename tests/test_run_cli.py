@@ -144,10 +144,11 @@ def test_resume_after_killing_the_driver_reruns_only_unfinished_cells(tmp_path, 
                 with store_of(out) as store:
                     run_id = store.latest_run_id()
                     finished = {r.cell_id: r for r in store.results(run_id)} if run_id else {}
-                if len(finished) >= 3:
-                    break
+                if len(finished) >= 3 and min(r.ended_at for r in finished.values()) < time.time() - 5:
+                    break   # and one result is old enough that JUnit must hold it
             time.sleep(0.5)
         assert driver.poll() is None, "the run ended before the driver could be killed"
+        killed_at = time.time()
         driver.send_signal(signal.SIGKILL)
         driver.wait(30)
     finally:
@@ -157,6 +158,10 @@ def test_resume_after_killing_the_driver_reruns_only_unfinished_cells(tmp_path, 
         before = {r.cell_id: r for r in store.results(run.id)}
         planned = store.planned_cell_ids(run.id)
     assert run.status is None and 3 <= len(before) < len(planned) == 8
+    # JUnit is never behind the store by more than the cells of the last few seconds
+    in_junit = {c.get("name") for c in ET.parse(out / "junit.xml").getroot().iter("testcase")}
+    settled = [r.cell_name for r in before.values() if r.ended_at < killed_at - 4]
+    assert settled and set(settled) <= in_junit, (settled, in_junit)
 
     resumed = run_cli(*args, "--resume")
     assert resumed.returncode == 0, resumed.stderr
@@ -200,24 +205,32 @@ def test_a_bad_matrix_is_a_usage_error_naming_the_key(tmp_path):
     assert "bad.yaml" in result.stderr and "count" in result.stderr
 
 
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)   # what `cmd &` in a non-interactive shell hands down
+
+
 @pytest.mark.slow
-def test_ctrl_c_cancels_cleanly_and_tears_every_server_down(tmp_path, cluster):
+@pytest.mark.parametrize("how", ["sigint", "sigterm", "sigint-inherited-as-ignored"])
+def test_sigint_and_sigterm_cancel_cleanly_and_tear_every_server_down(tmp_path, cluster, how):
     matrix = write_matrix(tmp_path, "interrupt", soak="4h")      # 60 s of wall time per cell
     out = tmp_path / "out"
     driver = subprocess.Popen([*CLI, "run", str(matrix), "--out", str(out), "--ray-address", cluster], cwd=REPO,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              preexec_fn=_ignore_sigint if how == "sigint-inherited-as-ignored" else None)
     try:
         deadline = time.time() + 120
         while time.time() < deadline and len(list(out.glob("cells/*/command.txt"))) < 2:
             time.sleep(0.5)
         assert len(list(out.glob("cells/*/command.txt"))) == 2, "two servers should be running"
         time.sleep(2)
-        driver.send_signal(signal.SIGINT)
+        driver.send_signal(signal.SIGTERM if how == "sigterm" else signal.SIGINT)
         output, _ = driver.communicate(timeout=120)
     finally:
         driver.kill()
-    assert driver.returncode == 130, output
+    assert driver.returncode == (143 if how == "sigterm" else 130), output
     assert "cancelled before a verdict" in output and "--resume" in output
+    assert "Traceback" not in output and "results: none" in output       # a summary, not a stack dump
+    assert (out / "junit.xml").is_file() and (out / "dashboard" / "index.html").is_file()   # flushed
     assert_gone(str(out))
     with store_of(out) as store:
         [run] = store.runs()

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 import traceback
 from typing import Sequence
 
 from soakmatrix.matrix.contracts.outcomes import EXIT_INFRA, EXIT_USAGE
 from soakmatrix.matrix.contracts.yamlsrc import SpecError
+from soakmatrix.matrix.stop_signals import EXIT_FOR, Stopped, signal_name
 
 # command -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -45,6 +47,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0 if argv else EXIT_USAGE
         parser.error(f"unknown command {argv[0]!r}")
     name, rest = argv[0], argv[1:]
+    # everything we write (cells' artifacts, JUnit, the store, the dashboard) is the user's alone:
+    # logs and evidence can hold what a secret-scrubber does not know to look for
+    os.umask(0o077)
     module = importlib.import_module(COMMANDS[name][0])
     parser = argparse.ArgumentParser(prog=f"soakmatrix {name}", description=module.HELP)
     module.configure(parser)
@@ -58,6 +63,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SpecError as exc:
         print(f"soakmatrix {name}: configuration error:\n{exc}", file=sys.stderr)
         return EXIT_USAGE
+    except Stopped as exc:
+        print(f"soakmatrix {name}: stopped by {signal_name(exc.signum)}", file=sys.stderr)
+        return EXIT_FOR[exc.signum]
     except KeyboardInterrupt:
         print(f"soakmatrix {name}: interrupted", file=sys.stderr)
         return 130

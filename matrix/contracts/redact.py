@@ -37,7 +37,7 @@ AUTH_HEADER = re.compile(r"(?i)(\b(?:proxy-)?authorization\b[\"']?\s*[:=]\s*[\"'
 # `NAME=value` in text (an environment dump, a shell line) where NAME is an upper-case secret's name
 ENV_ASSIGNMENT = re.compile(r"\b([A-Z_][A-Z0-9_]*)(=)([\"']?)([^\s\"']+)")
 # `--api-key X` / `--api-key=X` inside a command line written as text
-OPTION_IN_TEXT = re.compile(r"(--?[A-Za-z0-9_-]*(?:api[-_]?key|token|secret|passw(?:or)?d|credential)"
+OPTION_IN_TEXT = re.compile(r"(?<![\w-])(--?[A-Za-z0-9_-]*(?:api[-_]?key|token|secret|passw(?:or)?d|credential)"
                             r"[A-Za-z0-9_-]*)(=|\s+)(['\"]?)([^\s'\"]+)", re.I)
 
 

@@ -1,0 +1,59 @@
+"""SIGINT and SIGTERM end a run the same clean way: Kubernetes, CI runners and systemd send SIGTERM,
+a person at a terminal sends Ctrl-C, and a job started in the background may inherit SIGINT as
+ignored. Both become a `Stopped` exception (a KeyboardInterrupt, so the scheduling loop's Ctrl-C
+path cancels the cells, tears the servers down and keeps every finished result), and the run exits
+130 or 143 as shells expect. `ray.init` installs handlers of its own (its SIGTERM handler aborts with
+a stack dump), so ours are installed again once Ray is up.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from types import FrameType
+
+EXIT_FOR = {signal.SIGINT: 130, signal.SIGTERM: 143}
+
+
+class Stopped(KeyboardInterrupt):
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+class StopSignals:
+    """Context manager: while inside, SIGINT/SIGTERM raise `Stopped` in the main thread."""
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self._previous: dict[int, object] = {}
+
+    def _handler(self, signum: int, frame: FrameType | None) -> None:
+        first = self.received is None
+        self.received = self.received or signum
+        if first:
+            raise Stopped(signum)
+        # a second signal while we tear down: the loop's own second-Ctrl-C path stops waiting politely
+        raise KeyboardInterrupt
+
+    def install(self) -> "StopSignals":
+        if threading.current_thread() is not threading.main_thread():
+            return self   # signals are delivered to the main thread only; nothing to do elsewhere
+        for signum in EXIT_FOR:
+            previous = signal.signal(signum, self._handler)
+            self._previous.setdefault(signum, previous)
+        return self
+
+    def exit_code(self, default: int = 130) -> int:
+        return EXIT_FOR.get(self.received, default) if self.received else default
+
+    def __enter__(self) -> "StopSignals":
+        return self.install()
+
+    def __exit__(self, *exc: object) -> None:
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
+
+
+def signal_name(signum: int | None) -> str:
+    return signal.Signals(signum).name if signum else "Ctrl-C"
