@@ -145,7 +145,7 @@ def load(path: str | Path, text: str | None = None, limits: Limits = LIMITS) -> 
     try:
         node = loader.get_single_node()
     except yaml.YAMLError as exc:
-        raise SpecError([_yaml_problem(name, exc)]) from exc
+        raise SpecError([_yaml_problem(name, exc, text)]) from exc
     except RecursionError as exc:   # _check_nesting bounds depth; this is a second fence
         raise SpecError([Problem(name, 0, "", "nested too deeply")]) from exc
     finally:
@@ -163,11 +163,12 @@ def load(path: str | Path, text: str | None = None, limits: Limits = LIMITS) -> 
     return Source(name, data, lines, problems)
 
 
-def _yaml_problem(name: str, exc: yaml.YAMLError) -> Problem:
+def _yaml_problem(name: str, exc: yaml.YAMLError, text: str = "") -> Problem:
     mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
     line = mark.line + 1 if mark else 0
     if isinstance(exc, yaml.reader.ReaderError):
-        return Problem(name, 0, "", f"not YAML text: {exc.reason} (character {exc.character!r})")
+        line = text.count("\n", 0, exc.position) + 1
+        return Problem(name, line, "", f"not YAML text: {exc.reason} (character {exc.character!r})")
     return Problem(name, line, "", f"invalid YAML: {getattr(exc, 'problem', None) or exc}")
 
 
@@ -188,7 +189,7 @@ def _check_nesting(name: str, text: str, limits: Limits) -> None:
                 raise SpecError([Problem(name, event.start_mark.line + 1, "",
                                          f"a value longer than {limits.max_scalar_chars} characters")])
     except yaml.YAMLError as exc:
-        raise SpecError([_yaml_problem(name, exc)]) from exc
+        raise SpecError([_yaml_problem(name, exc, text)]) from exc
 
 
 class _Builder:
