@@ -19,6 +19,7 @@ from soakmatrix.matrix.contracts.durations import format_duration
 from soakmatrix.matrix.contracts.outcomes import EXIT_INFRA, EXIT_OK, Outcome, exit_code
 from soakmatrix.matrix.contracts.redact import redact_argv, redact_env
 from soakmatrix.matrix.contracts.result import CellResult
+from soakmatrix.matrix.contracts.yamlsrc import Problem, SpecError
 
 from .plan import Plan, PlannedCell, plan
 from .progress import Progress
@@ -162,7 +163,7 @@ def execute(matrix: Matrix, profile: Profile, cells: Sequence[PlannedCell], args
 def _execute(matrix: Matrix, profile: Profile, cells: Sequence[PlannedCell], args: argparse.Namespace, kind: str,
              fail_fast: bool, keep_order: bool, stream: TextIO, stop_signals: StopSignals) -> int:
     from soakmatrix.matrix.schedule.cluster import address_from, connect
-    from soakmatrix.reports.history import HistoryStore
+    from soakmatrix.reports.history import HistoryStore, StoreError
 
     from .schedule import RayLauncher, cap_seconds, infra_result, run_cells, unplaceable
 
@@ -170,7 +171,10 @@ def _execute(matrix: Matrix, profile: Profile, cells: Sequence[PlannedCell], arg
     out.mkdir(parents=True, exist_ok=True)
     store_path = Path(args.store).resolve() if args.store else out / "history.sqlite"
     address = address_from(args.ray_address)
-    store = HistoryStore(store_path)
+    try:
+        store = HistoryStore(store_path)
+    except StoreError as exc:   # before any cell runs: a usage error, nothing is lost
+        raise SpecError([Problem(str(store_path), 0, "--store", str(exc).removeprefix(f"{store_path}: "))]) from exc
     status = None   # an interrupted or crashed run stays unfinished, so `--resume` finds it
     try:
         run_id = store.start_run(matrix=matrix.name, profile=profile.name, kind=kind, resume=args.resume,

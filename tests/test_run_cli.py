@@ -390,3 +390,15 @@ def test_progress_on_a_tty_redraws_one_status_line_and_keeps_findings():
     assert any(line.startswith("crash ") and "boom" in line for line in kept)   # findings stay on screen
     assert not any(line.startswith("passed ") for line in kept)                 # passes only count
     assert "2/3 done" in text.split("\r\x1b[2K")[-1]
+
+
+def test_a_store_that_is_not_a_history_store_is_a_usage_error_before_any_cell_runs(tmp_path):
+    matrix = write_matrix(tmp_path, "store")
+    store = tmp_path / "notes.sqlite"
+    store.write_text("my notes, not a database\n")
+    result = run_cli("run", str(matrix), "--out", str(tmp_path / "out"), "--store", str(store), timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert "--store" in result.stderr and "not a soakmatrix history store" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert store.read_text() == "my notes, not a database\n"        # left as it was
+    assert not (tmp_path / "out" / "cells").exists()                # nothing ran
