@@ -32,11 +32,17 @@ class WatchdogConfig:
 
 
 def http_get(url: str, timeout_s: float) -> tuple[int, str]:
+    """GET -> (status, body); a refused connection raises ConnectionRefusedError itself, so a caller
+    can tell a server that is down (`soakmatrix watch`'s `down`) from one that does not answer."""
     try:
         with urllib.request.urlopen(url, timeout=timeout_s) as r:
             return r.status, r.read().decode("utf-8", "replace")
     except urllib.error.HTTPError as exc:
         return exc.code, ""
+    except urllib.error.URLError as exc:
+        if isinstance(exc.reason, ConnectionRefusedError):
+            raise exc.reason from None
+        raise
 
 
 class LogFollower:

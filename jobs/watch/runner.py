@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import threading
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from soakmatrix.jobs.watchdog import Watchdog, WatchdogConfig
+from soakmatrix.jobs.watchdog import Watchdog, WatchdogConfig, http_get
 
 from .canary import Canary
 from .detectors import build_watch_detectors
@@ -34,19 +32,6 @@ class WatchOptions:
     model: str | None = None              # default: the first of /v1/models
     threshold: dict | None = None         # StallThreshold options of the passive detectors
     max_incidents: int | None = None      # stop after this many (tests, benchmarks)
-
-
-def http_get(url: str, timeout_s: float) -> tuple[int, str]:
-    """GET with a refused connection raised as ConnectionRefusedError (the loop's `down`)."""
-    try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as r:
-            return r.status, r.read().decode("utf-8", "replace")
-    except urllib.error.HTTPError as exc:
-        return exc.code, ""
-    except urllib.error.URLError as exc:
-        if isinstance(exc.reason, ConnectionRefusedError):
-            raise exc.reason from None
-        raise
 
 
 class Watcher:
