@@ -3,7 +3,8 @@
 `py-spy dump --native` of every process in the server's tree (each with a timeout, killed if py-spy
 itself hangs), vLLM's own watchdog stack dumps (`VLLM_STACK_DUMP_*` in the artifact folder), a
 /metrics snapshot, the log tail, the scheduler dump lines vLLM prints on a fatal error, and GPU
-state through NVML where there is a GPU (skipped cleanly otherwise). Every step is bounded and none
+state (`jobs.gpu_state`: NVML or nvidia-smi; "no GPU: not measured" otherwise). When py-spy may not
+attach (no ptrace permission in a container), the notes say so and what to grant. Every step is bounded and none
 raises: missing evidence is recorded as a note, never as a failed cell.
 """
 
@@ -21,6 +22,7 @@ from typing import Any, Callable, Sequence
 
 import psutil
 
+from . import gpu_state as gpu_state_mod
 from .teardown import tree
 
 SCHEDULER_DUMP = re.compile(r"Dumping input data|Dumping scheduler output|Dumping scheduler stats|"
@@ -35,6 +37,8 @@ class Evidence:
     log_tail: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    gpu: gpu_state_mod.GpuState | None = None                 # None until measured (or not) at capture
+    stacks_unreachable: str | None = None                     # why no process could be dumped
 
 
 def pyspy_dump(pid: int, timeout_s: float = 20.0, native: bool = True,
@@ -78,37 +82,28 @@ def scrape_text(url: str, timeout_s: float = 10.0) -> str:
 
 
 def gpu_state() -> dict[str, Any] | None:
-    """Per-GPU memory, utilisation and processes via NVML; None without a GPU or pynvml."""
-    try:
-        import pynvml  # type: ignore
-        pynvml.nvmlInit()
-    except Exception:
+    """Per-GPU memory, utilisation and processes (`jobs.gpu_state`); None when not measured."""
+    state = gpu_state_mod.measure()
+    return state.to_dict() if state.measured else None
+
+
+PTRACE_DENIED = re.compile(r"Permission denied|Operation not permitted|os error 1\b|os error 13\b|"
+                           r"ptrace|CAP_SYS_PTRACE", re.I)
+
+
+def ptrace_problem(problems: Sequence[str], scope_file: str = "/proc/sys/kernel/yama/ptrace_scope") -> str | None:
+    """Why py-spy could not attach, when that is the reason: what a container or host must allow."""
+    denied = [p for p in problems if PTRACE_DENIED.search(p)]
+    if not denied:
         return None
     try:
-        gpus = []
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            mem = pynvml.nvmlDeviceGetMemoryInfo(h)
-            util = pynvml.nvmlDeviceGetUtilizationRates(h)
-            procs = []
-            try:
-                procs = [{"pid": p.pid, "used_memory": p.usedGpuMemory}
-                         for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h)]
-            except Exception:
-                pass
-            name = pynvml.nvmlDeviceGetName(h)
-            gpus.append({"index": i, "name": name.decode() if isinstance(name, bytes) else name,
-                         "memory_used": mem.used, "memory_total": mem.total,
-                         "utilization_gpu": util.gpu, "utilization_memory": util.memory,
-                         "processes": procs})
-        return {"gpus": gpus}
-    except Exception as exc:
-        return {"error": f"{type(exc).__name__}: {exc}"}
-    finally:
-        try:
-            pynvml.nvmlShutdown()
-        except Exception:
-            pass
+        scope = Path(scope_file).read_text().strip()
+    except OSError:
+        scope = "unknown"
+    return (f"ptrace not permitted ({denied[0]}): py-spy needs the SYS_PTRACE capability (docker run "
+            f"--cap-add SYS_PTRACE, Kubernetes securityContext.capabilities.add: [SYS_PTRACE]) or "
+            f"kernel.yama.ptrace_scope 0 (now {scope}); the fingerprint falls back to the log's tracebacks "
+            f"and vLLM's own stack dumps (--watchdog-config dump_dir)")
 
 
 def scheduler_dump_lines(lines: Sequence[str], context: int = 12) -> list[str]:
@@ -127,7 +122,8 @@ def scheduler_dump_lines(lines: Sequence[str], context: int = 12) -> list[str]:
 def capture(server: Any, folder: str | Path, *, pyspy_timeout_s: float = 20.0, budget_s: float = 90.0,
             tail_lines: int = 50, dump_dirs: Sequence[str | Path] | None = None,
             stop: Any = None, pyspy: Callable[..., tuple[str, str | None]] = pyspy_dump,
-            scrape: Callable[[str, float], str] = scrape_text) -> Evidence:
+            scrape: Callable[[str, float], str] = scrape_text,
+            gpu: Callable[[Sequence[int]], gpu_state_mod.GpuState] = gpu_state_mod.measure) -> Evidence:
     """Everything worth keeping about a stuck server (a RunningServer: .pid, .base_url, .log_text()).
     `stop` (a threading.Event) cuts the stack dumps short when the cell is cancelled."""
     t0 = time.monotonic()
@@ -136,7 +132,9 @@ def capture(server: Any, folder: str | Path, *, pyspy_timeout_s: float = 20.0, b
 
     # stacks first: they are what a hang looks like, and the least likely to survive teardown
     dumps: list[str] = []
-    for proc in tree(server.pid):
+    problems: list[str] = []
+    procs = list(tree(server.pid))
+    for proc in procs:
         if time.monotonic() - t0 > budget_s:
             ev.notes.append("evidence budget spent: some processes not dumped")
             break
@@ -150,9 +148,15 @@ def capture(server: Any, folder: str | Path, *, pyspy_timeout_s: float = 20.0, b
         text, problem = pyspy(proc.pid, pyspy_timeout_s)
         if problem:
             ev.notes.append(problem)
+            problems.append(problem)
         if text:
             header = text if text.startswith("Process ") else f"Process {proc.pid}: {name}\n{text}"
             dumps.append(header)
+    denied = ptrace_problem(problems)
+    if denied:
+        ev.notes.insert(0, denied)
+        if not dumps:
+            ev.stacks_unreachable = denied
     if dumps:
         path = ev.folder / "py-spy.txt"
         path.write_text("\n\n".join(dumps))
@@ -188,13 +192,15 @@ def capture(server: Any, folder: str | Path, *, pyspy_timeout_s: float = 20.0, b
         path.write_text("\n".join(sched) + "\n")
         ev.artifacts["scheduler_dump"] = str(path)
 
-    gpus = gpu_state()
-    if gpus is None:
-        ev.notes.append("no GPU (NVML unavailable): GPU state skipped")
-    else:
-        path = ev.folder / "gpu-state.json"
-        path.write_text(json.dumps(gpus, indent=1))
-        ev.artifacts["gpu_state"] = str(path)
+    try:
+        ev.gpu = gpu([p.pid for p in procs])
+    except Exception as exc:   # a broken driver must not cost the rest of the evidence
+        ev.gpu = gpu_state_mod.GpuState(False, note=f"GPU state failed: {type(exc).__name__}: {exc}")
+    path = ev.folder / "gpu-state.json"
+    path.write_text(json.dumps(ev.gpu.to_dict(), indent=1))
+    ev.artifacts["gpu_state"] = str(path)
+    if not ev.gpu.measured:
+        ev.notes.append(f"GPU state: {ev.gpu.note or gpu_state_mod.NOT_MEASURED}")
 
     ev.seconds = time.monotonic() - t0
     if ev.notes:

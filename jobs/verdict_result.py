@@ -41,14 +41,20 @@ def record_finding(result: CellResult, verdict: HangVerdict, evidence: Evidence,
     """Classify a verdict with its evidence and write the finding into `result`: hang or crash,
     signature, stuck frames, time to hang (engine seconds), the one-line message, the evidence's
     files and log tail. `running` is how many requests the engine last reported running."""
+    gpu = evidence.gpu.busy if evidence.gpu is not None else None
     cls = classify(clues_from_texts(evidence.stack_texts, log_lines, verdict_kind=verdict.kind,
-                                    exit_code=exit_code, hint=verdict.hint))
+                                    exit_code=exit_code, hint=verdict.hint, gpu=gpu))
     result.artifacts.update(evidence.artifacts)
     kind = cls.outcome or verdict.kind
     result.outcome = Outcome.HANG if kind == "hang" else Outcome.CRASH
     result.signature = cls.signature
     result.fingerprint = cls.fingerprint
     result.stuck_frames = list(cls.stuck_frames)
+    result.culprit = cls.culprit
+    result.threads = [dict(t) for t in cls.threads]
+    result.gpu_state = evidence.gpu.to_dict() if evidence.gpu is not None else {}
+    if evidence.stacks_unreachable:
+        result.extra["stacks_unreachable"] = evidence.stacks_unreachable
     result.detector = verdict.detector
     result.detected_after_s = round(verdict.detected_after_s, 2) if verdict.detected_after_s is not None else None
     result.time_to_hang_s = round(max(0.0, hang_began(verdict) - load_start) * scale, 2)

@@ -5,8 +5,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from fake_openai import start_fake
+
 from soakmatrix.jobs import evidence
 from soakmatrix.jobs.signatures import parse_stacks
 
@@ -67,7 +67,7 @@ def test_capture_dumps_every_process_of_the_tree_and_keeps_the_rest(tmp_path):
     assert "SchedulerOutput(" in Path(ev.artifacts["scheduler_dump"]).read_text()
     assert ev.log_tail and ev.log_tail[-1].startswith("ERROR 11-21 [core.py:866]")
     # no GPU here: skipped with a note, not an error
-    assert "gpu_state" in ev.artifacts or any("GPU state skipped" in n for n in ev.notes)
+    assert "gpu_state" in ev.artifacts and any("no GPU: not measured" in n for n in ev.notes), ev.notes
 
 
 @pytest.mark.slow
@@ -78,3 +78,35 @@ def test_capture_of_a_dead_server_still_keeps_the_log(tmp_path):
     ev = evidence.capture(server, tmp_path / "evidence")
     assert "py_spy" not in ev.artifacts and ev.log_tail
     assert any("/metrics snapshot failed" in n for n in ev.notes)
+
+
+class _Server:
+    """The least `capture` reads: a pid, a base URL, a log."""
+
+    def __init__(self, pid, folder):
+        self.pid, self.base_url, self.log_path = pid, "http://127.0.0.1:9", folder / "server.log"
+        self.log_path.write_text("INFO ok\n")
+
+    def log_text(self, *a):
+        return self.log_path.read_text()
+
+
+def test_no_ptrace_permission_is_said_with_what_to_grant_and_gpu_state_is_kept(tmp_path):
+    from soakmatrix.jobs.gpu_state import GpuState
+    proc = subprocess.Popen(["sleep", "30"])
+    try:
+        denied = lambda pid, timeout: ("", f"py-spy exit 1 on pid {pid}: Error: Operation not permitted (os error 1)")
+        ev = evidence.capture(_Server(proc.pid, tmp_path), tmp_path / "ev", pyspy=denied,
+                              scrape=lambda url, t: "", gpu=lambda pids: GpuState(False, note="no GPU: not measured"))
+    finally:
+        proc.kill()
+        proc.wait()
+    assert ev.stacks_unreachable and ev.notes[0] == ev.stacks_unreachable
+    assert "ptrace not permitted" in ev.notes[0] and "SYS_PTRACE" in ev.notes[0] and "ptrace_scope" in ev.notes[0]
+    assert "py_spy" not in ev.artifacts and "gpu_state" in ev.artifacts
+    assert '"state": null' in Path(ev.artifacts["gpu_state"]).read_text()
+
+
+def test_other_py_spy_failures_are_not_called_ptrace():
+    assert evidence.ptrace_problem(["py-spy timed out after 20 s on pid 4"]) is None
+    assert "(now " in evidence.ptrace_problem(["Permission denied (os error 13)"], scope_file="/nonexistent")

@@ -42,7 +42,10 @@ class CellResult:
     ended_at: float = 0.0
     attempt: int = 1                       # 1 + infra retries before this result
     retries: list[str] = field(default_factory=list)   # messages of earlier infra errors
-    stuck_frames: list[str] = field(default_factory=list)
+    stuck_frames: list[str] = field(default_factory=list)   # the culprit thread's frames, innermost first
+    culprit: str = ""                      # "<role> <thread>: why it is the culprit" (jobs/culprit.py)
+    threads: list[dict[str, Any]] = field(default_factory=list)   # per role: culprits, then victims
+    gpu_state: dict[str, Any] = field(default_factory=dict)       # per-GPU use at the hang, "state": busy|idle
     log_tail: list[str] = field(default_factory=list)
     artifacts: dict[str, str] = field(default_factory=dict)  # name -> path
     extra: dict[str, Any] = field(default_factory=dict)
