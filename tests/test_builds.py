@@ -211,6 +211,9 @@ def test_a_build_ray_cannot_set_up_is_a_config_or_infra_error_of_that_build(tmp_
     assert setup_failure_result(spec, timeout).outcome is Outcome.INFRA_ERROR
     assert setup_error_outcome("pip: NewConnectionError: [Errno 111] Connection refused") is Outcome.INFRA_ERROR
     assert setup_error_outcome("manifest for vllm/vllm-openai:v9 not found") is Outcome.CONFIG_ERROR
+    token = "ghp_" + "a" * 36
+    leaked = setup_failure_result(spec, f"Failed to create runtime env {{'pip': ['vllm @ git+https://{token}@github.com/x/y']}}")
+    assert token not in leaked.message
 
 
 def test_the_interpreter_of_a_python_build_is_checked_where_it_runs():

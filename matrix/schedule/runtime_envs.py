@@ -20,6 +20,7 @@ from typing import Any, Mapping
 from soakmatrix.jobs.soak_spec import SoakSpec
 from soakmatrix.matrix.builds import setup_error_outcome
 from soakmatrix.matrix.contracts.outcomes import Outcome
+from soakmatrix.matrix.contracts.redact import redact_text
 from soakmatrix.matrix.contracts.result import CellResult
 
 MAX_MESSAGE_LINES = 12
@@ -60,7 +61,7 @@ def setup_failure_result(spec: SoakSpec, message: str, *, config: bool | None = 
     lines = [line for line in str(message).strip().splitlines() if line.strip()]
     if len(lines) > MAX_MESSAGE_LINES:   # Ray's first line says what failed, pip's last lines why
         lines = [*lines[:2], "[...]", *lines[-(MAX_MESSAGE_LINES - 2):]]
-    text = "\n".join(lines)
+    text = redact_text("\n".join(lines))   # Ray repeats the runtime_env: a git URL may carry a token
     if config is None:
         text = f"build {spec.build or '?'}: Ray could not set up its runtime_env ({', '.join(sorted(spec.runtime_env or {}))}): {text}"
     now = time.time()
