@@ -2,7 +2,8 @@
 
 Sections: the matrix heatmap (rows model x GPU, columns flag combinations, coloured by outcome and
 MTTF), cells that need a look with their status history across nights, hang signatures with the
-cells they hit and their stuck frames, bisection results as their tables, and per-run summaries;
+cells they hit and their stuck frames, findings (one per fingerprint, each with its own page of
+culprit frames per role), bisection results as their tables, and per-run summaries;
 `dashboard_data` assembles them as plain data, this module renders and writes the page.
 
 Self-contained: plotly's JS is inlined once (`plotly.offline.get_plotlyjs()`), figures travel as
@@ -19,7 +20,7 @@ import json
 import os
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import jinja2
 from markupsafe import Markup
@@ -28,11 +29,14 @@ from soakmatrix.matrix.contracts.durations import format_duration
 
 from .dashboard_data import (
     COLOURS,
+    LINE_CHARS,
+    MAX_FINDING_PAGES,
     DashboardData,
     attention_rows,
     bisection_rows,
     collect,
     figures,
+    finding_rows,
     flags_text,
     latest_run_view,
     overview,
@@ -41,21 +45,26 @@ from .dashboard_data import (
     when_text,
 )
 from .files import write_atomic
+from .findings import role_sections
 from .history import HistoryStore
 from .regressions import DEFAULT_CONFIDENCE, Regression, find_regressions, rows_of
 
 TEMPLATES = Path(__file__).parent / "templates"
 
 
-def build_dashboard(store_path: str | os.PathLike, out_dir: str | os.PathLike) -> Path:
-    """Write `out_dir/index.html` from the store; returns its path."""
+def build_dashboard(store_path: str | os.PathLike, out_dir: str | os.PathLike,
+                    known_issues: Sequence[Any] = ()) -> Path:
+    """Write `out_dir/index.html` and a page per finding (`out_dir/findings/<fingerprint>.html`) from
+    the store; returns the index's path."""
     now = datetime.now(timezone.utc).timestamp()
     with HistoryStore(store_path, create=False) as store:
-        data = collect(store, now)
+        data = collect(store, now, known_issues)
         regressions = find_regressions(rows_of(store))
     page = with_regressions(render(data), regressions)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    for finding in data.findings[:MAX_FINDING_PAGES]:
+        _write_atomic(out / "findings" / f"{finding.fingerprint}.html", render_finding(data, finding))
     return _write_atomic(out / "index.html", page)
 
 
@@ -63,12 +72,7 @@ def build_dashboard(store_path: str | os.PathLike, out_dir: str | os.PathLike) -
 
 def render(data: DashboardData) -> str:
     from plotly.offline import get_plotlyjs
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=True,
-                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
-    env.filters["duration"] = lambda s: "" if s is None else format_duration(s)
-    env.filters["when"] = when_text
-    env.filters["flags"] = flags_text
-    template = env.get_template("index.html")
+    template = _env().get_template("index.html")
     return template.render(
         store=data.store,
         generated=when_text(data.generated_at),
@@ -82,8 +86,28 @@ def render(data: DashboardData) -> str:
         bisections=bisection_rows(data),
         runs=run_rows(data),
         latest=latest_run_view(data),
+        findings=finding_rows(data),
         colours=COLOURS,
     )
+
+
+def render_finding(data: DashboardData, finding: Any) -> str:
+    """The finding's own page: when and where it appeared, pooled MTTF, the culprit frames per role."""
+    env = _env()
+    est = finding.estimate
+    mttf = est.describe(format_duration) if est.hangs else ""
+    return env.get_template("finding.html").render(
+        f=finding, store=data.store, style=Markup((TEMPLATES / "style.css").read_text()), mttf=mttf,
+        roles=role_sections(finding.example), log=[line[:LINE_CHARS] for line in finding.example.log_tail[-40:]])
+
+
+def _env() -> jinja2.Environment:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=True,
+                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    env.filters["duration"] = lambda s: "" if s is None else format_duration(s)
+    env.filters["when"] = when_text
+    env.filters["flags"] = flags_text
+    return env
 
 
 def script_json(value: Any) -> Markup:

@@ -21,6 +21,7 @@ from soakmatrix.matrix.contracts.flags import format_value
 from soakmatrix.matrix.contracts.outcomes import Outcome
 from soakmatrix.matrix.contracts.result import CellResult
 
+from .findings import Finding, group_findings
 from .history import CellInfo, HistoryStore, RecordedResult, Run
 from .state import CellState, CellStatus, SignatureSummary, cell_states, new_failures, signature_summaries
 from .tables import bisection_view
@@ -31,6 +32,7 @@ MAX_FINDINGS_PER_RUN = 200      # findings listed with their evidence for the la
 EXAMPLES_PER_SIGNATURE = 1      # newest result per signature whose stuck frames and log lines are shown
 EVIDENCE_LINES = 40             # stuck frames / log lines per signature example
 FINDING_LINES = 20              # ... per finding of the latest run
+MAX_FINDING_PAGES = 500        # findings with a page of their own (most hits first)
 LINE_CHARS = 400                # a runaway log line is cut here (the full text is in JUnit and artifacts)
 
 # heatmap colour codes: categories 0-3, hangs 4..5 by MTTF (5 = shortest)
@@ -56,9 +58,10 @@ class DashboardData:
     bisections: list[dict]
     generated_at: float = 0.0
     latest_obs: dict[str, RecordedResult] = field(default_factory=dict)
+    findings: list[Finding] = field(default_factory=list)  # one per fingerprint (reports.findings)
 
 
-def collect(store: HistoryStore, now: float) -> DashboardData:
+def collect(store: HistoryStore, now: float, known_issues: Sequence[Any] = ()) -> DashboardData:
     runs = store.runs()
     run_ids = [r.id for r in runs]
     observations = store.observations()
@@ -73,7 +76,23 @@ def collect(store: HistoryStore, now: float) -> DashboardData:
     findings = [r for _, r in store.findings(run_id=latest.id)] if latest else []
     return DashboardData(str(store.path), runs, store.cells(), observations, states,
                          signature_summaries(run_ids, observations), examples, findings,
-                         store.bisections(), now, latest_obs)
+                         store.bisections(), now, latest_obs, group_findings(store.fingerprinted(), observations,
+                                                                             run_ids, known_issues))
+
+
+def finding_rows(data: DashboardData) -> list[dict[str, Any]]:
+    """The findings table: one row per fingerprint, linking its page and its known issue."""
+    rows = []
+    for f in data.findings:
+        est = f.estimate
+        issue = f.known_issue
+        rows.append({"fingerprint": f.fingerprint, "signature": f.signature or "unknown", "hits": f.hits,
+                     "cells": len(f.cells), "nights": f.nights,
+                     "mttf": est.describe(format_duration) if est.hangs else "",
+                     "gpu": ", ".join(f"{k} x{v}" for k, v in sorted(f.gpu.items())) or "not measured",
+                     "culprit": (f.example.culprit or "-")[:LINE_CHARS],
+                     "issue": f"{issue.id} [{issue.status}]" if issue else "new", "issue_url": issue.url if issue else ""})
+    return rows
 
 
 # -- figures ----------------------------------------------------------------------------------------

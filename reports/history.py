@@ -98,8 +98,15 @@ CREATE INDEX results_cell ON results(cell_id);
 CREATE INDEX results_signature ON results(signature) WHERE signature IS NOT NULL;
 """
 
+# The fingerprint (the culprit's frames, issue 20) groups one bug's results across cells and nights.
+_V4 = """
+ALTER TABLE results ADD COLUMN fingerprint TEXT;
+UPDATE results SET fingerprint = json_extract(data, '$.fingerprint');
+CREATE INDEX results_fingerprint ON results(fingerprint) WHERE fingerprint IS NOT NULL;
+"""
+
 # version -> SQL; a store at version N gets N+1.. applied in order, each in its own transaction.
-MIGRATIONS: dict[int, str] = {1: _V1, 2: _V2, 3: _V3}
+MIGRATIONS: dict[int, str] = {1: _V1, 2: _V2, 3: _V3, 4: _V4}
 SCHEMA_VERSION = max(MIGRATIONS)
 
 
@@ -290,11 +297,12 @@ class HistoryStore:
             _upsert_cell(db, result.cell_id, result.cell_name, result.model, result.gpu_type,
                          result.flags, result.workload)
             db.execute("""INSERT OR REPLACE INTO results (run_id, cell_id, outcome, signature, exposure_s,
-                              time_to_hang_s, started_at, ended_at, data, recorded_at, detector, gpu_hours)
-                          VALUES (?,?,?,?,?,?,?,?,?,?,?,?)""",
+                              time_to_hang_s, started_at, ended_at, data, recorded_at, detector, gpu_hours,
+                              fingerprint)
+                          VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)""",
                        (run_id, result.cell_id, result.outcome.value, result.signature, float(result.exposure_s),
                         result.time_to_hang_s, result.started_at, result.ended_at, data, self._clock(),
-                        result.detector, result.gpu_hours))
+                        result.detector, result.gpu_hours, result.fingerprint))
 
     def results(self, run_id: str) -> list[CellResult]:
         """The run's results in the order they were recorded."""
@@ -330,6 +338,14 @@ class HistoryStore:
                        s.detector, s.gpu_hours
                 FROM results s JOIN runs r ON r.id = s.run_id ORDER BY r.seq, s.rowid""").fetchall()
         return [RecordedResult(r[0], r[1], Outcome(r[2]), r[3], r[4], r[5], r[6], r[7]) for r in rows]
+
+    def fingerprinted(self) -> list[tuple[str, CellResult]]:
+        """(run id, result) of every hang and crash with a fingerprint, in run order (reports.findings)."""
+        with self._lock:
+            rows = self._db.execute("""SELECT s.run_id, s.data FROM results s JOIN runs r ON r.id = s.run_id
+                                       WHERE s.outcome IN ('hang', 'crash') AND s.fingerprint IS NOT NULL
+                                       ORDER BY r.seq, s.rowid""").fetchall()
+        return [(r[0], CellResult.from_json(r[1])) for r in rows]
 
     def findings(self, run_id: str | None = None, limit_per_signature: int | None = None) -> list[tuple[str, CellResult]]:
         """(run id, result) of hangs and crashes, newest run first; optionally the newest few per signature."""

@@ -14,6 +14,13 @@ test-case `<properties>`, `<rerunFailure>` and `<flakyFailure>`. Mapping of outc
 Names are the cell names (unique without properties, as GitLab and Buildkite need); the classname
 is `soakmatrix.<model>.<gpu>` so Jenkins groups cells by model and GPU type. Every string goes
 through `xml_safe`: log lines carry ANSI escapes and other characters XML 1.0 cannot hold.
+
+What every consumer takes: system-out holds bounded excerpts (the culprit per role first, then the
+log tail; at most `MAX_SYSTEM_OUT_CHARS`) and links the evidence files as `[[ATTACHMENT|path]]`
+lines (Jenkins' junit-attachments plugin and GitLab read them); the fingerprint, the culprit, the
+GPU state and the matched known issue are properties. A run of more than `MAX_CASES_PER_FILE` cells
+(Buildkite Test Engine's limit per file) or of more than `MAX_FILE_BYTES` (under GitLab's 30 MB)
+is written as several files: `junit.xml`, `junit-2.xml`, ... (`write_junit_files`).
 """
 
 from __future__ import annotations
@@ -38,6 +45,9 @@ CLASSNAME_PREFIX = "soakmatrix"
 MAX_LOG_LINES = 60        # last log lines kept in system-out
 MAX_STUCK_FRAMES = 80     # stuck frames kept in system-out
 MAX_LINE_CHARS = 2000     # a single runaway log line is cut here
+MAX_SYSTEM_OUT_CHARS = 32_000   # one case's system-out; the whole evidence is in the attachments
+MAX_CASES_PER_FILE = 5000       # Buildkite Test Engine: test cases per uploaded file
+MAX_FILE_BYTES = 28 * 2**20     # GitLab refuses JUnit files over 30 MB; margin for the suite's header
 
 # XML 1.0 allows tab, LF, CR and everything from U+0020 except surrogates, U+FFFE and U+FFFF.
 _XML_ILLEGAL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
@@ -109,6 +119,11 @@ def case_properties(result: CellResult) -> dict[str, str]:
     props["detector"] = result.detector or ""
     if result.fingerprint:
         props["fingerprint"] = result.fingerprint
+    if result.culprit:
+        props["culprit"] = result.culprit
+    state = (result.gpu_state or {}).get("state")
+    if result.gpu_state:
+        props["gpu_state"] = state or "not measured"
     props["node"] = result.node
     props["attempt"] = str(result.attempt)
     props["tokens"] = str(result.tokens)
@@ -116,12 +131,40 @@ def case_properties(result: CellResult) -> dict[str, str]:
     return props
 
 
-def evidence_text(result: CellResult) -> str:
-    """Evidence excerpts for system-out: stuck frames and the last log lines, then artifact paths."""
+def known_issue_properties(issue: Any) -> dict[str, str]:
+    """`known_issue` (its link, else its id), with its title, status and workaround."""
+    if issue is None:
+        return {}
+    props = {"known_issue": issue.url or issue.id, "known_issue.id": issue.id, "known_issue.title": issue.title,
+             "known_issue.status": issue.status}
+    if issue.workaround:
+        props["known_issue.workaround"] = issue.workaround
+    return props
+
+
+def attachment_lines(result: CellResult) -> list[str]:
+    """`[[ATTACHMENT|path]]` for each evidence file (Jenkins junit-attachments, GitLab)."""
+    return [f"[[ATTACHMENT|{path}]]" for _, path in sorted(result.artifacts.items())
+            if path and not str(path).endswith("/")]
+
+
+def evidence_text(result: CellResult, issue: Any = None) -> str:
+    """Evidence excerpts for system-out: the culprit per role, stuck frames and the last log lines,
+    then the evidence files as attachments; bounded by MAX_SYSTEM_OUT_CHARS."""
     out = [f"cell {result.cell_id}: {result.outcome.value}"
            + (f" ({result.signature})" if result.signature else "")]
     if result.message:
         out.append(result.message)
+    if issue is not None:
+        out.append(f"known issue [{issue.status}]: {issue.title} {issue.url}".rstrip())
+    if result.gpu_state:
+        out.append(f"gpu: {result.gpu_state.get('state') or result.gpu_state.get('note') or 'not measured'}")
+    if result.threads:
+        out += ["", "threads per role (culprits first, then the threads waiting on them):"]
+        for t in result.threads[:12]:
+            frames = list(t.get("frames", []))
+            out.append(f"  {t.get('role')} {t.get('thread')}: {t.get('kind')} - {t.get('reason')}")
+            out += [f"      {_cut(f)}" for f in frames[:8 if t.get("kind") == "culprit" else 3]]
     if result.stuck_frames:
         frames = result.stuck_frames[-MAX_STUCK_FRAMES:]
         out += ["", f"stuck frames ({len(frames)} of {len(result.stuck_frames)}):"]
@@ -130,18 +173,25 @@ def evidence_text(result: CellResult) -> str:
         lines = result.log_tail[-MAX_LOG_LINES:]
         out += ["", f"last log lines ({len(lines)} of {len(result.log_tail)}):"]
         out += [f"  {_cut(line)}" for line in lines]
+    tail = []
     if result.artifacts:
-        out += ["", "artifacts:"] + [f"  {k}: {v}" for k, v in sorted(result.artifacts.items())]
-    return xml_safe("\n".join(out))
+        tail = ["", "artifacts:"] + [f"  {k}: {v}" for k, v in sorted(result.artifacts.items())]
+        tail += attachment_lines(result)
+    text = "\n".join(out)
+    room = MAX_SYSTEM_OUT_CHARS - sum(len(t) + 1 for t in tail)
+    if len(text) > room:
+        text = text[:max(0, room - 60)] + f"\n[... cut at {MAX_SYSTEM_OUT_CHARS} characters: see the attachments]"
+    return xml_safe("\n".join([text, *tail]))
 
 
-def test_case(result: CellResult) -> xunit2.TestCase:
-    """One cell's test case."""
+def test_case(result: CellResult, known_issues: Sequence[Any] = ()) -> xunit2.TestCase:
+    """One cell's test case; `known_issues` (reports.known_issues) are matched to its finding."""
     if not isinstance(result.outcome, Outcome):
         result = dataclasses.replace(result)   # re-runs __post_init__: an outcome set as a string
     case = xunit2.TestCase(xml_safe(result.cell_name), classname_for(result.model, result.gpu_type),
                            round(result.duration_s or result.exposure_s, 3))
-    for name, value in case_properties(result).items():
+    issue = _match(known_issues, result)
+    for name, value in {**case_properties(result), **known_issue_properties(issue)}.items():
         case.add_property(xml_safe(name), xml_safe(value))
     final = _final_result(result)
     for message in result.retries:
@@ -151,8 +201,15 @@ def test_case(result: CellResult) -> xunit2.TestCase:
         case.add_interim_result(interim)
     if final is not None:
         case.result = [final]
-    case.system_out = evidence_text(result)
+    case.system_out = evidence_text(result, issue)
     return case
+
+
+def _match(known_issues: Sequence[Any], result: CellResult) -> Any:
+    if not known_issues:
+        return None
+    from .known_issues import match_result
+    return match_result(known_issues, result)
 
 
 test_case.__test__ = False  # a name pytest would otherwise collect when imported into a test module
@@ -178,7 +235,7 @@ def _final_result(result: CellResult) -> Failure | Error | None:
 
 
 def build_suite(results: Iterable[CellResult], suite_name: str,
-                properties: Mapping[str, Any] | None = None) -> xunit2.TestSuite:
+                properties: Mapping[str, Any] | None = None, known_issues: Sequence[Any] = ()) -> xunit2.TestSuite:
     results = list(results)
     suite = xunit2.TestSuite(xml_safe(suite_name))
     for name, value in (properties or {}).items():
@@ -186,17 +243,56 @@ def build_suite(results: Iterable[CellResult], suite_name: str,
     if results:
         started = min(r.started_at for r in results)
         suite.timestamp = datetime.fromtimestamp(started, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
-    suite.add_testcases([test_case(r) for r in results])
+    suite.add_testcases([test_case(r, known_issues) for r in results])
     return suite
 
 
 def write_junit(results: Iterable[CellResult], path: str | os.PathLike, suite_name: str,
-                properties: dict | None = None) -> Path:
-    """Write one suite with a test case per result; the file appears whole or not at all."""
-    xml = xunit2.JUnitXml(xml_safe(suite_name))
-    xml.add_testsuite(build_suite(results, suite_name, properties))
-    xml.update_statistics()
-    return _write_atomic(xml, Path(path))
+                properties: dict | None = None, known_issues: Sequence[Any] = ()) -> Path:
+    """Write one suite with a test case per result; the file appears whole or not at all. A run too
+    big for one file continues in `<stem>-2.xml`, ... (`write_junit_files`); returns the first."""
+    return write_junit_files(results, path, suite_name, properties, known_issues)[0]
+
+
+def write_junit_files(results: Iterable[CellResult], path: str | os.PathLike, suite_name: str,
+                      properties: dict | None = None, known_issues: Sequence[Any] = (),
+                      max_cases: int = MAX_CASES_PER_FILE, max_bytes: int = MAX_FILE_BYTES) -> list[Path]:
+    """One file while the run fits (`max_cases` cases, `max_bytes`), else parts `path`, `<stem>-2.xml`,
+    ... each a whole suite of the same name (consumers merge same-named suites), none over either
+    limit; parts left over from a bigger earlier write are removed."""
+    results = list(results)
+    path = Path(path)
+    parts = _split(results, max_cases, max_bytes)
+    written = []
+    for n, part in enumerate(parts, 1):
+        target = path if n == 1 else path.with_name(f"{path.stem}-{n}{path.suffix}")
+        xml = xunit2.JUnitXml(xml_safe(suite_name))
+        props = dict(properties or {})
+        if len(parts) > 1:
+            props.update({"part": f"{n}/{len(parts)}"})
+        xml.add_testsuite(build_suite(part, suite_name, props, known_issues))
+        xml.update_statistics()
+        written.append(_write_atomic(xml, target))
+    n = len(parts) + 1
+    while (stale := path.with_name(f"{path.stem}-{n}{path.suffix}")).exists():
+        stale.unlink()
+        n += 1
+    return written
+
+
+def _split(results: list[CellResult], max_cases: int, max_bytes: int) -> list[list[CellResult]]:
+    """Consecutive groups under both limits, sized by each case's serialised length (an estimate
+    from its system-out and log lines: exact enough, with the margin MAX_FILE_BYTES keeps)."""
+    parts: list[list[CellResult]] = [[]]
+    size = 0
+    for r in results:
+        cost = 2048 + len(evidence_text(r).encode()) * 2 + sum(len(str(l)) for l in r.log_tail[-MAX_LOG_LINES:])
+        if parts[-1] and (len(parts[-1]) >= max_cases or size + cost > max_bytes):
+            parts.append([])
+            size = 0
+        parts[-1].append(r)
+        size += cost
+    return parts
 
 
 def read_junit(path: str | os.PathLike) -> xunit2.JUnitXml:

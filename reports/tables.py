@@ -1,4 +1,4 @@
-"""Text tables for terminals: runs, cells that need a look, hang signatures, bisections.
+"""Text tables for terminals: runs, cells that need a look, hang signatures, findings, bisections.
 
 Plain aligned columns (no box drawing), so the output pastes cleanly into issues and CI logs.
 Each function takes the same data the dashboard shows and returns a string ending in a newline.
@@ -77,6 +77,31 @@ def signatures_table(signatures: Sequence[SignatureSummary]) -> str:
                      format_duration(est.mttf_s) if est.mttf_s else "", ci, s.first_seen_run])
     return format_table(["signature", "outcome", "hits", "cells", "hours", "MTTF", "95% CI", "first seen"],
                         rows, right=(2, 3, 4, 5))
+
+
+def findings_table(findings: Sequence[Any], frames: int = 3) -> str:
+    """One row per bug (`reports.findings.Finding`), then the culprit and its top frames for each."""
+    if not findings:
+        return "no fingerprinted hang or crash recorded\n"
+    rows = []
+    for f in findings:
+        est = f.estimate
+        mttf = format_duration(est.point_s) if est.hangs and est.point_s != float("inf") else ""
+        ci = f"{format_duration(est.low_s)}-{format_duration(est.high_s)}" if mttf and est.high_s != float("inf") else ""
+        issue = f.known_issue.id if f.known_issue else "new"
+        gpu = ",".join(f"{k} x{v}" for k, v in sorted(f.gpu.items())) or "-"
+        rows.append([f.fingerprint, f.signature or "unknown", f.hits, len(f.cells), f.nights, mttf, ci, gpu, issue])
+    out = format_table(["fingerprint", "signature", "hits", "cells", "nights", "MTTF", "95% CI", "gpu",
+                        "known issue"], rows, right=(2, 3, 4))
+    for f in findings:
+        out += f"\n{f.fingerprint}: {_cut(f.example.culprit or 'no culprit thread (stacks unreachable)')}\n"
+        out += "".join(f"    {_cut(line)}\n" for line in f.culprit_frames[:frames])
+        if f.known_issue:
+            k = f.known_issue
+            out += f"    known issue [{k.status}] {_cut(k.title)} {k.url}\n"
+            if k.workaround:
+                out += f"    workaround: {_cut(k.workaround)}\n"
+    return out
 
 
 def bisection_view(report: Mapping[str, Any]) -> dict[str, Any]:

@@ -223,3 +223,75 @@ def test_junitparsers_own_merge_reads_our_files(tmp_path):
     tree = ET.parse(tmp_path / "m.xml")
     assert tree.getroot().attrib.pop("skipped") == "0"
     xmlschema.XMLSchema11(str(EXTENDED_XSD)).validate(tree)
+
+
+# -- what every consumer takes (issue 20) --------------------------------------------------------------
+
+THREADS = [{"role": "Worker_TP3", "pid": "77", "thread": "MainThread", "kind": "culprit", "reason": "CUDA/event sync",
+            "frames": ["cuEventSynchronize (libcuda.so.595)", "_to_list (vllm/v1/worker/gpu_model_runner.py:7102)"]},
+           {"role": "EngineCore", "pid": "70", "thread": "MainThread", "kind": "victim",
+            "reason": "shm_broadcast wait (on another engine process)", "frames": ["acquire_read (shm_broadcast.py:1)"]}]
+
+
+def culprit_hang(tmp_path, **kw):
+    log = tmp_path / "server.log"
+    log.write_text("x\n")
+    defaults = dict(signature="event_sync_stall", fingerprint="057d06d42498", culprit="Worker_TP3 MainThread: CUDA/event sync",
+                    threads=THREADS, stuck_frames=THREADS[0]["frames"], gpu_state={"measured": True, "state": "busy"},
+                    artifacts={"server_log": str(log), "py_spy": str(tmp_path / "py-spy.txt")},
+                    log_tail=["Avg prompt throughput: 0.0 tokens/s"])
+    defaults.update(kw)
+    return make("hang", **defaults)
+
+
+def test_evidence_is_attached_culprits_come_first_and_the_known_issue_is_a_property(tmp_path):
+    from soakmatrix.reports.known_issues import load_known_issues
+    known = load_known_issues(Path(__file__).parent.parent / "matrix" / "examples" / "known_issues.yaml")
+    result = culprit_hang(tmp_path)
+    path = write_junit([result], tmp_path / "junit.xml", "s", known_issues=known)
+    case = cases_by_name(path)[result.cell_name]
+    p = props(case)
+    assert p["fingerprint"] == "057d06d42498" and p["culprit"].startswith("Worker_TP3")
+    assert p["gpu_state"] == "busy"
+    assert p["known_issue.id"] == "vllm-event-sync-to-list" and p["known_issue"].startswith("https://github.com/")
+    out = case.system_out
+    assert f"[[ATTACHMENT|{tmp_path / 'server.log'}]]" in out.splitlines()
+    assert out.index("Worker_TP3 MainThread: culprit") < out.index("EngineCore MainThread: victim")
+    xmlschema.XMLSchema11(str(EXTENDED_XSD)).validate(str(path))
+
+
+def test_system_out_is_bounded_and_points_at_the_attachments(tmp_path):
+    from soakmatrix.reports import junit
+    huge = culprit_hang(tmp_path, log_tail=["y" * 1900] * 60, stuck_frames=["f" * 1900] * 80)
+    out = junit.evidence_text(huge)
+    assert len(out) <= junit.MAX_SYSTEM_OUT_CHARS and "see the attachments" in out
+    assert out.rstrip().endswith("]]")     # the attachment lines survive the cut
+
+
+def test_a_run_too_big_for_one_file_is_split_under_both_limits(tmp_path):
+    from soakmatrix.reports import junit
+    results = [make("passed", flags={"tp": 1, "i": i}) for i in range(23)]
+    paths = junit.write_junit_files(results, tmp_path / "junit.xml", "s", {"run_id": "r"}, max_cases=10)
+    assert [p.name for p in paths] == ["junit.xml", "junit-2.xml", "junit-3.xml"]
+    cases = [c.name for p in paths for s in xunit2.JUnitXml.fromfile(str(p)) for c in s]
+    assert sorted(cases) == sorted(r.cell_name for r in results) and len(set(cases)) == 23
+    for p in paths:
+        xmlschema.XMLSchema11(str(EXTENDED_XSD)).validate(str(p))
+    # by size too: every file under the byte limit
+    big = [culprit_hang(tmp_path, flags={"i": i}, log_tail=["z" * 1500] * 60) for i in range(12)]
+    sized = junit.write_junit_files(big, tmp_path / "big.xml", "s", max_bytes=600_000)
+    assert len(sized) > 1 and all(p.stat().st_size <= 600_000 for p in sized)
+    # a smaller run later removes the parts it no longer needs
+    assert [p.name for p in junit.write_junit_files(results[:3], tmp_path / "junit.xml", "s")] == ["junit.xml"]
+    assert not (tmp_path / "junit-2.xml").exists() and not (tmp_path / "junit-3.xml").exists()
+
+
+@pytest.mark.slow
+def test_more_than_5000_cells_write_several_files_none_over_30_mb(tmp_path):
+    from soakmatrix.reports import junit
+    results = [make("hang" if i % 50 == 0 else "passed", flags={"tp": 8, "i": i}, signature="silent_stall",
+                    log_tail=["token stall"] * 5) for i in range(5200)]
+    paths = junit.write_junit_files(results, tmp_path / "junit.xml", "soak")
+    assert len(paths) == 2 and all(p.stat().st_size < 30 * 2**20 for p in paths)
+    counts = [sum(len(list(s)) for s in xunit2.JUnitXml.fromfile(str(p))) for p in paths]
+    assert counts == [5000, 200]

@@ -101,3 +101,38 @@ def test_usage_errors_exit_2_and_say_what_is_wrong(store, tmp_path, args, messag
     assert done.returncode == 2
     assert message in done.stderr
     assert not (tmp_path / "missing.sqlite").exists()
+
+
+def test_known_issues_name_the_findings_in_the_table_junit_and_a_finding_page(tmp_path):
+    path = tmp_path / "history.sqlite"
+    cell = CELLS[1]
+    with HistoryStore(path) as s:
+        run = s.start_run(matrix="nightly.yaml", profile="nightly")
+        s.record(run, CellResult(
+            cell_id=cell.id, cell_name=cell.name, outcome="hang", model=cell.model, gpu_type=cell.gpu,
+            workload=cell.workload, flags={"tp": 8, "mtp": 1, "cudagraph_mode": "FULL_AND_PIECEWISE"},
+            exposure_s=900.0, time_to_hang_s=900.0, signature="shm_broadcast_timeout", fingerprint="abcdef012345",
+            culprit="Worker_TP2 MainThread: NCCL/gloo collective", stuck_frames=["ncclKernel_AllReduce (libnccl.so.2)"],
+            threads=[{"role": "Worker_TP2", "thread": "MainThread", "kind": "culprit", "reason": "NCCL/gloo collective",
+                      "frames": ["ncclKernel_AllReduce (libnccl.so.2)"]}], log_tail=["<script>x</script>"]))
+        s.finish_run(run, "found")
+    example = Path(__file__).resolve().parent.parent / "matrix" / "examples" / "known_issues.yaml"
+    done = soakmatrix("report", str(path), "--known-issues", str(example), "--out", "site", "--junit", "j.xml",
+                      cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "abcdef012345  shm_broadcast_timeout     1      1       1" in done.stdout and "vllm-42271" in done.stdout
+    assert "Worker_TP2 MainThread: NCCL/gloo collective" in done.stdout
+    page = (tmp_path / "site" / "findings" / "abcdef012345.html").read_text()
+    assert "ncclKernel_AllReduce" in page and "github.com/vllm-project/vllm/issues/42271" in page
+    assert "<script>x</script>" not in page and "&lt;script&gt;" in page
+    assert 'href="findings/abcdef012345.html"' in (tmp_path / "site" / "index.html").read_text()
+    [case] = [c for s in xunit2.JUnitXml.fromfile(str(tmp_path / "j.xml")) for c in s]
+    assert {p.name: p.value for p in case.properties()}["known_issue.id"] == "vllm-42271"
+
+
+def test_a_broken_known_issues_file_exits_2_naming_file_line_and_key(store, tmp_path):
+    path, _ = store
+    bad = tmp_path / "known.yaml"
+    bad.write_text("known_issues:\n  - id: x\n    title: t\n    match: {frames: ['(']}\n")
+    done = soakmatrix("report", str(path), "--known-issues", str(bad), cwd=tmp_path)
+    assert done.returncode == 2 and f"{bad}:4: known_issues[0].match.frames[0]: not a regular expression" in done.stderr

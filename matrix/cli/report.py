@@ -3,6 +3,7 @@
     soakmatrix report STORE                       # runs, cells that need a look, signatures, bisections
     soakmatrix report STORE --out DIR             # + the dashboard, DIR/index.html
     soakmatrix report STORE --junit FILE [--run RUN_ID]   # + JUnit of one run (default: the latest)
+    soakmatrix report STORE --known-issues FILE   # findings matched to upstream issues (also in JUnit and the dashboard)
     soakmatrix report --merge A.xml B.xml ... -o OUT.xml  # merge shards' JUnit files
 """
 
@@ -26,6 +27,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--junit", metavar="FILE", help="write the run's JUnit XML here")
     parser.add_argument("--merge", nargs="+", metavar="XML", help="JUnit files to merge (needs -o)")
     parser.add_argument("-o", "--output", metavar="OUT.xml", help="where --merge writes")
+    parser.add_argument("--known-issues", metavar="YAML",
+                        help="known issues file (fingerprint or frame/log pattern -> upstream issue), matched "
+                             "automatically; see matrix/examples/known_issues.yaml")
     parser.add_argument("--limit", type=count, default=50, help="rows of the cells table (default 50)")
 
 
@@ -70,6 +74,7 @@ def _report(args: argparse.Namespace) -> int:
     from soakmatrix.reports.tables import attention_table, bisections_table, runs_table, signatures_table
 
     store_path = Path(args.store)
+    known = _known_issues(args.known_issues)
     try:
         store = HistoryStore(store_path, create=False)
     except StoreError as exc:
@@ -89,6 +94,10 @@ def _report(args: argparse.Namespace) -> int:
         out.write(attention_table(states, store.cells(), limit=args.limit))
         out.write("\nhang and crash signatures (MTTF pooled over all exposure of the cells hit)\n")
         out.write(signatures_table(signature_summaries(run_ids, observations)))
+        from soakmatrix.reports.findings import findings
+        from soakmatrix.reports.tables import findings_table
+        out.write("\nfindings (one per fingerprint: the culprit's frames; MTTF pooled over the cells hit)\n")
+        out.write(findings_table(findings(store, known, runs)))
         out.write("\nbisections\n")
         out.write(bisections_table(store.bisections()))
         if args.junit:
@@ -98,13 +107,25 @@ def _report(args: argparse.Namespace) -> int:
             from soakmatrix.reports.junit import write_junit
             props = {"run_id": run.id, "matrix": run.matrix, "profile": run.profile, "kind": run.kind,
                      **{f"meta.{k}": v for k, v in sorted(run.meta.items())}}
-            path = write_junit(store.results(run.id), args.junit, suite_name=f"soakmatrix.{run.profile}", properties=props)
+            path = write_junit(store.results(run.id), args.junit, suite_name=f"soakmatrix.{run.profile}",
+                               properties=props, known_issues=known)
             out.write(f"\nJUnit for run {run.id}: {path}\n")
     if args.out:
         from soakmatrix.reports.dashboard import build_dashboard
-        page = build_dashboard(store_path, args.out)
+        page = build_dashboard(store_path, args.out, known_issues=known)
         sys.stdout.write(f"dashboard: {page}\n")
     return EXIT_OK
+
+
+def _known_issues(path):
+    if not path:
+        return ()
+    from soakmatrix.matrix.contracts.yamlsrc import SpecError
+    from soakmatrix.reports.known_issues import load_known_issues
+    try:
+        return load_known_issues(path)
+    except SpecError as exc:
+        raise UsageError(f"bad known issues file:\n{exc}") from None
 
 
 def _pick_run(runs, run_id):
