@@ -254,15 +254,23 @@ class RateOracle:
         return out
 
 
-def test_a_flag_without_which_the_hang_is_slower_than_the_cap_joins_the_set():
-    # without f2 the hang still comes, but 8x later: beyond the default cap (a few x the MTTF), so
-    # hanging within the cap needs f2 too
+def test_a_flag_without_which_the_hang_was_seen_is_a_modifier_and_joins_the_set_only_within_a_cap():
+    # without f2 the hang still comes, 8x later. By default f2 is a modifier with its factor, never
+    # necessary; under an explicit cap of 3 MTTFs it is needed to hang within the cap and joins the
+    # set, and its verdict still says the hang was seen without it
     result = bisect(failing(5), elements(5), RateOracle(MTTF, 8 * MTTF), Settings(confidence=0.99),
                     gpu_count=lambda f: 1)
-    assert result.status == "found"
-    assert result.minimal == ["f0", "f2"]
-    assert result.mttf_cap_s < 8 * MTTF
-    assert {v.element.name: v for v in result.verdicts}["f2"].kind == "necessary"
+    assert result.status == "found" and result.minimal == ["f0"]
+    f2 = {v.element.name: v for v in result.verdicts}["f2"]
+    # (the oracle hangs at exactly its MTTF: the pooled hangs read the factor from few of them)
+    assert f2.kind == "modifier" and f2.ratio > 4 and f2.ratio_low > 1
+    assert f2.text.startswith(f"modifier x{f2.ratio:.1f} (without it the hang comes {f2.ratio:.1f}x less often")
+    capped = bisect(failing(5), elements(5), RateOracle(MTTF, 8 * MTTF),
+                    Settings(confidence=0.99, mttf_cap_s=3 * MTTF), gpu_count=lambda f: 1)
+    assert capped.status == "found" and capped.minimal == ["f0", "f2"]
+    f2 = {v.element.name: v for v in capped.verdicts}["f2"]
+    assert f2.kind == "modifier" and "needed to hang within the cap 1h54m" in f2.text
+    assert "the hang was seen without it" in f2.text
 
 
 def _search_with(data: dict[int, tuple[int, float]], n: int = 4, oracle=None,
@@ -400,10 +408,11 @@ def test_ablation_soaks_the_failing_cell_without_each_flag_first():
     assert removed == [[f"f{i}"] for i in range(6)]
     assert result.status == "found" and set(result.minimal) == {"f1", "f4"}
     # a removal that hung settles its flag: only the culprits' removals are soaked again
-    later = [[f for f, on in p.flags.items() if not on] for p in oracle.probes[8:]]
-    assert all(len(r) != 1 or r[0] in ("f1", "f4") for r in later)
+    # a removal that hung settles its flag for the set; innocent removals are soaked again only for
+    # their modifier verdicts (role "modifiers")
     assert sum(result.gpu_hours_by_role.values()) == pytest.approx(result.gpu_hours)
-    assert set(result.gpu_hours_by_role) >= {"calibration", "search", "certification", "rate check"}
+    assert set(result.gpu_hours_by_role) >= {"calibration", "search", "certification", "modifiers"}
+    assert all(v.kind == "irrelevant" for v in result.verdicts if v.element.name not in ("f1", "f4"))
 
 
 def test_when_every_removal_hangs_the_search_over_every_set_takes_over():
@@ -423,78 +432,41 @@ def test_the_search_over_every_set_alone_still_finds_the_set():
     assert any(sum(not on for on in p.flags.values()) > 1 for p in oracle.probes[2:8])
 
 
-def test_ablation_is_cheaper_than_the_search_over_every_set_with_a_modifier():
-    # an x8 modifier under the default cap (it joins the set): the benchmark's hardest rows
+def test_an_x8_modifier_stays_out_of_the_set_and_is_named_with_its_factor():
+    # the benchmark's modifier rows at the default settings: the set is the two culprits, f4 a modifier
     mod = Modifier({"f4": (False,)}, 8.0)
     model = planted(8, ["f1", "f6"], MTTF, modifiers=[mod])
-    runs = {ablation: [run_virtual(model, 8, seed, Settings(confidence=0.99, ablation=ablation)) for seed in range(12)]
-            for ablation in (True, False)}
-    for ablation, results in runs.items():
-        right = sum(r.status == "found" and set(r.minimal) == {"f1", "f4", "f6"} for r in results)
-        assert right >= 11, (ablation, [r.minimal for r in results])
-    cost = {a: sum(r.gpu_hours for r in rs) / len(rs) for a, rs in runs.items()}
-    assert cost[True] < cost[False]
+    results = [run_virtual(model, 8, seed, Settings(confidence=0.99)) for seed in range(12)]
+    right = [r for r in results if r.status == "found" and set(r.minimal) == {"f1", "f6"}]
+    assert len(right) >= 11, [r.minimal for r in results]
+    named = [r for r in right if {v.element.name: v for v in r.verdicts}["f4"].kind == "modifier"]
+    assert len(named) >= 10
+    for r in named:
+        f4 = {v.element.name: v for v in r.verdicts}["f4"]
+        assert f4.ratio > 1 and f4.ratio_low <= 8.0 <= (f4.ratio_high or float("inf"))
 
 
-def test_a_frequent_crash_of_another_signature_is_never_the_target():
-    # the failing cell also crashes every 10 minutes (another bug); the hang asked about comes every 38:
-    # with no signature given, the first *hang* is the target in every run, and the crashes are counted apart
-    crash = Hang("background", "crash", {"f4": (True,)}, 600.0)
-    model = planted(5, ["f1"], extra=[crash])
-    for seed in range(12):
-        result = run_virtual(model, 5, seed, Settings(confidence=0.95))
-        assert result.signature == "shm_broadcast_timeout", seed
-        assert result.signature_source == "the first hang of the calibration"
-        assert result.other_signatures.get("crash", 0) > 0
-        assert result.status == "found" and result.minimal == ["f1"], (seed, result.minimal, result.notes)
+def test_seed_002s_shape_at_the_default_settings():
+    # MTP and expert parallel needed, MTTF 38 min; autotune off makes it 8.2x slower (5h12m): the
+    # answer is the seed's own table, MTP and EP necessary, autotune a modifier ~x8, in >= 95 % of runs
+    # (measured 192 of 200 seeds); the necessary verdicts say how far they were shown
+    model = planted(5, ["f0", "f1"], MTTF, modifiers=[Modifier({"f2": (False,)}, 312 / 38)])
+    right = 0
+    for seed in range(40):
+        result = run_virtual(model, 5, seed, Settings())
+        v = {x.element.name: x for x in result.verdicts}
+        right += (result.status == "found" and result.minimal == ["f0", "f1"] and v["f2"].kind == "modifier"
+                  and v["f2"].ratio > 1)
+        assert v["f2"].kind != "necessary" or not any(cs.hangs for cs in result.configs if cs.mask == 0b11011)
+        for name in result.minimal:
+            assert v[name].text.startswith("necessary (no hang in ") and "x the failing cell)" in v[name].text
+    assert right >= 36
 
 
-def test_a_flag_missing_from_the_baseline_that_cannot_move_is_context(tmp_path):
-    from soakmatrix.matrix.bisect.setup import elements_of
-    from soakmatrix.matrix.plan import plan
-    from soakmatrix.matrix.spec import load_matrix
-
-    text = """
-models:
-  big: {path: org/big, weights_gb: 400, mtp_head: true}
-gpus:
-  H200: {count: 8, memory_gb: 141}
-axes:
-  tp: [8]
-  mtp: [0, 1]
-workloads:
-  w: {kind: random, concurrency: 4}
-profiles:
-  p: {soak: 1h, workloads: [w]}
-baseline:
-  mtp: 0
-"""
-    matrix = load_matrix(tmp_path / "m.yaml", text)
-    pc = next(c for c in plan(matrix, None).cells if c.cell.flag_dict["mtp"] == 1)
-    movable, fixed, why = elements_of(pc, matrix)
-    assert [e.name for e in movable] == ["mtp"]
-    assert [e.name for e in fixed] == ["tp"] and "not in baseline" in why["tp"]
-
-
-def test_shrunk_values_are_the_answer_everywhere():
-    # the hang needs mtp and tp >= 2; the failing cell runs tp 4: the answer is tp=2, in the minimal
-    # flags, the verdict line, the JSON, with the shrunk set's own certified soak in the report
-    from soakmatrix.matrix.bisect.report import render_text, to_json
-
-    model = HangModel(seed=3, hangs=(Hang("tp-mtp", "shm_broadcast", {"mtp": (1, 2), "tp": (2, 4)}, MTTF),))
-    fail = {"mtp": 1, "tp": 4, "async_scheduling": True}
-    movable = [Element("mtp", 1, 0), Element("tp", 4, 1), Element("async_scheduling", True, False)]
-    for seed in range(3):
-        oracle = VirtualOracle(model, registry=dict(flagmod.REGISTRY), seed=seed)
-        result = bisect(fail, movable, oracle, Settings(confidence=0.95), alternatives={"tp": [2]})
-        assert result.status == "found" and sorted(result.minimal) == ["mtp", "tp"]
-        assert [(v.flag, v.value, v.verdict) for v in result.values] == [("tp", 2, "hangs")]
-        assert result.minimal_flags == {"mtp": 1, "tp": 2, "async_scheduling": False}
-        assert result.shrunk == {"tp": {"from": 4, "to": 2}}
-        assert any(n.startswith("the shrunk set (tp=2) hung after") for n in result.notes)
-        text = render_text(result)
-        assert "minimal set: mtp=1, tp=2 " in text
-        tp_line = next(line for line in text.splitlines() if line.strip().startswith("tp "))
-        assert "-> 2" in tp_line and "necessary" in tp_line and "shrunk from 4" in tp_line
-        doc = to_json(result)
-        assert doc["minimal_flags"]["tp"] == 2 and doc["shrunk"] == {"tp": {"from": 4, "to": 2}}
+def test_irrelevant_flags_are_called_modifiers_rarely_in_total():
+    # Holm over the flags outside the set: all irrelevant, some modifier verdict at most 1 - confidence
+    # of the time (measured 6 of 200 seeds at 0.95 with six irrelevant flags)
+    model = planted(8, ["f2", "f5"])
+    called = sum(any(v.kind == "modifier" for v in run_virtual(model, 8, seed, Settings()).verdicts)
+                 for seed in range(40))
+    assert called <= 5

@@ -73,5 +73,7 @@ def test_no_bisection_run_beats_the_bound_on_average(k):
     assert right >= 38      # stated 0.99: a wrong set now and then is within it
     floor = lower_bound(n, k, mttf, 600.0, 0.99).gpu_hours
     assert sum(spent) / len(spent) > floor
-    # and not absurdly above it: bisection is within a small factor of what any procedure needs
-    assert sum(spent) / len(spent) < 4 * floor
+    # and not absurdly above it. The floor is for the cap's question; the default question is harder
+    # (no hang without a necessary flag up to 8x the failing cell's MTTF, and each other flag's
+    # modifier verdict measured), and its own floor is not derived yet (issue 18 item 6)
+    assert sum(spent) / len(spent) < 8 * floor

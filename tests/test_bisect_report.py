@@ -25,11 +25,11 @@ def test_a_plain_answer_shows_the_search_models_posterior():
 
 
 def test_a_set_the_rate_check_grew_says_why_the_search_models_posterior_does_not_apply():
-    # an x8 modifier under the default cap (3 x the MTTF) joins the set; the one-rate search model,
+    # an x8 modifier under an explicit cap (3 x the MTTF) joins the set; the one-rate search model,
     # which holds a shared rate for every config with the set, cannot account for it
     model = planted(8, ["f1", "f6"], MTTF, modifiers=[Modifier({"f4": (False,)}, 8.0)])
     for seed in range(12):
-        result = run_virtual(model, 8, seed, Settings(confidence=0.99))
+        result = run_virtual(model, 8, seed, Settings(confidence=0.99, mttf_cap_s=3 * MTTF))
         if result.status == "found" and result.posterior < 0.99:
             break
     else:

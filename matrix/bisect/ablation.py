@@ -27,6 +27,7 @@ ABLATION_STAGE_MTTFS = 5.0  # an ablation soak: at most this many MTTFs read fro
 SCREEN_LEVEL = 0.02        # a kept flag's absence is screened at this level before the rate check
 NECESSITY_SPLIT = 3.0      # ablation keeps a flag once its absence rejects "as fast" at alpha / (this x n)
 CERTIFICATION_SOAKS = 2    # soaks of baseline + the kept flags before asking the rate check why it does not hang
+REFERENCE_HANGS = 8        # hangs of the failing cell the rule-out soaks read its rate from
 RESCUE_PROBES = 12         # the rate check's probes for a kept set that does not hang (else: two triggers)
 
 
@@ -46,7 +47,10 @@ def ablation_search(search: Search) -> int | None:
     if keep is None:
         return None
     level = search.alpha / max(search.n, 1) / NECESSITY_SPLIT
-    guarded = s.modifier_prior <= 0      # the rate check runs once, between screen and necessity
+    # the rate check (a modifier the cap makes part of the set) runs once, between screen and
+    # necessity, and only under an explicit cap: by default a flag without which the hang was seen
+    # is a modifier, never part of the set
+    guarded = s.modifier_prior <= 0 or s.mttf_cap_s is None
     rescued: set[int] = set()
     while not search.over_budget():
         H, E = _pool(search, keep)
@@ -63,7 +67,7 @@ def ablation_search(search: Search) -> int | None:
             # baseline + the set is slower than the configs with more flags: one of those is
             # needed for the rate (a modifier the cap makes part of the set) or holds a second
             # trigger; the rate check gets a few probes to find the first
-            if keep in rescued:
+            if keep in rescued or s.mttf_cap_s is None:
                 return _give_up(search, "baseline + the kept flags does not hang")
             rescued.add(keep)
             notes: list[str] = []
@@ -75,7 +79,17 @@ def ablation_search(search: Search) -> int | None:
             keep = grown
             continue
         goal = level if guarded else SCREEN_LEVEL
-        dropped, todo = _unrefuted(search, keep & ~search.rate_added, keep, H, E, goal)
+        # by default the necessity soaks also rule out "only rule_out_factor x slower than the failing
+        # cell without it" (seed 002's autotune: 8x), family-wise over the kept flags, against the
+        # failing cell's own rate (the configs with the set mix in the modifiers' slower ones); the
+        # screen asks only "as fast"
+        factor = None
+        if guarded and s.mttf_cap_s is None:
+            if _reference(search):
+                continue
+            cell = search.stats_of(search.full)
+            factor = (s.rule_out_factor, search.alpha / max(bin(keep).count("1"), 1), cell.hangs, cell.exposure_s)
+        dropped, todo = _unrefuted(search, keep & ~search.rate_added, keep, H, E, goal, factor)
         if dropped:
             keep &= ~dropped
             continue
@@ -131,18 +145,23 @@ def _certify(search: Search, keep: int, H: float, E: float) -> None:
     """Soak baseline + the kept flags long enough to see it hang if it is as fast as the
     configs with more flags (the slower of the pooled MTTF and the one read from every probe)."""
     mttf = max(E / max(H, 1.0), _stage(search) / ABLATION_STAGE_MTTFS)
-    soak = min(stats.soak_for_detection(mttf, 1 - search.alpha / 2),
-               stats.soak_for_detection(search.post.cap, 1 - search.alpha / 2))
+    if search.s.mttf_cap_s is None:
+        # the set alone may hang only rule_out_factor x slower (the modifiers left out of it)
+        soak = stats.soak_for_detection(search.s.rule_out_factor * mttf, 1 - search.alpha / 2)
+    else:
+        soak = min(stats.soak_for_detection(mttf, 1 - search.alpha / 2),
+                   stats.soak_for_detection(search.post.cap, 1 - search.alpha / 2))
     soak = max(soak, 2.0 * search.stats_of(keep).longest_s)
     search.stats_of(keep).role = "certification"
     search.run([(keep, max(soak, search.s.startup_s), "certification")])
 
 
-def _unrefuted(search: Search, flags: int, keep: int, H: float, E: float,
-               goal: float) -> tuple[int, list[tuple[int, float]]]:
+def _unrefuted(search: Search, flags: int, keep: int, H: float, E: float, goal: float,
+               factor: tuple[float, float, float, float] | None = None) -> tuple[int, list[tuple[int, float]]]:
     """Of `flags` (all in `keep`): those whose absence was seen to hang (to drop), and the
-    others whose absence has not yet rejected "as fast as the configs with `keep`" at `goal`,
-    with the exposure still needed, fewest first."""
+    others whose absence has not yet rejected "as fast as the configs with `keep`" at `goal`
+    (and, with `factor` = (F, level, hangs, exposure), "F x slower than that rate" at level), with the exposure still
+    needed, fewest first."""
     dropped, todo = 0, []
     for j in range(search.n):
         bit = 1 << j
@@ -151,9 +170,29 @@ def _unrefuted(search: Search, flags: int, keep: int, H: float, E: float,
         h, e = _lacking(search, keep, bit)
         if h > 0:
             dropped |= bit
-        elif p_as_fast(0, e, H, E) > goal:
-            todo.append((j, exposure_until(0, e, H, E, goal) - e))
+            continue
+        need = exposure_until(0, e, H, E, goal) if p_as_fast(0, e, H, E) > goal else 0.0
+        if factor is not None:
+            f, slow_level, h_ref, e_ref = factor
+            # no hang in e at rate lambda / f is no hang in e / f at lambda
+            if p_as_fast(0, e / f, h_ref, e_ref) > slow_level:
+                need = max(need, f * exposure_until(0, e / f, h_ref, e_ref, slow_level))
+        if need > e:
+            todo.append((j, need - e))
     return dropped, sorted(todo, key=lambda t: t[1])
+
+
+def _reference(search: Search) -> bool:
+    """Top the failing cell up to REFERENCE_HANGS hangs, the rate the rule-out soaks are read
+    against (two calibration hangs leave its predictive so wide that each necessary flag would
+    need some 85 MTTFs; eight bring that to about 38). Returns whether it ran a probe."""
+    cell = search.stats_of(search.full)
+    if cell.hangs >= REFERENCE_HANGS or search.over_budget():
+        return False
+    mttf = cell.exposure_s / max(cell.hangs, 1)
+    need = REFERENCE_HANGS - cell.hangs
+    search.run([(search.full, max(4.0 * mttf, search.s.startup_s), "calibration")] * max(1, min(search.s.parallel, need)))
+    return True
 
 
 def _stage(search: Search, mask: int | None = None) -> float:

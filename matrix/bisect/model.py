@@ -45,6 +45,7 @@ class Settings:
     slow_zero_prior: float = 0.99       # how conclusive one hang is: odds ~ 2 cap / (M (1 - this))
     modifier_prior: float = 0.3         # P(one flag outside the set slows the hang x6 or more); 0: no rate check
     ablation: bool = True               # remove one flag at a time first; False: the posterior search only
+    rule_out_factor: float = 8.0        # "necessary": no hang without it, soaked until a slowdown up to this is ruled out
 
 
 @dataclass
@@ -72,8 +73,10 @@ class FlagVerdict:
     element: Element
     kind: str                    # necessary | modifier | irrelevant | context
     text: str                    # e.g. "modifier x8.1 (p=0.002)"
-    ratio: float | None = None
+    ratio: float | None = None           # rate with the flag / rate without it
     p_value: float | None = None
+    ratio_low: float | None = None       # the ratio's interval at the stated confidence
+    ratio_high: float | None = None
 
 
 @dataclass(frozen=True)

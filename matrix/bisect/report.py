@@ -118,6 +118,7 @@ def to_json(r: BisectResult) -> dict[str, Any]:
         "elements": [{"flag": e.name, "baseline": e.baseline, "failing": e.value} for e in r.elements],
         "context": r.context,
         "verdicts": [{"flag": v.element.name, "kind": v.kind, "text": v.text, "ratio": _num(v.ratio),
+                      "ratio_low": _num(v.ratio_low), "ratio_high": _num(v.ratio_high),
                       "p_value": _num(v.p_value)} for v in r.verdicts],
         "configs": [{"label": cs.label, "role": cs.role, "flags": cs.flags, "probes": cs.probes, "hangs": cs.hangs,
                      "other_hangs": cs.other_hangs, "exposure_s": _num(cs.exposure_s),

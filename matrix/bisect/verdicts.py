@@ -15,6 +15,7 @@ from soakmatrix.matrix.contracts import stats
 from soakmatrix.matrix.contracts.durations import format_duration
 
 from .model import ConfigStats, Element, FlagVerdict, ValueProbe
+from .modifiers import called
 from .oracle import Probe
 
 if TYPE_CHECKING:
@@ -107,10 +108,20 @@ def smallest_values(search: Search, minimal_mask: int, values: Sequence[ValuePro
 
 
 def flag_verdicts(search: Search, minimal_mask: int, context: Mapping[str, Any],
-                  context_elements: Sequence[Element]) -> list[FlagVerdict]:
-    """One verdict per element (necessary, modifier or irrelevant), then one per context flag."""
+                  context_elements: Sequence[Element], cap: float | None = None) -> list[FlagVerdict]:
+    """One verdict per element, then one per context flag. Each follows what was seen:
+
+    * necessary: no hang without it (in configs holding the rest of the set), with how far that was
+      shown: the MTTF bound and its multiple of the failing cell's MTTF;
+    * modifier: the hang was seen without it. A flag of the set (an explicit cap made it part of
+      the set: needed to hang within the cap) says so; a flag outside the set is a modifier only
+      when the stratified rate comparison (modifiers.py) calls it, Holm over the flags outside;
+    * irrelevant otherwise; context for a flag that could not move."""
     out: list[FlagVerdict] = []
     conf = search.s.confidence
+    cell = search.stats_of(search.full)
+    failing_mttf = cell.exposure_s / cell.hangs if cell.hangs else None
+    calls = called(search, minimal_mask)
     for i, e in enumerate(search.elements):
         bit = 1 << i
         if minimal_mask & bit:
@@ -118,24 +129,40 @@ def flag_verdicts(search: Search, minimal_mask: int, context: Mapping[str, Any],
             h = sum(cs.hangs for cs in without)
             exp = sum(cs.exposure_s for cs in without)
             if h:
-                text = (f"necessary (without it: {h} hang(s) in {format_duration(exp)}, MTTF ~{format_duration(exp / h)}, "
-                        f"slower than the cap)")
-            else:
-                text = f"necessary (without it: MTTF > {format_duration(stats.mttf_lower_bound(exp, conf))} at {conf:.0%})"
+                with_ = [cs for m, cs in search.configs.items() if (m & minimal_mask) == minimal_mask]
+                rate = sum(cs.hangs for cs in with_) / max(sum(cs.exposure_s for cs in with_), 1e-9)
+                ratio = rate * exp / h
+                within = f"; needed to hang within the cap {format_duration(cap)}" if cap else ""
+                text = (f"modifier x{ratio:.1f} (the hang was seen without it: {h} hang(s) in {format_duration(exp)}, "
+                        f"MTTF ~{format_duration(exp / h)}{within})")
+                out.append(FlagVerdict(e, "modifier", text, ratio))
+                continue
+            bound = stats.mttf_lower_bound(exp, conf)
+            times = f", > {bound / failing_mttf:.1f}x the failing cell" if failing_mttf else ""
+            text = f"necessary (no hang in {format_duration(exp)} without it: MTTF > {format_duration(bound)} at {conf:.0%}{times})"
             out.append(FlagVerdict(e, "necessary", text))
             continue
-        with_e = [cs for m, cs in search.configs.items() if (m & minimal_mask) == minimal_mask and m & bit]
-        without_e = [cs for m, cs in search.configs.items() if (m & minimal_mask) == minimal_mask and not m & bit]
-        ha, ea = sum(c.hangs for c in with_e), sum(c.exposure_s for c in with_e)
-        hb, eb = sum(c.hangs for c in without_e), sum(c.exposure_s for c in without_e)
-        cmp = stats.compare_rates(ha, ea, hb, eb)
-        if ea > 0 and eb > 0 and cmp.p_value < 1 - conf and (ha + hb) > 0:
-            ratio = cmp.ratio
-            shown = "inf" if math.isinf(ratio) else f"{ratio:.1f}"
-            out.append(FlagVerdict(e, "modifier", f"modifier x{shown} (p={cmp.p_value:.2g})", ratio, cmp.p_value))
+        c, is_modifier = calls[i]
+        interval = (f"x{c.low:.2g}-x{c.high:.2g}" if math.isfinite(c.high) else f"x{c.low:.2g} or more")
+        if is_modifier and math.isfinite(c.ratio) and c.ratio >= 1:
+            text = (f"modifier x{c.ratio:.1f} (without it the hang comes {c.ratio:.1f}x less often, "
+                    f"{conf:.0%} CI {interval}, p={c.p_value:.2g})")
+        elif is_modifier and c.ratio < 1:
+            text = (f"modifier x{c.ratio:.2f} (with it the hang comes {1 / max(c.ratio, 1e-9):.1f}x less often, "
+                    f"{conf:.0%} CI {interval}, p={c.p_value:.2g})")
+        elif is_modifier:
+            text = f"modifier (no hang without it in {format_duration(c.exposure_without)}, p={c.p_value:.2g})"
         else:
-            p = f"p={cmp.p_value:.2g}" if ea > 0 and eb > 0 else "not compared"
-            out.append(FlagVerdict(e, "irrelevant", f"irrelevant ({p})", cmp.ratio, cmp.p_value))
+            compared = f"p={c.p_value:.2g}" if c.hangs_with + c.hangs_without else "not compared"
+            out.append(FlagVerdict(e, "irrelevant", f"irrelevant ({compared})", _finite(c.ratio), c.p_value))
+            continue
+        if cap and is_modifier:
+            text += f"; not needed to hang within the cap {format_duration(cap)}"
+        out.append(FlagVerdict(e, "modifier", text, _finite(c.ratio), c.p_value, _finite(c.low), _finite(c.high)))
     for e in context_elements:
         out.append(FlagVerdict(e, "context", f"context (fixed at {e.value!r}: {context.get(e.name, '')})"))
     return out
+
+
+def _finite(x: float) -> float | None:
+    return x if x is not None and math.isfinite(x) else None

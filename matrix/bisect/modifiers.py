@@ -1,0 +1,191 @@
+"""Modifier verdicts: does a flag outside the set change how often the hang comes, and by how much?
+
+A flag j outside the set is compared only between configs that differ in j alone (strata: the
+failing cell and the failing cell without j, the set alone and the set plus j, ...). Pooling every
+config with j against every config without it mixes in the other flags' effects: with seed 002's
+autotune (8x) left out of the set, the configs without an innocent flag include the slow set alone
+and those with it do not, and the innocent flag looked like a modifier in a fifth of the runs.
+Within a stratum the hangs split binomially by exposure under "no effect"; the strata's sum is
+tested exactly (a convolution), and the rate ratio gets the interval that inverts the same test.
+
+Over the flags outside the set the verdicts are controlled family-wise (Holm): all of them
+irrelevant, they are called modifiers at most 1 - confidence of the time in total.
+
+`measure` soaks what the verdicts need: the failing cell to CELL_HANGS hangs, and each flag's
+removal until it is called (Holm level), looks innocent (three hangs or more and a ratio under
+INNOCENT_RATIO), has MEASURE_HANGS hangs, or has soaked out to the necessity length; a flag is
+called early only at a third of its Holm share, so looking after every soak stays within budget.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+from scipy import stats as st
+
+if TYPE_CHECKING:
+    from .search import Search
+
+MEASURE_HANGS = 10          # hangs of the failing cell and of a suspect's removal before a verdict without more
+INNOCENT_RATIO = 1.5       # a removal with INNOCENT_HANGS+ hangs and a ratio under this looks innocent: no more soaks
+INNOCENT_HANGS = 3         # (with 2, an 8x modifier's two hangs came quick enough to look innocent 9 % of the time)
+CELL_HANGS = 12            # the failing cell's side of every comparison (more hangs there are cheap: 1 MTTF each)
+RATIO_GRID = np.exp(np.linspace(math.log(1e-3), math.log(1e3), 481))
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Rate with the flag / rate without it, in configs that differ in that flag alone."""
+
+    ratio: float                 # Mantel-Haenszel; inf when no hang without it, nan when no data
+    low: float
+    high: float
+    p_value: float               # two-sided exact, stratified
+    hangs_with: int
+    hangs_without: int
+    exposure_with: float
+    exposure_without: float
+
+
+def strata(search: Search, bit: int, within: int) -> list[tuple[int, float, int, float]]:
+    """(hangs, exposure) with and without `bit` for each pair of configs that contain `within`
+    and differ in `bit` alone, both soaked."""
+    out = []
+    for m, without in search.configs.items():
+        if m & bit or (m & within) != within or without.exposure_s <= 0:
+            continue
+        with_ = search.configs.get(m | bit)
+        if with_ is None or with_.exposure_s <= 0:
+            continue
+        out.append((with_.hangs, with_.exposure_s, without.hangs, without.exposure_s))
+    return out
+
+
+def _sum_pmf(ns: list[int], ps: np.ndarray) -> np.ndarray:
+    """P(sum of Binomial(n_s, p_s) = x) for x = 0..sum(n), rows of `ps` being ratio values."""
+    pmf = np.ones((ps.shape[0], 1))
+    for s, n in enumerate(ns):
+        k = np.arange(n + 1)
+        part = st.binom.pmf(k[None, :], n, ps[:, s:s + 1])
+        pmf = np.array([np.convolve(a, b) for a, b in zip(pmf, part)])
+    return pmf
+
+
+def compare(rows: list[tuple[int, float, int, float]], confidence: float, interval: bool = True) -> Comparison:
+    """The stratified exact comparison of the rate with and without a flag (`interval`: with the
+    ratio's interval, which inverts the test over a grid of ratios: the slow part)."""
+    ha = sum(r[0] for r in rows)
+    hb = sum(r[2] for r in rows)
+    ea = sum(r[1] for r in rows)
+    eb = sum(r[3] for r in rows)
+    ns = [r[0] + r[2] for r in rows if r[0] + r[2] > 0]
+    used = [r for r in rows if r[0] + r[2] > 0]
+    if not ns:
+        return Comparison(math.nan, 0.0, math.inf, 1.0, ha, hb, ea, eb)
+    num = sum(r[0] * r[3] / (r[1] + r[3]) for r in used)
+    den = sum(r[2] * r[1] / (r[1] + r[3]) for r in used)
+    ratio = num / den if den > 0 else math.inf
+    grid = np.concatenate([[1.0], RATIO_GRID]) if interval else np.array([1.0])
+    ea_s = np.array([r[1] for r in used])
+    eb_s = np.array([r[3] for r in used])
+    ps = grid[:, None] * ea_s[None, :] / (grid[:, None] * ea_s[None, :] + eb_s[None, :])
+    pmf = _sum_pmf(ns, ps)
+    upper = pmf[:, ha:].sum(axis=1)          # P(X >= observed | ratio)
+    lower = pmf[:, :ha + 1].sum(axis=1)      # P(X <= observed | ratio)
+    p_value = float(min(1.0, 2.0 * min(upper[0], lower[0])))
+    if not interval:
+        return Comparison(ratio, math.nan, math.nan, p_value, ha, hb, ea, eb)
+    a = (1.0 - confidence) / 2.0
+    inside = (upper[1:] > a) & (lower[1:] > a)
+    low = float(RATIO_GRID[inside].min()) if inside.any() else math.nan
+    high = float(RATIO_GRID[inside].max()) if inside.any() else math.nan
+    if inside.any() and inside[0]:
+        low = 0.0
+    if inside.any() and inside[-1]:
+        high = math.inf
+    return Comparison(ratio, low, high, p_value, ha, hb, ea, eb)
+
+
+def holm(p_values: list[float], alpha: float) -> list[bool]:
+    """Holm's step-down: which hypotheses are rejected, family-wise at `alpha`."""
+    order = sorted(range(len(p_values)), key=lambda i: p_values[i])
+    rejected = [False] * len(p_values)
+    m = len(p_values)
+    for rank, i in enumerate(order):
+        if p_values[i] > alpha / (m - rank):
+            break
+        rejected[i] = True
+    return rejected
+
+
+def comparisons(search: Search, minimal_mask: int, interval: bool = True) -> dict[int, Comparison]:
+    """Each flag outside the set: its stratified comparison within configs that hold the set."""
+    out = {}
+    for j in range(search.n):
+        bit = 1 << j
+        if minimal_mask & bit:
+            continue
+        out[j] = compare(strata(search, bit, minimal_mask), search.s.confidence, interval)
+    return out
+
+
+def called(search: Search, minimal_mask: int) -> dict[int, tuple[Comparison, bool]]:
+    """Each flag outside the set: its comparison and whether Holm calls it a modifier."""
+    comps = comparisons(search, minimal_mask)
+    keys = list(comps)
+    rejected = holm([comps[j].p_value for j in keys], 1.0 - search.s.confidence)
+    return {j: (comps[j], r) for j, r in zip(keys, rejected)}
+
+
+def measure(search: Search, minimal_mask: int, longest_s: float) -> None:
+    """Soak what the modifier verdicts need (module docstring); `longest_s` bounds each removal's
+    total exposure (a flag whose removal slows the hang past it is left undecided: irrelevant)."""
+    full = search.full
+    if full == minimal_mask:
+        return
+    suspects = _suspects(search, minimal_mask, longest_s)
+    if not suspects:
+        return
+    cell = search.stats_of(full)
+    while cell.hangs < CELL_HANGS and not search.over_budget():
+        mttf = cell.exposure_s / max(cell.hangs, 1)
+        search.run([(full, max(3.0 * mttf, search.s.startup_s), "modifiers")] * max(1, search.s.parallel))
+    while not search.over_budget():
+        suspects = _suspects(search, minimal_mask, longest_s)
+        if not suspects:
+            return
+        batch = []
+        for j in suspects[:max(1, search.s.parallel)]:
+            target = full & ~(1 << j)
+            cs = search.stats_of(target)
+            mttf = cell.exposure_s / max(cell.hangs, 1)
+            soak = min(max(2.0 * mttf, cs.exposure_s / max(cs.hangs, 1), search.s.startup_s),
+                       max(longest_s - cs.exposure_s, search.s.startup_s))
+            batch.append((target, soak, "modifiers"))
+        search.run(batch)
+
+
+def _suspects(search: Search, minimal_mask: int, longest_s: float) -> list[int]:
+    """Flags outside the set whose verdict more soaking of their removal may still change."""
+    comps = comparisons(search, minimal_mask, interval=False)
+    # a clear call stops a flag's soaks early; at a third of its Holm share, so that looking after
+    # every soak does not spend the family's error budget on the innocent flags
+    clear = (1.0 - search.s.confidence) / (3.0 * max(len(comps), 1))
+    out = []
+    for j, c in comps.items():
+        target = search.full & ~(1 << j)
+        cs = search.configs.get(target)
+        if cs is None or not search.runnable[target]:
+            continue
+        if c.p_value <= clear and (c.ratio >= 1 or cs.hangs >= INNOCENT_HANGS):
+            # (a removal that hung once, quickly, is no call that the flag slows the hang)
+            continue
+        if cs.hangs >= MEASURE_HANGS or cs.exposure_s >= longest_s:
+            continue
+        if cs.hangs >= INNOCENT_HANGS and c.ratio < INNOCENT_RATIO:
+            continue
+        out.append(j)
+    return out
