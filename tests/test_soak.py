@@ -272,3 +272,13 @@ def test_only_the_simulated_engine_runs_faster_than_the_wall_clock():
     assert effective_time_scale("sim", 30.0) == 30.0
     assert effective_time_scale("vllm", 30.0) == 1.0
     assert effective_time_scale("sim", 0.0) == 1.0   # never valid in a matrix or a marker; as if unset
+
+
+def test_the_result_file_carries_the_cells_build_and_is_private(tmp_path, monkeypatch):
+    monkeypatch.setattr(teardown, "preflight", lambda state_dir: "a server of an earlier cell is still running")
+    spec = spec_for(tmp_path, build="nightly-1125", build_ordinal=3)
+    result = run_cell(spec, engine=FakeEngine(), options=QUICK)
+    assert result.outcome is Outcome.INFRA_ERROR
+    saved = json.loads((Path(spec.artifacts_dir) / "result.json").read_text())
+    assert (saved["build"], saved["build_ordinal"]) == ("nightly-1125", 3)
+    assert Path(spec.artifacts_dir).stat().st_mode & 0o077 == 0
