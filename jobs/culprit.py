@@ -213,8 +213,10 @@ def culprit_report(stacks: Sequence, patterns: dict[str, Pattern] | None = None,
         role, pid = role_of(t.process)
         view = ThreadView(role, pid, t.thread, cls.kind, cls.reason,
                           tuple(_frame_text(f, loc) for f, loc in frames[:max_frames]))
-        # strong culprits (a CUDA sync) before engine-code ones; workers before EngineCore before the API
-        rows.append(((kind_rank[cls.kind], 0 if cls.strong else 1, _role_rank(role), i), i, view))
+        # strong culprits (a CUDA sync) before engine-code ones; workers before EngineCore before the API;
+        # then a key that names the thread, not where py-spy happened to list it
+        rows.append(((kind_rank[cls.kind], 0 if cls.strong else 1, _role_rank(role), *_stable_key(view, frames), i),
+                     i, view))
     rows.sort(key=lambda r: r[0])
     culprit_index = next((i for key, i, v in rows if v.kind == CULPRIT), None)
     # the page groups by role: the culprit's role first, each role's culprits before its victims
@@ -224,6 +226,12 @@ def culprit_report(stacks: Sequence, patterns: dict[str, Pattern] | None = None,
             order.append(v.role)
     grouped = sorted(rows, key=lambda r: (order.index(r[2].role), r[0]))
     return CulpritReport(tuple(v for _, _, v in grouped), culprit_index, idle, tuple(order))
+
+
+def _stable_key(view: ThreadView, frames: Sequence[tuple[str, str]]) -> tuple:
+    """Among equal candidates: a main thread first, then by role, normalised frames (no pid, line or
+    address) and thread name (a name, or py-spy's thread id), so two dumps of one hang choose alike."""
+    return (view.thread != "MainThread", view.role, tuple(normalised(frames)), view.thread)
 
 
 def _frame_text(function: str, location: str) -> str:

@@ -7,13 +7,15 @@ culprit's (`jobs.culprit`: the thread blocked in a CUDA sync, a collective, a lo
 code, not the threads waiting on it); the fingerprint hashes its normalised frames (module and
 function, no line numbers, addresses or pids), so the same bug found in many cells, builds and hosts
 groups together. Without stacks (py-spy could not attach) it falls back to the log's tracebacks.
+The log counts from the server's readiness on (start-up prints what a hang prints), and what the
+stacks show stuck now outweighs an shm warning from earlier (`_shm_log_is_stale`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from .culprit import CulpritReport, culprit_report, normalised
@@ -194,6 +196,23 @@ def _shm_wait_for_response(c: Clues) -> bool:
 
 RESPONSE_WAIT = re.compile(r"^(?:get_response|_wait_for_response|sample_tokens|collective_rpc|execute_model)$")
 
+
+def _shm_log_is_stale(c: Clues) -> bool:
+    """EngineCore prints the shm warning from its wait on the ring; when its stacks show it stuck in
+    engine work of its own and nothing waits on the ring, that wait has ended: the warning is from a
+    slow step before the hang, not the hang."""
+    if not c.stacks or _shm_wait_for_response(c):
+        return False
+    culprit = culprit_report(c.stacks).culprit
+    return culprit is not None and culprit.role == "EngineCore"
+
+
+def _shm_broadcast(c: Clues) -> bool:
+    if c.log_has(RPC_TIMEOUT) or (_hangish(c) and _shm_wait_for_response(c)):
+        return True
+    return (c.log_has(SHM_WARNING) or c.hint == "shm_broadcast_timeout") and not _shm_log_is_stale(c)
+
+
 # Findings first: a hang's own story, then "the engine died" (the hang model's `crash` style), then
 # the causes that also name a death's reason (kept as `causes`), then the catch-all silent stall.
 register(Signature(
@@ -208,9 +227,7 @@ register(Signature(
     "shm_broadcast_timeout", "hang",
     "seeds 002-004: the engine waits on the shm ring for its workers (warnings, then `RPC call to "
     "sample_tokens timed out` and EngineDeadError)",
-    lambda c: (c.log_has(SHM_WARNING) or c.log_has(RPC_TIMEOUT) or c.hint == "shm_broadcast_timeout"
-               or (_hangish(c) and _shm_wait_for_response(c))),
-    priority=50, anchor=SHM_FRAME, fingerprint_depth=2))
+    _shm_broadcast, priority=50, anchor=SHM_FRAME, fingerprint_depth=2))
 register(Signature(
     "crash", "crash", "the engine died (process exit, or a fatal error with the API server left serving 500s)",
     lambda c: c.verdict_kind == "crash" or (c.exit_code not in (None, 0) and c.log_has(TRACEBACK)),
@@ -236,6 +253,7 @@ CAUSES = ("oom", "cuda_error", "nccl_timeout", "engine_dead")
 def classify(clues: Clues, signatures: Mapping[str, Signature] | None = None) -> Classification:
     """The first signature (by priority) matching the clues, with the stuck frames and fingerprint."""
     table = SIGNATURES if signatures is None else signatures
+    clues = replace(clues, log_lines=after_startup(clues.log_lines))
     report = culprit_report(clues.stacks)
     attributes = {"gpu": clues.gpu} if clues.gpu else {}
     for sig in sorted(table.values(), key=lambda s: (s.priority, s.name)):
@@ -249,6 +267,18 @@ def classify(clues: Clues, signatures: Mapping[str, Signature] | None = None) ->
                                   tuple(t.to_dict() for t in report.threads), attributes)
     return Classification(None, None, None, (), "no signature matched",
                           threads=tuple(t.to_dict() for t in report.threads), attributes=attributes)
+
+
+# The server is up: what vLLM logged before this (EngineCore waiting on the shm ring while the worker
+# profiles and warms up prints the same warning a hang does, once start-up outlasts
+# VLLM_RINGBUFFER_WARNING_INTERVAL, i.e. whenever the host is busy) says nothing about a later hang.
+READY = re.compile(r"Application startup complete|Uvicorn running on")
+
+
+def after_startup(lines: Sequence[str]) -> Sequence[str]:
+    """The log lines after the server last said it was ready (all of them when it never did)."""
+    last = max((i for i, line in enumerate(lines) if READY.search(line)), default=-1)
+    return lines[last + 1:]
 
 
 def stuck_frames(clues: Clues, anchor: re.Pattern | None,

@@ -150,3 +150,14 @@ Thread 5 (active): "MainThread"
     result = classify(clues_from_texts([engine], verdict_kind="hang"))
     assert result.signature == "shm_broadcast_timeout" and result.culprit == ""
     assert result.stuck_frames[0].startswith("MessageQueue.acquire_read")
+
+
+def test_equal_candidates_are_chosen_by_what_they_are_not_by_dump_order():
+    # two worker processes both sleeping in engine code: whichever py-spy lists first, the same one wins
+    def worker(pid, func):
+        return (f"Process {pid}: VLLM::Worker_TP0\nThread {pid} (idle): \"MainThread\"\n"
+                f"    time_sleep (libpython3.11.so.1.0)\n    {func} (fixtures/fault_plugin.py:171)\n")
+    a, b = worker(11, "_park_forever"), worker(12, "planted_worker_stall")
+    first = cp.culprit_report(parse_stacks(a + "\n" + b)).culprit
+    second = cp.culprit_report(parse_stacks(b + "\n" + a)).culprit
+    assert first.frames == second.frames

