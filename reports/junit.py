@@ -229,9 +229,22 @@ def _final_result(result: CellResult) -> Failure | Error | None:
                                           ("time_to_hang_s", result.time_to_hang_s),
                                           ("exposure_s", round(result.exposure_s, 1))) if v not in (None, "")]
     if result.stuck_frames:
-        details.append("stuck in: " + _cut(result.stuck_frames[-1]))
+        details.append("stuck in: " + _cut(blocking_frame(result.stuck_frames)))
     final.text = xml_safe("\n".join(details))
     return final
+
+
+# The C runtime under a blocked call (libc's futex or nanosleep, libpython, raw addresses, CPython's own
+# .c files) is the same for every hang; the frame above it is what blocks. As jobs.culprit's NATIVE_NOISE,
+# which reports may not import.
+_RUNTIME_FRAME = re.compile(r"^0x[0-9a-fA-F]+\b|\((?:lib(?:c|pthread|python[\d.]*|m|dl|rt)|ld-linux[\w.-]*)(?:\.so[^)]*)?\)$|"
+                            r"\.(?:c|h|cc|cpp)(?::\d+)?\)$|\(<frozen ")
+
+
+def blocking_frame(stuck_frames: Sequence[str]) -> str:
+    """The culprit's blocking frame: the innermost stuck frame (they come innermost first) above the C
+    runtime, else the innermost."""
+    return next((f for f in stuck_frames if not _RUNTIME_FRAME.search(f)), stuck_frames[0])
 
 
 def build_suite(results: Iterable[CellResult], suite_name: str,

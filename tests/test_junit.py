@@ -295,3 +295,17 @@ def test_more_than_5000_cells_write_several_files_none_over_30_mb(tmp_path):
     assert len(paths) == 2 and all(p.stat().st_size < 30 * 2**20 for p in paths)
     counts = [sum(len(list(s)) for s in xunit2.JUnitXml.fromfile(str(p))) for p in paths]
     assert counts == [5000, 200]
+
+
+def test_a_hangs_failure_text_names_the_culprits_blocking_frame_not_the_outermost(tmp_path):
+    # stuck frames come innermost first: libc and libpython's sleep, then the planted frame, then the loop
+    frames = ["clock_nanosleep (libc.so.6)", "time_sleep (libpython3.11.so.1.0)",
+              "_park_forever (fixtures/fault_plugin.py:171)", "EngineCore.step (vllm/v1/engine/core.py:667)",
+              "_bootstrap (multiprocessing/process.py:314)"]
+    result = culprit_hang(tmp_path, signature="silent_stall", stuck_frames=frames)
+    case = cases_by_name(write_junit([result], tmp_path / "junit.xml", "s"))[result.cell_name]
+    text = case.result[0].text
+    assert "stuck in: _park_forever (fixtures/fault_plugin.py:171)" in text and "_bootstrap" not in text
+    event_sync = culprit_hang(tmp_path, flags={"i": 1})   # a CUDA sync is itself the blocking frame
+    case = cases_by_name(write_junit([event_sync], tmp_path / "j2.xml", "s"))[event_sync.cell_name]
+    assert "stuck in: cuEventSynchronize (libcuda.so.595)" in case.result[0].text
