@@ -50,11 +50,7 @@ def record_finding(result: CellResult, verdict: HangVerdict, evidence: Evidence,
     result.signature = cls.signature
     result.fingerprint = cls.fingerprint
     result.stuck_frames = list(cls.stuck_frames)
-    result.culprit = cls.culprit
-    result.threads = [dict(t) for t in cls.threads]
-    result.gpu_state = evidence.gpu.to_dict() if evidence.gpu is not None else {}
-    if evidence.stacks_unreachable:
-        result.extra["stacks_unreachable"] = evidence.stacks_unreachable
+    record_culprit(result, cls, evidence)
     result.detector = verdict.detector
     result.detected_after_s = round(verdict.detected_after_s, 2) if verdict.detected_after_s is not None else None
     result.time_to_hang_s = round(max(0.0, hang_began(verdict) - load_start) * scale, 2)
@@ -65,6 +61,15 @@ def record_finding(result: CellResult, verdict: HangVerdict, evidence: Evidence,
                                "details": _jsonable(dict(verdict.details))}
     result.log_tail = evidence.log_tail
     return cls
+
+
+def record_culprit(result: CellResult, cls: Classification, evidence: Evidence) -> None:
+    """The culprit, the threads per role and the GPU state (the soak's and the watch's findings alike)."""
+    result.culprit = cls.culprit
+    result.threads = [dict(t) for t in cls.threads]
+    result.gpu_state = evidence.gpu.to_dict() if evidence.gpu is not None else {}
+    if evidence.stacks_unreachable:
+        result.extra["stacks_unreachable"] = evidence.stacks_unreachable
 
 
 def describe(verdict: HangVerdict, cls: Classification, running: float | None) -> str:

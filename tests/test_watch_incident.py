@@ -66,3 +66,17 @@ def test_no_process_found_is_a_note_not_an_error(tmp_path):
     inc = handle(verdict(), Target(f"http://127.0.0.1:{port}"), [], IncidentOptions(tmp_path), model="",
                  watch_started=time.time(), capture_fn=fake_capture(stacks=()))
     assert any("no server process found" in n for n in inc.notes)
+
+
+def test_the_incident_result_carries_the_culprit_threads_and_gpu_state_as_the_soaks_does(tmp_path):
+    from soakmatrix.jobs.gpu_state import GpuState
+
+    def capture(subject, folder, **kw):
+        ev = fake_capture()(subject, folder, **kw)
+        ev.gpu = GpuState(False, note="no GPU: not measured")
+        return ev
+    r = handle(verdict(), Target("http://127.0.0.1:9"), [], IncidentOptions(tmp_path), model="m",
+               watch_started=time.time(), capture_fn=capture).result
+    assert r.culprit == "EngineCore MainThread: CUDA/event sync"
+    assert r.threads[0]["kind"] == "culprit" and r.threads[0]["frames"][1].startswith("_to_list")
+    assert r.gpu_state["measured"] is False and "not measured" in r.gpu_state["note"]

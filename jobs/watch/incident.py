@@ -28,6 +28,7 @@ from typing import Any, Callable, Sequence
 from soakmatrix.jobs.detect.protocol import HangVerdict
 from soakmatrix.jobs.evidence import Evidence, capture
 from soakmatrix.jobs.signatures import Classification, classify, clues_from_texts
+from soakmatrix.jobs.verdict_result import record_culprit
 from soakmatrix.matrix.contracts.outcomes import Outcome
 from soakmatrix.matrix.contracts.result import CellResult
 
@@ -137,6 +138,7 @@ def build_result(verdict: HangVerdict, cls: Classification, ev: Evidence, target
     result.extra.update(url=target.base_url, pid=target.pid, causes=list(cls.causes), evidence_s=round(ev.seconds, 2),
                         verdict={"detector": verdict.detector, "kind": verdict.kind, "at": verdict.at,
                                  "since": verdict.since, "message": verdict.message, "hint": verdict.hint})
+    record_culprit(result, cls, ev)
     return result
 
 
