@@ -68,9 +68,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--confidence", type=open_unit_interval, default=0.95,
                         help="stated confidence (default 0.95)")
     parser.add_argument("--mttf-cap", type=positive_duration,
-                        help="a set hangs only if its MTTF is at most this (e.g. 6h); "
-                             "default: 2 x the failing cell's MTTF 99%% upper bound while few hangs "
-                             "are pooled, settling at 3 x the pooled MTTF (at most 4 x the first cap)")
+                        help="ask for the smallest set that hangs with MTTF at most this (e.g. 6h): a flag "
+                             "without which the hang is slower joins the set (its verdict says so). Default: no "
+                             "cap; a flag is necessary only when no hang was seen without it, its absence soaked "
+                             "until an 8x slowdown is ruled out")
     parser.add_argument("--virtual", action="store_true", help="virtual time: draw hangs from the hang model")
     parser.add_argument("--hang-model", help="hang-model file (default: the matrix's sim.hang_model)")
     parser.add_argument("--seed", type=seed, help="virtual oracle seed (default: the hang model's)")
@@ -80,9 +81,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--budget-gpu-hours", type=positive_number, help="stop (inconclusive) after this many GPU-hours")
     parser.add_argument("--max-probes", type=count, default=200, help="stop (inconclusive) after this many probes")
     parser.add_argument("--modifier-prior", type=half_open_unit_interval, default=Settings.modifier_prior,
-                        help="prior probability that one flag outside the set slows the hang x6 or more; the rate "
-                             "check after the search settles whether it is needed to hang within the cap "
-                             f"(default {Settings.modifier_prior}; 0 skips the check)")
+                        help="with --mttf-cap: prior probability that one flag outside the set slows the hang x6 or "
+                             "more; the rate check after the search settles whether it is needed to hang within the "
+                             f"cap (default {Settings.modifier_prior}; 0 skips the check). Without a cap a flag "
+                             "without which the hang was seen is a modifier, never part of the set")
     parser.add_argument("--no-shrink", action="store_true", help="do not try other values of the set's flags")
     parser.add_argument("--json", action="store_true", help="one JSON document")
     parser.add_argument("--emit-test", metavar="PATH", help="write a pytest regression test for the minimal set")
