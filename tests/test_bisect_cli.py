@@ -80,8 +80,12 @@ def test_a_cell_that_does_not_hang_is_not_reproduced():
 @pytest.mark.slow
 def test_sim_engine_on_ray_gives_the_virtual_answer(tmp_path):
     before = {p.pid for p in psutil.process_iter()}
+    # the demo cell plants two hangs: name the target, and ask the cap's question without the modifier
+    # measurement (17-32 probes in virtual time; the default question takes 60-115 here, because the
+    # other hang cuts every long necessity soak short)
     out = soakmatrix("bisect", str(DEMO), "--cell", FAILING, "--json", "--backend", "sim", "--no-shrink",
-                     "--confidence", "0.9", "--parallel", "2", "--out", str(tmp_path / "out"), timeout=1500)
+                     "--confidence", "0.9", "--parallel", "2", "--signature", "shm_broadcast_timeout",
+                     "--mttf-cap", "40m", "--no-modifiers", "--out", str(tmp_path / "out"), timeout=1500)
     assert out.returncode == 1, out.stderr[-3000:]
     doc = json.loads(out.stdout)
     assert sorted(doc["minimal"]) == ["cudagraph_mode", "mtp"]
@@ -203,3 +207,15 @@ def test_a_flag_missing_from_the_baseline_is_a_located_error_or_context(tmp_path
     assert out.returncode == 2, out.stderr
     line = next(i for i, s in enumerate(text.splitlines(), 1) if s.startswith("baseline:"))
     assert f"{matrix}:{line}: baseline.tp: " in out.stderr and "add `tp:" in out.stderr
+
+
+def test_no_modifiers_reports_flags_outside_the_set_as_unmeasured_and_spends_less():
+    common = ("bisect", str(DEMO), "--cell", FAILING, "--virtual", "--json", "--quiet", "--seed", "4", "--no-shrink",
+              "--signature", "shm_broadcast_timeout")
+    full = json.loads(soakmatrix(*common).stdout)
+    lean = json.loads(soakmatrix(*common, "--no-modifiers").stdout)
+    assert sorted(lean["minimal"]) == sorted(full["minimal"]) == ["cudagraph_mode", "mtp"]
+    kinds = {v["flag"]: v["kind"] for v in lean["verdicts"]}
+    assert kinds["async_scheduling"] == kinds["tp"] == "unmeasured"
+    assert kinds["mtp"] == kinds["cudagraph_mode"] == "necessary"
+    assert lean["probes"] < full["probes"] and lean["gpu_hours"] < full["gpu_hours"]

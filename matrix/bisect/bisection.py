@@ -110,7 +110,7 @@ def bisect(failing_flags: Mapping[str, Any], elements: Sequence[Element], oracle
                 notes.append("the grown set was not seen to hang in its certification run")
     if status == "found" and s.modifier_prior > 0 and s.mttf_cap_s is not None:
         soak_the_set_alone(search, top, cap)
-    if status == "found":
+    if status == "found" and s.measure_modifiers:
         measure(search, top, _necessity_length(search, top))
     outside = [cs for m, cs in search.configs.items() if cs.hangs and (m & top) != top]
     if outside:

@@ -46,6 +46,7 @@ class Settings:
     modifier_prior: float = 0.3         # P(one flag outside the set slows the hang x6 or more); 0: no rate check
     ablation: bool = True               # remove one flag at a time first; False: the posterior search only
     rule_out_factor: float = 8.0        # "necessary": no hang without it, soaked until a slowdown up to this is ruled out
+    measure_modifiers: bool = True      # soak the flags outside the set for modifier verdicts (modifiers.py)
 
 
 @dataclass

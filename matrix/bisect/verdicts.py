@@ -116,7 +116,8 @@ def flag_verdicts(search: Search, minimal_mask: int, context: Mapping[str, Any],
     * modifier: the hang was seen without it. A flag of the set (an explicit cap made it part of
       the set: needed to hang within the cap) says so; a flag outside the set is a modifier only
       when the stratified rate comparison (modifiers.py) calls it, Holm over the flags outside;
-    * irrelevant otherwise; context for a flag that could not move."""
+    * irrelevant otherwise; context for a flag that could not move; unmeasured for a flag outside
+      the set when the modifier measurement was switched off (`--no-modifiers`)."""
     out: list[FlagVerdict] = []
     conf = search.s.confidence
     cell = search.stats_of(search.full)
@@ -141,6 +142,9 @@ def flag_verdicts(search: Search, minimal_mask: int, context: Mapping[str, Any],
             times = f", > {bound / failing_mttf:.1f}x the failing cell" if failing_mttf else ""
             text = f"necessary (no hang in {format_duration(exp)} without it: MTTF > {format_duration(bound)} at {conf:.0%}{times})"
             out.append(FlagVerdict(e, "necessary", text))
+            continue
+        if not search.s.measure_modifiers:
+            out.append(FlagVerdict(e, "unmeasured", "outside the set; not measured for a modifier (--no-modifiers)"))
             continue
         c, is_modifier = calls[i]
         interval = (f"x{c.low:.2g}-x{c.high:.2g}" if math.isfinite(c.high) else f"x{c.low:.2g} or more")

@@ -86,6 +86,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              f"cap (default {Settings.modifier_prior}; 0 skips the check). Without a cap a flag "
                              "without which the hang was seen is a modifier, never part of the set")
     parser.add_argument("--no-shrink", action="store_true", help="do not try other values of the set's flags")
+    parser.add_argument("--no-modifiers", action="store_true",
+                        help="do not soak the flags outside the set for modifier verdicts (they are reported "
+                             "`unmeasured`); saves the measuring soaks when only the set matters")
     parser.add_argument("--json", action="store_true", help="one JSON document")
     parser.add_argument("--emit-test", metavar="PATH", help="write a pytest regression test for the minimal set")
     parser.add_argument("--backend", choices=("sim", "vllm"), default="sim")
@@ -158,7 +161,8 @@ def _main(args: argparse.Namespace) -> int:
     settings = Settings(confidence=args.confidence, mttf_cap_s=cap, startup_s=profile.startup_s,
                         calibration_hangs=args.calibration_hangs, parallel=parallel,
                         max_probes=args.max_probes, budget_gpu_hours=args.budget_gpu_hours,
-                        shrink_values=not args.no_shrink, modifier_prior=args.modifier_prior)
+                        shrink_values=not args.no_shrink, modifier_prior=args.modifier_prior,
+                        measure_modifiers=not args.no_modifiers)
     if progress:
         progress(f"soakmatrix bisect: cell {pc.id} {pc.name}: {len(movable)} flag(s) differ from the baseline "
                  f"({', '.join(e.name for e in movable) or 'none'})"
