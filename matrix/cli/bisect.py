@@ -36,6 +36,7 @@ from soakmatrix.matrix.bisect.setup import (
     soak_oracle,
     virtual_oracle,
 )
+from soakmatrix.matrix.build_bisect.cli_run import BuildUsage, run_for_cell
 from soakmatrix.matrix.contracts.outcomes import EXIT_FOUND, EXIT_INFRA, EXIT_OK, EXIT_USAGE
 from soakmatrix.matrix.plan import plan
 from soakmatrix.matrix.spec import load_matrix
@@ -95,6 +96,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ray-address", help="Ray cluster address (default: RAY_ADDRESS or a local cluster)")
     parser.add_argument("--out", default="bisect-out", help="soak job artifacts (real probes)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    parser.add_argument("--builds", metavar="FILE|GOOD..BAD",
+                        help="bisect engine builds instead of flags: an ordered builds file (`NAME: SPEC` lines, "
+                             "oldest first) or the commits GOOD..BAD of --checkout turned into specs by "
+                             "--build-template; virtual time only for now (--virtual)")
+    parser.add_argument("--build-template", metavar="SPEC", help="a pip spec with {sha}, e.g. "
+                        "'vllm @ git+https://github.com/vllm-project/vllm@{sha}' (with GOOD..BAD)")
+    parser.add_argument("--checkout", default=".", help="the git checkout GOOD..BAD is read from (default: .)")
     parser.add_argument("--store", metavar="FILE",
                         help="history store (SQLite; a new file is created) to take the cell's signature from and "
                              "record the result in; `soakmatrix report` shows it. Checked before the bisection runs")
@@ -148,6 +156,15 @@ def _main(args: argparse.Namespace) -> int:
         signature, source = model_signature(matrix, pc, hang_model_path)
 
     progress = None if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
+    if args.builds:
+        try:
+            return run_for_cell(matrix, pc, profile, builds_arg=args.builds, template=args.build_template,
+                                checkout=args.checkout, virtual=args.virtual, hang_model_path=hang_model_path,
+                                seed=args.seed, confidence=args.confidence, budget_gpu_hours=args.budget_gpu_hours,
+                                max_probes=args.max_probes, calibration_hangs=args.calibration_hangs,
+                                signature=signature, as_json=args.json, out=sys.stdout, progress=progress)
+        except BuildUsage as exc:
+            raise _Usage(str(exc)) from None
     cluster = None
     if args.virtual:
         oracle = virtual_oracle(matrix, pc, profile, hang_model_path, args.seed)

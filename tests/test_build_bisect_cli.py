@@ -1,0 +1,55 @@
+"""`soakmatrix bisect --builds` through the real CLI: a regression planted from the fourth of eight
+builds in a hang model is found in virtual time; real builds are refused plainly (not wired yet)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from tests.conftest import EXAMPLES, REPO
+
+DEMO = EXAMPLES / "demo.yaml"
+CELL = "tiny-moe|H200|async_scheduling=false,cudagraph_mode=FULL_DECODE_ONLY,mtp=1,tp=1|staggered"
+HANGS = """
+seed: 11
+hangs:
+  - id: regression
+    style: shm_broadcast
+    when: {mtp: 1, build: [b3, b4, b5, b6, b7]}
+    min_running: 1
+    mttf_s: 2280
+"""
+
+
+def soakmatrix(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "soakmatrix.matrix.cli", *args], capture_output=True, text=True,
+                          timeout=120, cwd=REPO)
+
+
+def files(tmp_path):
+    (tmp_path / "hangs.yaml").write_text(HANGS)
+    (tmp_path / "builds.txt").write_text("".join(f"b{i}: vllm==0.{10 + i}.0\n" for i in range(8)))
+    return str(tmp_path / "builds.txt"), str(tmp_path / "hangs.yaml")
+
+
+def test_virtual_build_bisection_names_the_planted_first_bad_build(tmp_path):
+    builds, hangs = files(tmp_path)
+    for seed in ("1", "2", "3"):
+        out = soakmatrix("bisect", str(DEMO), "--cell", CELL, "--builds", builds, "--hang-model", hangs,
+                         "--virtual", "--json", "--quiet", "--seed", seed)
+        assert out.returncode == 1, out.stderr
+        doc = json.loads(out.stdout)
+        assert doc["status"] == "found"
+        assert doc["first_bad"] == "b3" and doc["last_good"] == "b2", doc
+        assert doc["signature"] == "shm_broadcast_timeout"
+
+
+def test_real_builds_and_unreadable_builds_lists_are_usage_errors(tmp_path):
+    builds, hangs = files(tmp_path)
+    real = soakmatrix("bisect", str(DEMO), "--cell", CELL, "--builds", builds, "--hang-model", hangs)
+    assert real.returncode == 2 and "virtual time only" in real.stderr
+    (tmp_path / "one.txt").write_text("only: vllm==0.10.0\n")
+    short = soakmatrix("bisect", str(DEMO), "--cell", CELL, "--builds", str(tmp_path / "one.txt"),
+                       "--hang-model", hangs, "--virtual")
+    assert short.returncode == 2 and "--builds" in short.stderr and "Traceback" not in short.stderr
