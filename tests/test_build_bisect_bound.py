@@ -1,5 +1,6 @@
 """The floor under build bisection's GPU-hours: its constraint, a brute-force check of the
-optimisation and of the worst neighbour's rate, Fano's bits, and that no run beats it."""
+optimisation and of the worst neighbour's rate, Fano's bits, a probe's information by enumeration,
+the search floor, and that no run beats it."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 
 from soakmatrix.matrix.bisect.bound import binary_divergence, refute_load
 from soakmatrix.matrix.build_bisect import BuildSettings, VirtualBuildOracle, bisect_builds
-from soakmatrix.matrix.build_bisect.bound import lower_bound, search_bits
+from soakmatrix.matrix.build_bisect.bound import lower_bound, probe_bits, probe_cost, search_bits, search_rate
 
 
 def test_the_evidence_is_against_the_neighbour_below():
@@ -41,7 +42,8 @@ def test_the_optimum_by_brute_force(n, mttf):
     for y in np.linspace(2 * c - 1, 40.0, 40001):
         x = y * math.expm1(d / y)          # the least X that meets the evidence
         best = min(best, x + y + s / mttf * max(y + 2 * c - 1, bits))
-    assert b.gpu_hours == pytest.approx(best * mttf / 3600.0, rel=1e-5)
+    assert b.evidence_gpu_hours == pytest.approx(best * mttf / 3600.0, rel=1e-5)
+    assert b.gpu_hours == pytest.approx(max(b.evidence_gpu_hours, b.search_gpu_hours))
 
 
 def test_fanos_bits():
@@ -62,8 +64,43 @@ def test_the_bound_grows_with_what_is_asked():
         lower_bound(1, 600.0, 600.0, 0.99)
 
 
-def test_no_run_beats_the_bound_on_average():
-    n, mttf = 8, 600.0
+def test_a_probes_information_by_enumeration():
+    # I(B; outcome) from the joint law of (bad?, hang?) summed term by term: a good build never hangs
+    for p, length in [(0.5, 1.0), (0.2, 3.0), (0.9, 0.3)]:
+        q = math.exp(-length)
+        joint = {(1, "hang"): p * (1 - q), (1, "pass"): p * q, (0, "hang"): 0.0, (0, "pass"): 1 - p}
+        pb = {1: p, 0: 1 - p}
+        po = {"hang": p * (1 - q), "pass": p * q + 1 - p}
+        mi = sum(v * math.log2(v / (pb[b] * po[o])) for (b, o), v in joint.items() if v > 0)
+        assert float(probe_bits(p, length)) == pytest.approx(mi, rel=1e-9)
+        assert float(probe_cost(p, length, 0.25)) == pytest.approx(0.25 + p * (1 - q) + (1 - p) * length)
+
+
+@pytest.mark.parametrize("sigma", [0.0833, 0.263, 1.0])
+def test_the_search_rate_by_brute_force(sigma):
+    r, p, length = search_rate(sigma)
+    ps = np.linspace(0.001, 0.999, 999)[:, None]
+    ls = np.linspace(0.01, 12.0, 2400)[None, :]
+    brute = (probe_bits(ps, ls) / probe_cost(ps, ls, sigma)).max()
+    assert brute <= r * (1 + 1e-9)
+    assert r == pytest.approx(brute, rel=1e-3)
+    assert float(probe_bits(p, length) / probe_cost(p, length, sigma)) == pytest.approx(r, rel=1e-9)
+    assert r < 1.0 / sigma                   # a bit costs at least a start-up
+
+
+def test_the_search_floor_binds_with_many_builds():
+    # the evidence floor is flat in n (its search costs start-ups only); the search floor grows
+    # with log2(n - 1) bits, each costing load too
+    for mttf in (600.0, 2280.0, 7200.0):
+        few, many = lower_bound(8, mttf, 600.0, 0.99), lower_bound(512, mttf, 600.0, 0.99)
+        assert few.gpu_hours == few.evidence_gpu_hours > few.search_gpu_hours
+        assert many.gpu_hours == many.search_gpu_hours > many.evidence_gpu_hours
+        assert many.search_gpu_hours == pytest.approx(many.search_bits / many.bits_per_mttf * mttf / 3600.0)
+
+
+@pytest.mark.parametrize("n", [8, 128])
+def test_no_run_beats_the_bound_on_average(n):
+    mttf = 600.0
     spent = []
     for seed in range(60):
         cp = int(np.random.default_rng(seed).integers(1, n))
