@@ -7,7 +7,7 @@ import json
 import subprocess
 import sys
 
-from tests.conftest import EXAMPLES, REPO
+from tests.conftest import EXAMPLES, REPO, free_port
 
 DEMO = EXAMPLES / "demo.yaml"
 CELL = "tiny-moe|H200|async_scheduling=false,cudagraph_mode=FULL_DECODE_ONLY,mtp=1,tp=1|staggered"
@@ -45,10 +45,21 @@ def test_virtual_build_bisection_names_the_planted_first_bad_build(tmp_path):
         assert doc["signature"] == "shm_broadcast_timeout"
 
 
-def test_real_builds_and_unreadable_builds_lists_are_usage_errors(tmp_path):
+def test_unreadable_lists_unknown_builds_and_no_ray_are_usage_errors(tmp_path):
     builds, hangs = files(tmp_path)
-    real = soakmatrix("bisect", str(DEMO), "--cell", CELL, "--builds", builds, "--hang-model", hangs)
-    assert real.returncode == 2 and "virtual time only" in real.stderr
+    (tmp_path / "names.txt").write_text("b0: vllm==0.10.0\nnightly-b1\n")
+    unknown = soakmatrix("bisect", str(DEMO), "--cell", CELL, "--builds", str(tmp_path / "names.txt"),
+                         "--hang-model", hangs)
+    assert unknown.returncode == 2 and "unknown build 'nightly-b1' (line 2 of the list)" in unknown.stderr
+    assert "not a build of" in unknown.stderr and "Traceback" not in unknown.stderr
+    (tmp_path / "rel.txt").write_text("a: python:venv/bin/python\nb: vllm==0.11.0\n")
+    relative = soakmatrix("bisect", str(DEMO), "--cell", CELL, "--builds", str(tmp_path / "rel.txt"), "--virtual",
+                          "--hang-model", hangs)
+    assert relative.returncode == 2 and "absolute path" in relative.stderr
+    nobody = soakmatrix("bisect", str(DEMO), "--cell", CELL, "--builds", builds, "--hang-model", hangs,
+                        "--ray-address", f"127.0.0.1:{free_port()}")
+    assert nobody.returncode == 2 and "cannot reach Ray at 127.0.0.1:" in nobody.stderr
+    assert "Traceback" not in nobody.stderr
     (tmp_path / "one.txt").write_text("only: vllm==0.10.0\n")
     short = soakmatrix("bisect", str(DEMO), "--cell", CELL, "--builds", str(tmp_path / "one.txt"),
                        "--hang-model", hangs, "--virtual")

@@ -1,23 +1,28 @@
 """`soakmatrix bisect MATRIX --cell ID --builds FILE|GOOD..BAD`: the build bisection of one failing
 cell, set up from the matrix as the flag bisection is (`matrix/cli/bisect.py` calls `run_for_cell`).
 
-Probes run in virtual time from the matrix's hang model (`--virtual`); soaking real builds through
-Ray's runtime_env per probe is not wired yet, and asking for it is a usage error that says so.
+The builds list (`specs.resolve_builds`) becomes the matrix's `Build`s (`matrix_builds.to_builds`:
+names of the matrix's `builds:` section or build specs). Probes run either in virtual time from the
+hang model (`--virtual`, `oracle_hangmodel`), or as soak jobs of the failing cell on each build,
+through Ray's runtime_env on the connected (or a local) Ray cluster (`oracle_soak.BuildSoakOracle`).
+With `--store`, the history's results of the failing cell on listed builds enter as known evidence
+(`history`), in both modes.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Callable, TextIO
 
 from soakmatrix.matrix.bisect.model import default_gpu_count
-from soakmatrix.matrix.contracts.hangmodel import load_hang_model
 from soakmatrix.matrix.contracts.outcomes import EXIT_FOUND, EXIT_INFRA, EXIT_OK, EXIT_USAGE
 from soakmatrix.matrix.plan import PlannedCell
 from soakmatrix.matrix.spec import Matrix, Profile
 
+from . import history as hist
 from .algorithm import BAD_UNTESTABLE, FOUND, NOT_A_REGRESSION, NOT_REPRODUCED, RANGE
-from .oracle_hangmodel import HangModelBuildOracle
+from .matrix_builds import UnknownBuild, to_builds
 from .report import render_text, to_json
 from .run import run_build_bisection
 from .specs import BuildSpecError, git_rev_list, resolve_builds
@@ -27,32 +32,116 @@ EXIT_OF = {FOUND: EXIT_FOUND, RANGE: EXIT_FOUND, NOT_A_REGRESSION: EXIT_OK, NOT_
 
 
 class BuildUsage(Exception):
-    """A builds list that cannot be read, or a mode that is not there yet: exit 2."""
+    """A builds list that cannot be read, an unknown build, no Ray to reach: exit 2."""
+
+
+@dataclass(frozen=True)
+class RealProbes:
+    """Where real probes run: the engine backend, the Ray address (None: RAY_ADDRESS or a local
+    cluster) and the folder for the soak jobs' artifacts."""
+    backend: str = "sim"
+    ray_address: str | None = None
+    out_dir: str = "bisect-out"
 
 
 def run_for_cell(matrix: Matrix, pc: PlannedCell, profile: Profile, *, builds_arg: str, template: str | None,
                  checkout: str, virtual: bool, hang_model_path: str | None, seed: int | None, confidence: float,
                  budget_gpu_hours: float | None, max_probes: int, calibration_hangs: int, signature: str | None,
-                 as_json: bool, out: TextIO, progress: Callable[[str], None] | None = None) -> int:
-    if not virtual:
-        raise BuildUsage("--builds runs in virtual time only for now (add --virtual): probes of real builds "
-                         "through Ray's runtime_env are not wired yet")
-    if not hang_model_path:
+                 as_json: bool, out: TextIO, progress: Callable[[str], None] | None = None,
+                 real: RealProbes = RealProbes(), store_path: str | None = None) -> int:
+    if virtual and not hang_model_path:
         raise BuildUsage("--builds --virtual needs a hang model: --hang-model FILE or the matrix's sim.hang_model")
     try:
-        builds = resolve_builds(builds_arg, template=template, rev_list=git_rev_list(checkout))
-    except BuildSpecError as exc:
+        specs = resolve_builds(builds_arg, template=template, rev_list=git_rev_list(checkout))
+        builds = to_builds(specs, matrix.builds, matrix.file)
+    except (BuildSpecError, UnknownBuild) as exc:
         raise BuildUsage(f"--builds: {exc}") from None
     names = [b.name for b in builds]
-    model = load_hang_model(hang_model_path, registry=matrix.registry, builds=names)
+    evidence = None
+    if store_path:
+        evidence = _history(store_path, pc, names, signature)
+        signature = evidence.signature
     gpus = default_gpu_count(pc.cell.flag_dict)
-    oracle = HangModelBuildOracle(model, pc.cell.flag_dict, pc.cell.gpu, names, startup_s=profile.startup_s,
-                                  gpus=gpus, seed=seed, registry=matrix.registry)
-    if progress:
-        progress(f"soakmatrix bisect: cell {pc.id} {pc.name}: {len(builds)} builds, {names[0]} .. {names[-1]} "
-                 "(virtual time)")
-    result = run_build_bisection(builds, oracle, confidence=confidence, budget_gpu_hours=budget_gpu_hours,
-                                 signature=signature, startup_s=profile.startup_s, gpus=gpus, max_probes=max_probes,
-                                 calibration_hangs=calibration_hangs)
-    print(json.dumps(to_json(result), indent=2, sort_keys=True) if as_json else render_text(result), file=out)
+    say = progress or (lambda _msg: None)
+    say(f"soakmatrix bisect: cell {pc.id} {pc.name}: {len(builds)} builds, {names[0]} .. {names[-1]}"
+        + (" (virtual time)" if virtual else f" (soak jobs, {real.backend})")
+        + (f"; target signature {signature}" if signature else ""))
+    if evidence is not None:
+        say(f"soakmatrix bisect: from {store_path}: {_history_line(evidence)}")
+    cluster = None
+    if virtual:
+        oracle = _virtual_oracle(matrix, pc, profile, hang_model_path, names, gpus, seed)
+    else:
+        oracle, cluster = _soak_oracle(matrix, pc, profile, builds, real, hang_model_path, seed, progress)
+        say(f"soakmatrix bisect: on {cluster.description}")
+    try:
+        result = run_build_bisection(names, oracle, confidence=confidence, budget_gpu_hours=budget_gpu_hours,
+                                     signature=signature, startup_s=profile.startup_s, gpus=gpus,
+                                     max_probes=max_probes, calibration_hangs=calibration_hangs,
+                                     known=evidence.known if evidence else None)
+    finally:
+        if cluster is not None:
+            cluster.close()
+    if as_json:
+        doc = to_json(result, history=evidence.to_json(names) if evidence else None)
+        doc.update({"matrix": matrix.file, "cell": {"id": pc.id, "name": pc.name},
+                    "oracle": "virtual" if virtual else f"soak ({real.backend})"})
+        print(json.dumps(doc, indent=2, sort_keys=True), file=out)
+    else:
+        print(render_text(result, history=_history_line(evidence) if evidence else None), file=out)
     return EXIT_OF.get(result.status, EXIT_INFRA)
+
+
+def _virtual_oracle(matrix: Matrix, pc: PlannedCell, profile: Profile, hang_model_path: str, names: list[str],
+                    gpus: int, seed: int | None):
+    from soakmatrix.matrix.contracts.hangmodel import load_hang_model
+
+    from .oracle_hangmodel import HangModelBuildOracle
+
+    model = load_hang_model(hang_model_path, registry=matrix.registry, builds=names)
+    return HangModelBuildOracle(model, pc.cell.flag_dict, pc.cell.gpu, names, startup_s=profile.startup_s,
+                                gpus=gpus, seed=seed, registry=matrix.registry)
+
+
+def _soak_oracle(matrix: Matrix, pc: PlannedCell, profile: Profile, builds, real: RealProbes,
+                 hang_model_path: str | None, seed: int | None, progress: Callable[[str], None] | None):
+    """Soak jobs on Ray, connected as `soakmatrix run` connects; the caller closes the handle."""
+    from soakmatrix.matrix.schedule.cluster import address_from, connect
+
+    from .oracle_soak import BuildSoakOracle
+
+    address = address_from(real.ray_address)
+    try:
+        cluster = connect(address, backend=real.backend, gpus=matrix.gpus)
+    except (ConnectionError, RuntimeError, TimeoutError, ValueError) as exc:
+        raise BuildUsage(f"cannot reach Ray{' at ' + address if address else ''}: {type(exc).__name__}: {exc} "
+                         "(--ray-address ADDRESS or RAY_ADDRESS, or leave both out for a local cluster; "
+                         "--virtual needs no Ray)") from None
+    oracle = BuildSoakOracle(matrix, profile, pc, builds, backend=real.backend, out_dir=real.out_dir,
+                             hang_model=hang_model_path if real.backend == "sim" else None, seed=seed,
+                             progress=progress)
+    return oracle, cluster
+
+
+def _history(store_path: str, pc: PlannedCell, names: list[str], signature: str | None) -> hist.HistoryEvidence:
+    import sqlite3
+
+    from soakmatrix.reports.history import HistoryStore, StoreError
+
+    try:
+        with HistoryStore(store_path) as store:
+            results = hist.read_results(store)
+    except (StoreError, OSError, sqlite3.Error) as exc:
+        raise BuildUsage(f"--store: {exc}") from None
+    mine = hist.cell_results(results, pc.cell.model, pc.cell.gpu, pc.cell.flag_dict, pc.cell.workload, names)
+    return hist.evidence(mine, names, signature or hist.newest_signature(mine), store_path)
+
+
+def _history_line(e: hist.HistoryEvidence) -> str:
+    from soakmatrix.matrix.contracts.durations import format_duration
+
+    if not e.results:
+        return "no result of this cell on the listed builds"
+    return (f"{e.results} result(s) of this cell on {len(e.known)} listed build(s): {e.target_hangs} hang(s) of "
+            f"{e.signature or 'the target'}, {e.other_hangs} of other signatures, "
+            f"{format_duration(e.exposure_s)} of load")

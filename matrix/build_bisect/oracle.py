@@ -12,7 +12,10 @@ hang. Its answer is one of:
 
 with the exposure (load seconds up to the hang) and the GPU-hours spent, install and start-up
 included. Bisection never looks at a clock or a process: `oracle_virtual.VirtualBuildOracle` draws
-times, `FlagOracleAdapter` puts a build into the flag bisection's probe oracle (the soak oracle).
+times, `oracle_hangmodel.HangModelBuildOracle` draws them from a matrix's hang model, and
+`oracle_soak.BuildSoakOracle` soaks real builds, each probe a soak job on Ray in the build's
+runtime_env. `convert` turns the flag bisection's probe results into build probe results, for
+them and for `FlagOracleAdapter`.
 """
 
 from __future__ import annotations
@@ -55,10 +58,12 @@ class BuildOracle(Protocol):
 
 
 class FlagOracleAdapter:
-    """A build oracle over the flag bisection's `ProbeOracle` (e.g. `SoakOracle`): each build probe
-    becomes a flag probe of the failing cell's flags with `build_key` set to the build, so the same
-    planned-cell machinery (Ray's runtime_env per build) runs it. A crash counts as a hang with its
-    signature (as in the flag bisection); config and infra errors make the build untestable."""
+    """A build oracle over a flag bisection `ProbeOracle` that reads the build from the flags: each
+    build probe becomes a flag probe of the failing cell's flags with `build_key` set to the build.
+    The flag `SoakOracle` plans no build from a flag (a build is not a flag: it is the cell's
+    runtime_env), so real builds go through `oracle_soak.BuildSoakOracle` instead. A crash counts
+    as a hang with its signature (as in the flag bisection); config and infra errors make the build
+    untestable."""
 
     def __init__(self, oracle: Any, flags: Mapping[str, Any], build_key: str = "build",
                  probe_factory: Callable[..., Any] | None = None):

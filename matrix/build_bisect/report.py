@@ -33,8 +33,11 @@ def headline(r: BuildBisectResult) -> str:
     return HEADLINES.get(r.status, r.status)
 
 
-def render_text(r: BuildBisectResult) -> str:
+def render_text(r: BuildBisectResult, history: str | None = None) -> str:
+    """`history`: one line on the evidence the history store gave (`--store`), shown under the signature."""
     lines = [headline(r), f"signature: {r.signature or '-'}"]
+    if history:
+        lines.append(f"from history: {history}")
     if r.target_hangs:
         lines.append(f"MTTF on the bad builds: {_hours(r.mttf_s)} ({r.confidence:.0%} CI {_hours(r.mttf_low_s)}-"
                      f"{_hours(r.mttf_high_s)}, {r.target_hangs} hangs)")
@@ -46,7 +49,7 @@ def render_text(r: BuildBisectResult) -> str:
     lines.append("")
     lines.append(f"{'build':<24} {'probes':>6} {'hangs':>6} {'other':>6} {'exposure':>10} {'GPU-h':>7}  verdict")
     for i, (name, b) in enumerate(zip(r.builds, r.evidence)):
-        if not b.probes and i not in (0, len(r.builds) - 1):
+        if not b.probes and not b.exposure_s and not b.hangs and i not in (0, len(r.builds) - 1):
             continue
         if b.is_untestable:
             verdict = "untestable"
@@ -54,6 +57,8 @@ def render_text(r: BuildBisectResult) -> str:
             verdict = "bad"
         elif b.probes:
             verdict = "passed"
+        elif b.exposure_s:
+            verdict = "passed (history)"
         else:
             verdict = "not probed"
         lines.append(f"{name[:24]:<24} {b.probes:>6} {b.hangs:>6} {b.other_hangs:>6} {_hours(b.exposure_s):>10} "
@@ -68,8 +73,9 @@ def _num(x: float | None) -> float | None:
     return None if x is None or not math.isfinite(x) else round(float(x), 3)
 
 
-def to_json(r: BuildBisectResult) -> dict[str, Any]:
-    return {
+def to_json(r: BuildBisectResult, history: dict[str, Any] | None = None) -> dict[str, Any]:
+    """`history`: the evidence the history store gave (`--store`), under "history" when given."""
+    doc = {
         "status": r.status,
         "signature": r.signature,
         "confidence": r.confidence,
@@ -92,3 +98,6 @@ def to_json(r: BuildBisectResult) -> dict[str, Any]:
         "gpu_hours_by_role": {k: round(v, 4) for k, v in r.gpu_hours_by_role.items()},
         "notes": list(r.notes),
     }
+    if history is not None:
+        doc["history"] = history
+    return doc

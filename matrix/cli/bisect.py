@@ -36,7 +36,7 @@ from soakmatrix.matrix.bisect.setup import (
     soak_oracle,
     virtual_oracle,
 )
-from soakmatrix.matrix.build_bisect.cli_run import BuildUsage, run_for_cell
+from soakmatrix.matrix.build_bisect.cli_run import BuildUsage, RealProbes, run_for_cell
 from soakmatrix.matrix.contracts.outcomes import EXIT_FOUND, EXIT_INFRA, EXIT_OK, EXIT_USAGE
 from soakmatrix.matrix.plan import plan
 from soakmatrix.matrix.spec import load_matrix
@@ -75,7 +75,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "until an 8x slowdown is ruled out")
     parser.add_argument("--virtual", action="store_true", help="virtual time: draw hangs from the hang model")
     parser.add_argument("--hang-model", help="hang-model file (default: the matrix's sim.hang_model)")
-    parser.add_argument("--seed", type=seed, help="virtual oracle seed (default: the hang model's)")
+    parser.add_argument("--seed", type=seed, help="virtual oracle seed (default: the hang model's); with --builds "
+                                                "on the simulated engine, also its probes' engine seeds")
     parser.add_argument("--calibration-hangs", type=count, default=2, help="hangs of the failing cell first (default 2)")
     parser.add_argument("--parallel", type=count, default=None,
                         help="probes per batch (default 1 virtual, 2 on Ray; more finish sooner but spend more GPU-hours)")
@@ -99,7 +100,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--builds", metavar="FILE|GOOD..BAD",
                         help="bisect engine builds instead of flags: an ordered builds file (`NAME: SPEC` lines, "
                              "oldest first) or the commits GOOD..BAD of --checkout turned into specs by "
-                             "--build-template; virtual time only for now (--virtual)")
+                             "--build-template; a line may name a build of the matrix's `builds:`. Each probe soaks "
+                             "the cell on one build through Ray's runtime_env (--virtual: the hang model instead); "
+                             "with --store, the cell's results on listed builds count as evidence")
     parser.add_argument("--build-template", metavar="SPEC", help="a pip spec with {sha}, e.g. "
                         "'vllm @ git+https://github.com/vllm-project/vllm@{sha}' (with GOOD..BAD)")
     parser.add_argument("--checkout", default=".", help="the git checkout GOOD..BAD is read from (default: .)")
@@ -162,7 +165,8 @@ def _main(args: argparse.Namespace) -> int:
                                 checkout=args.checkout, virtual=args.virtual, hang_model_path=hang_model_path,
                                 seed=args.seed, confidence=args.confidence, budget_gpu_hours=args.budget_gpu_hours,
                                 max_probes=args.max_probes, calibration_hangs=args.calibration_hangs,
-                                signature=signature, as_json=args.json, out=sys.stdout, progress=progress)
+                                signature=signature, as_json=args.json, out=sys.stdout, progress=progress,
+                                real=RealProbes(args.backend, args.ray_address, args.out), store_path=args.store)
         except BuildUsage as exc:
             raise _Usage(str(exc)) from None
     cluster = None

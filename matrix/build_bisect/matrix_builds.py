@@ -1,0 +1,59 @@
+"""The builds of `soakmatrix bisect --builds` as the matrix's `Build`s, the type a soak job's
+runtime_env is made from (`matrix.builds.runtime_env_for`, `build_env`).
+
+A line of the builds list that is just a name of the matrix's `builds:` section is that build (its
+pip, image or python and its setup_timeout); any other line is a build spec of its own
+(`specs.BuildSpec`: pip, `image:` or `python:`). A bare word that is neither a build of the section
+nor a pinned requirement is refused: it is much likelier a misspelt build name than a wish to bisect
+over "the newest release of package X".
+
+A build's ordinal is its position in the list (0 = the good build): what the virtual oracle keys a
+hang model's `when: {build: ORDINAL}` on, so a dry run and a real one agree. Pure.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Mapping, Sequence
+
+from soakmatrix.matrix.spec_types import Build
+
+from .specs import BuildSpec
+
+# a pip requirement that says which version: a specifier, a URL, a path or a wheel
+_PINNED = re.compile(r"[=<>!~@/\\]|\.whl$|\.tar\.gz$|\.zip$")
+_BARE_WORD = re.compile(r"^[A-Za-z0-9_.+-]+$")
+
+
+class UnknownBuild(ValueError):
+    """A builds list naming something that is neither a matrix build nor a build spec (exit 2)."""
+
+
+def to_builds(specs: Sequence[BuildSpec], section: Mapping[str, Build], matrix_file: str = "the matrix") -> list[Build]:
+    """The list's builds, oldest first, each with its position as its ordinal."""
+    out: list[Build] = []
+    for i, spec in enumerate(specs):
+        if "|" in spec.name or "," in spec.name:
+            # the build's name is the fifth part of a cell's name, whose parts `|` and `,` separate
+            raise UnknownBuild(f"build {spec.name!r} (line {i + 1} of the list): a build name holds no `|` or `,`;"
+                               " name it: `NAME: SPEC`")
+        known = section.get(spec.spec) if spec.name == spec.spec else None
+        if known is not None:
+            out.append(Build(known.name, i, known.kind, known.value, known.setup_timeout_s))
+            continue
+        if spec.kind == "pip" and spec.name == spec.spec and _BARE_WORD.match(spec.spec) \
+                and not _PINNED.search(spec.spec):
+            names = ", ".join(section) if section else "none: it has no `builds:` section"
+            raise UnknownBuild(f"unknown build {spec.spec!r} (line {i + 1} of the list): not a build of {matrix_file}"
+                               f" (its builds: {names}), nor a pinned requirement such as vllm==0.6.3; "
+                               "a build spec of your own is written `NAME: SPEC`")
+        value = spec.value.strip()
+        if spec.kind == "python" and not value.startswith("/"):
+            raise UnknownBuild(f"build {spec.name!r}: expected an absolute path to the interpreter on the nodes, "
+                               f"got {value!r}")
+        out.append(Build(spec.name, i, spec.kind, value, None))
+    return out
+
+
+def describe_build(build: Build) -> str:
+    return f"{build.name} ({build.kind}: {build.value})"
