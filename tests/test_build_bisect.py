@@ -33,6 +33,7 @@ from soakmatrix.matrix.build_bisect import (
 )
 from soakmatrix.matrix.build_bisect.algorithm import BAD_UNTESTABLE
 from soakmatrix.matrix.build_bisect.posterior import ChangePointPosterior
+from soakmatrix.matrix.contracts.stats import mttf_lower_bound
 
 SIG = "shm_broadcast_timeout"
 
@@ -77,8 +78,10 @@ def test_a_known_change_point_is_found(n, cp):
     assert r.signature == SIG                      # the calibration's first hang names the target
     assert r.gpu_hours == pytest.approx(sum(b.gpu_hours for b in r.evidence))
     assert r.gpu_hours_by_role["calibration"] > 0
-    # the last good build was refuted by exposure: its MTTF bound is stated
-    assert r.good_mttf_bound_s and r.good_mttf_bound_s > 1000.0
+    # the last good build was refuted by exposure (longer than the bad builds' hangs): its MTTF
+    # bound is stated
+    assert r.evidence[cp - 1].exposure_s > 1800.0
+    assert r.good_mttf_bound_s == pytest.approx(mttf_lower_bound(r.evidence[cp - 1].exposure_s, 0.99))
 
 
 def test_untestable_builds_give_a_range():
@@ -149,6 +152,20 @@ def test_the_stated_error_rate_holds_in_virtual_time():
         spent.append(r.gpu_hours)
     assert exact >= 0.975 * seeds          # stated 0.99: a few misses in 200 are within it
     assert np.mean(spent) < 12.0
+
+
+@pytest.mark.parametrize("n,cp", [(8, 5), (33, 17)])
+def test_the_end_game_pools_enough_hangs_before_it_refutes(n, cp):
+    # the refuting soak's length rests on the rate read from the hangs pooled on the answer's side:
+    # it pools one more than the log-odds the stop asks for first (without that floor these two
+    # stopped at 5)
+    from soakmatrix.matrix.build_bisect.planner import min_pooled_hangs
+    settings = BuildSettings(signature=SIG)
+    assert min_pooled_hangs(0.993) == 6 and min_pooled_hangs(0.965) == 5
+    r = bisect_builds(names(n), ScriptedOracle(cp), settings)
+    assert r.status == FOUND and r.first_bad == cp
+    aim = 1 - settings.error_share * (1 - settings.confidence)
+    assert sum(b.hangs for b in r.evidence[cp:]) >= min_pooled_hangs(aim) == 6
 
 
 def test_the_posterior_groups_untestable_builds_and_rules_out_above_a_hang():
