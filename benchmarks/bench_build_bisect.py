@@ -12,7 +12,8 @@ per build; a FACF-style search (Henderson et al., ICST 2023: a Bayesian noisy bi
 the change point, one fixed 2 h run per probe read as pass/fail, the chance a bad build fails a run
 estimated from the runs on builds known bad, the next probe the build that splits the posterior mass closest to half, stop at the
 stated confidence); and the floor (`matrix/build_bisect/bound.py`): the least mean GPU-hours of
-any procedure that names exactly the first bad build with the stated probability.
+any procedure that names exactly the first bad build with the stated probability. `--where` splits
+each case's GPU-hours (load on the bad and good builds, start-ups) against the floor's own split.
 
     python -m benchmarks.bench_build_bisect                # 200 seeds per case (minutes on 2 cores)
     python -m benchmarks.bench_build_bisect --seeds 1000   # the full run
@@ -83,8 +84,17 @@ def _run_ours(args: tuple[Case, list[int]]) -> list[tuple[float, int, int]]:
                                                                             signature=SIGNATURE))
         exact = (r.status == FOUND and r.first_bad == cp) or (
             r.status == RANGE and r.range[0] <= cp <= r.range[1] and all(i in o.untestable for i in range(r.range[0], cp)))
-        out.append((r.gpu_hours, int(exact), r.probes))
+        out.append((r.gpu_hours, int(exact), r.probes, _where(r, cp, case)))
     return out
+
+
+def _where(r, cp: int, case: Case) -> tuple[float, ...]:
+    """Where one run's GPU-hours went, in MTTFs: load on the bad build the calibration soaks (the
+    last, search probes of it included), on the other bad builds, on the last good build, on the
+    good builds below it, and every probe's start-up."""
+    load = [b.exposure_s / case.mttf_s for b in r.evidence]
+    starts = sum(b.probes for b in r.evidence) * STARTUP_S / case.mttf_s
+    return (load[-1], sum(load[cp:-1]), load[cp - 1], sum(load[:cp - 1]), starts)
 
 
 # -- baselines ----------------------------------------------------------------------------------------
@@ -178,6 +188,16 @@ def floor(case: Case) -> float:
     return lower_bound(case.n, case.mttf_s, STARTUP_S, CONFIDENCE).gpu_hours
 
 
+def _where_line(case: Case, mean: np.ndarray) -> str:
+    from soakmatrix.matrix.build_bisect.bound import lower_bound
+    b = lower_bound(case.n, case.mttf_s, STARTUP_S, CONFIDENCE)
+    to_mttfs = 3600.0 / case.mttf_s
+    return (f"{'':<4}in MTTFs: last bad build {mean[0]:.1f}, other bad {mean[1]:.1f}, last good {mean[2]:.1f}, "
+            f"good below {mean[3]:.1f}, start-ups {mean[4]:.1f} | evidence floor {b.evidence_gpu_hours * to_mttfs:.1f} "
+            f"(bad {b.hang_mttfs:.1f}, last good {b.refute_mttfs:.1f}, start-ups {b.probes * STARTUP_S / case.mttf_s:.1f}), "
+            f"search floor {b.search_gpu_hours * to_mttfs:.1f} ({b.search_bits:.1f} bits at {b.bits_per_mttf:.2f}/MTTF)")
+
+
 # -- main -------------------------------------------------------------------------------------------
 
 def _split(seeds: int, parts: int) -> list[list[int]]:
@@ -192,6 +212,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--untestable", type=float, default=0.0,
                         help="also run n=32 and 128 at MTTF 38 min with this share of untestable builds")
     parser.add_argument("--no-baselines", action="store_true", help="only the algorithm and the floor")
+    parser.add_argument("--where", action="store_true",
+                        help="also print where the GPU-hours go, in MTTFs per run, against the floor's own split")
     args = parser.parse_args(argv)
     todo = [c for c in cases(args.untestable) if re.search(args.filter, c.name)]
     print(f"build bisection benchmark: {args.seeds} seeds per case, first bad build uniform over 1..n-1, "
@@ -220,6 +242,8 @@ def main(argv: list[str] | None = None) -> int:
                     width = 7 if fn is _facf else 10
                     line += f" | {np.mean([r[0] for r in res]):>{width}.2f} {np.mean([r[1] for r in res]):>6.3f}"
             print(line, flush=True)
+            if args.where:
+                print(_where_line(case, np.array([r[3] for r in rows]).mean(axis=0)), flush=True)
     print(f"({time.time() - start:.0f} s)")
     return 0
 
