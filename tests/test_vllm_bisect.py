@@ -34,15 +34,11 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import psutil
 import pytest
+from vllm_cpu_runs import run_cli_on_cpu_ray, still_alive
 
 REPO = Path(__file__).resolve().parent.parent
 MATRIX = REPO / "fixtures" / "vllm_cpu_bisect_ci.yaml"
@@ -71,8 +67,7 @@ def failing_cell() -> str:
 
 def vllm_processes(out: Path, grace_s: float = 0.0) -> list[psutil.Process]:
     """Living processes of this run's servers (API server, EngineCore, workers): the fault plugin's
-    record path in their environment lies under this run's artifacts folder. `grace_s`: how long
-    one still exiting may take (a leak lives on)."""
+    record path in their environment lies under this run's artifacts folder."""
     marker = str(out.resolve())
     found = []
     for proc in psutil.process_iter(["name"]):
@@ -81,42 +76,23 @@ def vllm_processes(out: Path, grace_s: float = 0.0) -> list[psutil.Process]:
                 found.append(proc)
         except psutil.Error:
             pass
-    if grace_s and found:
-        _, found = psutil.wait_procs(found, timeout=grace_s)
-    alive = []
-    for proc in found:
-        try:
-            if proc.status() != psutil.STATUS_ZOMBIE:
-                alive.append(proc)
-        except psutil.Error:
-            pass
-    return alive
+    return still_alive(found, grace_s)
 
 
 def run_bisect(out: Path) -> tuple[int, str, str, float]:
-    """The real CLI, as a user runs it; on a timeout, Ctrl-C (the CLI tears its servers down),
-    then SIGKILL for whatever is left."""
-    cli = [sys.executable, "-m", "soakmatrix.matrix.cli", "bisect", str(MATRIX), "--cell", failing_cell(),
+    """The real CLI, as a user runs it; on a timeout, its teardown, then whatever is left is killed."""
+    cli = ["bisect", str(MATRIX), "--cell", failing_cell(),
            "--backend", "vllm", "--confidence", str(CONFIDENCE), "--mttf-cap", MTTF_CAP, "--modifier-prior", "0",
            "--calibration-hangs", "2", "--max-probes", str(MAX_PROBES), "--no-shrink", "--no-modifiers",
            "--parallel", "1",
            "--out", str(out), "--json"]
-    t0 = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "soakmatrix.fixtures.cpu_ray", *cli], cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        stdout, stderr = proc.communicate(timeout=RUN_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGINT)
-        try:
-            stdout, stderr = proc.communicate(timeout=90)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            stdout, stderr = proc.communicate()
+
+    def on_timeout(stderr: str) -> str:
         for leftover in vllm_processes(out, grace_s=10.0):
             leftover.kill()
-        pytest.fail(f"bisect did not finish in {RUN_TIMEOUT_S:.0f} s\n{progress_of(stderr)}")
-    return proc.returncode, stdout, stderr, time.monotonic() - t0
+        return progress_of(stderr)
+
+    return run_cli_on_cpu_ray(cli, RUN_TIMEOUT_S, "bisect", on_timeout)
 
 
 def progress_of(stderr: str) -> str:

@@ -20,20 +20,17 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import shlex
-import signal
 import subprocess
 import sys
 import sysconfig
 import textwrap
-import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import psutil
 import pytest
-from conftest import REPO
+from vllm_cpu_runs import run_cli_on_cpu_ray, still_alive
 
 from soakmatrix.matrix.contracts.outcomes import Outcome
 from soakmatrix.reports.history import HistoryStore
@@ -116,37 +113,7 @@ def server_processes(results: list[dict], record: Path, grace_s: float = 0.0) ->
                 found.append(proc)
         except psutil.Error:
             pass
-    found = [p for p in found if p.pid != os.getpid()]
-    if grace_s and found:
-        _, found = psutil.wait_procs(found, timeout=grace_s)
-    alive = []
-    for proc in found:
-        try:
-            if proc.status() != psutil.STATUS_ZOMBIE:
-                alive.append(proc)
-        except psutil.Error:
-            pass
-    return alive
-
-
-def run(matrix: Path, out: Path) -> tuple[int, str, str, float]:
-    """The real CLI on a private Ray cluster offering `cpu`; on a timeout, Ctrl-C (the CLI tears its
-    servers down), then SIGKILL for what is left, and the test fails."""
-    cli = [sys.executable, "-m", "soakmatrix.matrix.cli", "run", str(matrix), "--backend", "vllm", "--out", str(out)]
-    t0 = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "soakmatrix.fixtures.cpu_ray", *cli], cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        stdout, stderr = proc.communicate(timeout=RUN_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGINT)
-        try:
-            stdout, stderr = proc.communicate(timeout=90)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            stdout, stderr = proc.communicate()
-        pytest.fail(f"run did not finish in {RUN_TIMEOUT_S:.0f} s\n{stdout[-2000:]}\n{stderr[-3000:]}")
-    return proc.returncode, stdout, stderr, time.monotonic() - t0
+    return still_alive(found, grace_s)
 
 
 @pytest.mark.timeout(RUN_TIMEOUT_S + 240)
@@ -156,7 +123,8 @@ def test_two_python_environments_as_builds_show_the_regression_on_the_real_engin
     matrix.write_text(MATRIX.format(good=sys.executable, bad=bad_python))
     out = tmp_path / "out"
     try:
-        code, stdout, stderr, wall = run(matrix, out)
+        code, stdout, stderr, wall = run_cli_on_cpu_ray(["run", str(matrix), "--backend", "vllm", "--out", str(out)],
+                                                        RUN_TIMEOUT_S, "run")
     finally:
         results = [json.loads(p.read_text()) for p in out.rglob("result.json") if "previous-" not in str(p)]
         left = server_processes(results, record, grace_s=10.0)

@@ -10,10 +10,10 @@ Marked `slow` and `vllm`; skipped with the reason when vLLM is absent.
 from __future__ import annotations
 
 import importlib.util
-import textwrap
 from pathlib import Path
 
 import pytest
+from vllm_cpu_runs import planted_hang_model
 
 REPO = Path(__file__).resolve().parent.parent
 MATRIX = REPO / "fixtures" / "vllm_cpu.yaml"
@@ -41,16 +41,7 @@ def soak(folder: Path, flags: dict, style: str):
     from soakmatrix.matrix.spec import load_matrix
 
     folder.mkdir(parents=True, exist_ok=True)
-    hang_model = folder / f"{style}.yaml"
-    hang_model.write_text(textwrap.dedent(f"""\
-        seed: 5
-        hangs:
-          - id: planted-{style}
-            style: {style}
-            when: {{enforce_eager: true}}
-            min_running: 1
-            mttf_s: 6
-        """))
+    hang_model = planted_hang_model(folder, style)
     matrix = load_matrix(MATRIX)
     cell = next(pc for pc in plan(matrix).cells if pc.cell.flag_dict == flags)
     # the worker's warning comes early; the RPC timeout stays after the evidence is taken

@@ -8,11 +8,11 @@ One server start per scenario (30-80 s on 2 cores); compile caches are shared ac
 from __future__ import annotations
 
 import importlib.util
-import textwrap
 from pathlib import Path
 
 import psutil
 import pytest
+from vllm_cpu_runs import planted_hang_model
 
 REPO = Path(__file__).resolve().parent.parent
 MATRIX = REPO / "fixtures" / "vllm_cpu.yaml"
@@ -29,23 +29,11 @@ LATENCY_TARGET_S = 60.0   # planted -> verdict on a busy 2-core machine (typical
 def soak(tmp_path: Path, flags: dict, soak_s: float, style: str | None = None, env: dict | None = None):
     """Run one cell through `run_cell`; returns the result and the server's /dev/shm segments."""
     from soakmatrix.jobs.soak import run_cell
-    from soakmatrix.jobs.soak_spec import SoakSpec
     from soakmatrix.matrix.plan import plan
     from soakmatrix.matrix.soak_specs import soak_spec_for
     from soakmatrix.matrix.spec import load_matrix
 
-    hang_model = None
-    if style:
-        hang_model = tmp_path / f"{style}.yaml"
-        hang_model.write_text(textwrap.dedent(f"""\
-            seed: 5
-            hangs:
-              - id: planted-{style}
-                style: {style}
-                when: {{enforce_eager: true}}
-                min_running: 1
-                mttf_s: 6
-            """))
+    hang_model = planted_hang_model(tmp_path, style) if style else None
     matrix = load_matrix(MATRIX)
     cell = next(pc for pc in plan(matrix).cells if pc.cell.flag_dict == flags)
     spec = soak_spec_for(cell, matrix, backend="vllm", out_dir=tmp_path / "out", soak_s=soak_s,
