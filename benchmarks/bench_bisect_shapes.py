@@ -33,8 +33,8 @@ def _bool_registry(n: int):
     return {f"f{i}": flagmod.raw_flag(f"f{i}", "bool", ["--f{value}"], default=False) for i in range(n)}
 
 
-def _one(shape: str, seed: int) -> tuple[bool, float, bool]:
-    """(right, GPU-hours, any modifier called on an irrelevant flag) for one run."""
+def _one(shape: str, seed: int) -> tuple[bool, float, bool, bool]:
+    """(right, GPU-hours, any modifier called on an irrelevant flag, inconclusive) for one run."""
     from soakmatrix.matrix.bisect import Element, Settings, bisect
     from soakmatrix.matrix.bisect.oracle_virtual import VirtualOracle
     from soakmatrix.matrix.contracts import flags as flagmod
@@ -52,25 +52,25 @@ def _one(shape: str, seed: int) -> tuple[bool, float, bool]:
         r = plain(5, ["f0", "f1"], modifiers=[Modifier({"f2": (False,)}, 312 / 38)])
         v = {x.element.name: x for x in r.verdicts}
         right = r.status == "found" and r.minimal == ["f0", "f1"] and v["f2"].kind == "modifier" and v["f2"].ratio > 1
-        return right, r.gpu_hours, any(v[f].kind == "modifier" for f in ("f3", "f4"))
+        return right, r.gpu_hours, any(v[f].kind == "modifier" for f in ("f3", "f4")), r.status == "inconclusive"
     if shape.startswith("background"):
         r = plain(5, ["f1"], extra=[Hang("background", "crash", {"f4": (True,)}, 600.0)])
         right = r.status == "found" and r.signature == "shm_broadcast_timeout" and r.minimal == ["f1"]
-        return right, r.gpu_hours, any(v.kind == "modifier" for v in r.verdicts)
+        return right, r.gpu_hours, any(v.kind == "modifier" for v in r.verdicts), r.status == "inconclusive"
     if shape.startswith("irrelevant"):
         r = plain(8, ["f2", "f5"])
         return (r.status == "found" and sorted(r.minimal) == ["f2", "f5"], r.gpu_hours,
-                any(v.kind == "modifier" for v in r.verdicts))
+                any(v.kind == "modifier" for v in r.verdicts), r.status == "inconclusive")
     model = HangModel(seed=3, hangs=(Hang("tp-mtp", "shm_broadcast", {"mtp": (1, 2), "tp": (2, 4)}, MTTF),))
     oracle = VirtualOracle(model, registry=dict(flagmod.REGISTRY), seed=seed, startup_s=STARTUP_S)
     movable = [Element("mtp", 1, 0), Element("tp", 4, 1), Element("async_scheduling", True, False)]
     r = bisect({"mtp": 1, "tp": 4, "async_scheduling": True}, movable, oracle, Settings(startup_s=STARTUP_S),
                alternatives={"tp": [2]})
     right = r.status == "found" and sorted(r.minimal) == ["mtp", "tp"] and r.minimal_flags.get("tp") == 2
-    return right, r.gpu_hours, any(v.kind == "modifier" for v in r.verdicts)
+    return right, r.gpu_hours, any(v.kind == "modifier" for v in r.verdicts), r.status == "inconclusive"
 
 
-def _chunk(args: tuple[str, list[int]]) -> list[tuple[bool, float, bool]]:
+def _chunk(args: tuple[str, list[int]]) -> list[tuple[bool, float, bool, bool]]:
     shape, seeds = args
     return [_one(shape, s) for s in seeds]
 
@@ -78,7 +78,7 @@ def _chunk(args: tuple[str, list[int]]) -> list[tuple[bool, float, bool]]:
 def run_shapes(seeds: int, workers: int, pattern: str = "") -> None:
     print(f"bisect on the seeds' shapes: {seeds} seeds per row, default settings (confidence 0.95, no cap), "
           f"start-up {STARTUP_S / 60:.0f} min per probe")
-    header = f"{'shape':<34} {'right':>6} {'modifier called':>15} {'GPU-h mean':>10} {'p90':>6}"
+    header = f"{'shape':<34} {'right':>6} {'modifier called':>15} {'inconclusive':>12} {'GPU-h mean':>10} {'p90':>6}"
     print(header)
     print("-" * len(header), flush=True)
     start = time.time()
@@ -88,6 +88,7 @@ def run_shapes(seeds: int, workers: int, pattern: str = "") -> None:
             rows = [row for part in pool.map(_chunk, [(shape, [int(s) for s in c]) for c in chunks if len(c)])
                     for row in part]
             gh = np.array([r[1] for r in rows])
-            print(f"{shape:<34} {np.mean([r[0] for r in rows]):>6.3f} {np.mean([r[2] for r in rows]):>15.3f} "
-                  f"{gh.mean():>10.1f} {np.percentile(gh, 90):>6.1f}", flush=True)
+            right, called, unsure = (np.mean([r[i] for r in rows]) for i in (0, 2, 3))
+            print(f"{shape:<34} {right:>6.3f} {called:>15.3f} {unsure:>12.3f} {gh.mean():>10.1f} "
+                  f"{np.percentile(gh, 90):>6.1f}", flush=True)
     print(f"({time.time() - start:.0f} s)")

@@ -12,9 +12,11 @@ import numpy as np
 
 from soakmatrix.matrix.contracts import stats
 
+from .history_exposure import HistoryExposure, calibration_saved, describe, failing_hangs_wanted
 from .model import BisectResult, Element, FeasibleFn, GpuCountFn, Settings, ValueProbe, default_cap, default_gpu_count
 from .modifiers import MEASURE_HANGS, measure
 from .oracle import ProbeOracle
+from .oracle_restart import RestartingOracle, other_signatures
 from .posterior import Posterior
 from .ratecheck import drop_modifiers, rate_check, recheck_members, soak_the_set_alone
 from .search import Search
@@ -26,19 +28,29 @@ def bisect(failing_flags: Mapping[str, Any], elements: Sequence[Element], oracle
            context: Mapping[str, str] | None = None, context_elements: Sequence[Element] = (),
            alternatives: Mapping[str, Sequence[Any]] | None = None,
            feasible: FeasibleFn | None = None, gpu_count: GpuCountFn = default_gpu_count,
-           progress: Callable[[str], None] | None = None, signature_source: str = "") -> BisectResult:
+           progress: Callable[[str], None] | None = None, signature_source: str = "",
+           history: HistoryExposure | None = None) -> BisectResult:
     """Find the smallest set of `elements` that, over the baseline, hangs like the failing cell.
 
     `failing_flags` is the failing cell's full flag dict; `elements` the flags that may move to
     their baseline value; `context` names flags that cannot move and why (`context_elements`).
     `alternatives[name]` lists values to try, in order toward the baseline, once the set is known.
     `signature`: count only hangs with this signature (default: the calibration's first hang, never
-    a crash); `signature_source` says where it came from, for the report.
+    a crash); `signature_source` says where it came from, for the report. `history`: what the history
+    store measured on the failing cell for that signature, counted as the failing cell's before the
+    calibration (history_exposure.py).
     """
+    if history is not None and signature is None:
+        signature, signature_source = history.signature, signature_source or "the history store"
     s = settings
     if s.verify_cap is None:
         s = replace(s, verify_cap=s.mttf_cap_s is not None)
     search = Search(failing_flags, elements, oracle, s, signature, feasible, gpu_count, progress)
+    # another signature restarts the server instead of ending the probe: the target as the search
+    # knows it (none before the calibration's first hang: then only a hang ends a probe)
+    restarting = RestartingOracle(oracle, lambda: search.signature)
+    search.oracle = restarting
+    said_history = _take_history(search, history, gpu_count(failing_flags)) if history is not None else []
     ok, cal_soak = search.calibrate()
     cal = search.stats_of(search.full)
     failing_est = cal.mttf(s.confidence) if cal.exposure_s > 0 else None
@@ -46,18 +58,19 @@ def bisect(failing_flags: Mapping[str, Any], elements: Sequence[Element], oracle
     def result(status: str, minimal_mask: int = 0, p: float = 0.0, notes: list[str] | None = None,
                values: list[ValueProbe] | None = None, cap: float = math.nan,
                minimal_est=None, certified=None, verdicts=None) -> BisectResult:
+        notes = said_history + (notes or []) + _restart_notes(search, restarting)
         return BisectResult(
             status=status, signature=search.signature, elements=list(elements), context=dict(context or {}),
             minimal=[e.name for i, e in enumerate(elements) if minimal_mask >> i & 1], posterior=p,
             confidence=s.confidence, mttf_cap_s=cap, failing=failing_est, minimal_mttf=minimal_est,
             certified_soak_s=certified, verdicts=verdicts or [], configs=list(search.configs.values()) + search.extra_configs,
-            values=values or [], probes=search.probes, gpu_hours=search.gpu_hours, notes=notes or [],
+            values=values or [], probes=search.probes, gpu_hours=search.gpu_hours, notes=notes,
             log=search.log, minimal_flags=search.flags_of(minimal_mask) if status == "found" else {},
             gpu_hours_by_role=dict(search.spent),
             rate_added=[e.name for i, e in enumerate(elements) if (minimal_mask & search.rate_added) >> i & 1],
             signature_source=signature_source if signature else ("the first hang of the calibration"
                                                                   if search.signature else ""),
-            other_signatures=_other_signatures(search))
+            other_signatures=other_signatures(search.log, search.signature))
 
     if not ok:
         bound = stats.mttf_lower_bound(cal.exposure_s, s.confidence)
@@ -146,14 +159,43 @@ def bisect(failing_flags: Mapping[str, Any], elements: Sequence[Element], oracle
     return out
 
 
-def _other_signatures(search) -> dict[str, int]:
-    """Hangs and crashes that were not the target, by signature: they ended probes and count for nothing."""
-    out: dict[str, int] = {}
+def _take_history(search, history: HistoryExposure, gpus: int) -> list[str]:
+    """The history's hangs and load become the failing cell's before its calibration; the note says
+    how much and what that spared."""
+    if search.signature != history.signature:
+        raise ValueError(f"the history is for {history.signature}, the bisection for {search.signature}")
+    cs = search.stats_of(search.full)
+    cs.role = "calibration"
+    cs.hangs += history.hangs
+    cs.exposure_s += history.exposure_s
+    s, wanted = search.s, failing_hangs_wanted(search.s)
+    return [describe(history, calibration_saved(history, wanted, gpus, s.startup_s), wanted)]
+
+
+def _restart_notes(search, restarting: RestartingOracle) -> list[str]:
+    """Put the other signatures that restarted a probe's server into its config's `other_hangs`
+    (the table's `+N*`), and say what the restarts cost and where a probe gave up."""
+    by_flags = {repr(sorted(cs.flags.items())): cs for cs in list(search.configs.values()) + search.extra_configs}
+    gave_up, idle = 0, 0
     for r in search.log:
-        if r.hung and not r.hung_with(search.signature):
-            key = r.signature or r.outcome
-            out[key] = out.get(key, 0) + 1
-    return dict(sorted(out.items()))
+        # the pieces that restarted the server (the search itself counts a last piece that ended the probe)
+        restarted = sum(r.extra.get("other_signatures", {}).values())
+        cs = by_flags.get(repr(sorted(r.probe.flags.items())))
+        if cs is not None:
+            cs.other_hangs += restarted
+        gave_up += bool(r.extra.get("gave_up"))
+        idle += "idle_starts" in r.extra
+    notes = []
+    if restarting.restarts:
+        notes.append(f"hangs or crashes of other signatures restarted the server {restarting.restarts} time(s) "
+                     "within probes (their start-ups are in the GPU-hours; the probes' load adds up over restarts)")
+    if gave_up:
+        notes.append(f"{gave_up} probe(s) ended after {restarting.max_restarts} restarts: other signatures kept "
+                     "ending the soak")
+    if idle:
+        notes.append(f"{idle} probe(s) ended with another signature on {restarting.max_idle_starts} starts in a row "
+                     "before any load: that config was taken as one that cannot run")
+    return notes
 
 
 def _observed_without(search, top: int, notes: list[str]) -> int:

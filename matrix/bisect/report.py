@@ -44,9 +44,10 @@ def render_text(r: BisectResult) -> str:
         out.append(f"{label:<48} {cs.role:<13} {cs.probes:>6} {hangs:>5} {_dur(cs.exposure_s):>9}  "
                    f"{mttf_text(cs.hangs, cs.exposure_s, c)}")
     if any(cs.other_hangs for cs in r.configs):
-        out.append("  * hangs of another signature: they ended a probe but do not count")
+        out.append("  * hangs or crashes of another signature: they restarted the server (the probe went on) "
+                   "but do not count")
     if r.other_signatures:
-        out.append("other signatures (ended probes, not counted): "
+        out.append("other signatures (restarted probes, not counted): "
                    + ", ".join(f"{sig} x{n}" for sig, n in r.other_signatures.items()))
     out += ["", "verdicts:"]
     for v in r.verdicts:

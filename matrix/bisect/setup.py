@@ -14,6 +14,7 @@ from soakmatrix.matrix.contracts.yamlsrc import Problem, SpecError
 from soakmatrix.matrix.plan import PlannedCell
 from soakmatrix.matrix.spec import Matrix, Profile
 
+from .history_exposure import HistoryExposure, history_exposure
 from .model import Element, FeasibleFn
 
 if TYPE_CHECKING:
@@ -163,6 +164,12 @@ def recorded_signature(store: Any, cell_id: str) -> tuple[str | None, str]:
         if found:
             return found[-1].signature, f"the history store (run {found[-1].run_id}, {wanted})"
     return None, ""
+
+
+def recorded_exposure(store: Any, cell_id: str, signature: str | None) -> HistoryExposure | None:
+    """The failing cell's recorded hangs of `signature` and load (same cell id, so same build): free
+    exposure for its calibration; None when the store holds no load of it."""
+    return history_exposure(store.observations(), cell_id, signature)
 
 
 def model_signature(matrix: Matrix, pc: PlannedCell, hang_model_path: str) -> tuple[str | None, str]:

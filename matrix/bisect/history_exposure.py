@@ -1,0 +1,108 @@
+"""What the history store already measured on the failing cell, as free exposure for its bisection.
+
+The nightly soaked the failing cell (same cell id, so same model, GPU, workload, flags and build)
+before anyone asked for a bisection: its hangs of the target signature and its load are draws from
+the very rate the calibration measures. They enter the failing cell's stats before the first probe,
+so the calibration needs fewer new hangs (none when the history holds all it soaks for: the
+calibration's, and without a cap the ablation's reference hangs of the failing cell) and the rate,
+the default cap and the necessity soaks start from a tighter estimate.
+
+A result counts with its load up to its hang or crash (another signature's crash ended that soak:
+the load before it still counts, as in a probe); config and infrastructure errors carry no load.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+from soakmatrix.matrix.contracts.durations import format_duration
+
+from .ablation import REFERENCE_HANGS
+from .model import Settings
+from .modifiers import CELL_HANGS
+
+LOADED = ("passed", "hang", "crash")
+
+
+@dataclass(frozen=True)
+class HistoryExposure:
+    signature: str
+    hangs: int                  # results that ended with the target signature
+    exposure_s: float           # load over every result with load
+    results: int                # results that carried load
+    runs: tuple[str, ...]       # their run ids, oldest first
+
+
+def history_exposure(observations: Iterable[Any], cell_id: str, signature: str | None) -> HistoryExposure | None:
+    """The free exposure of `cell_id` for `signature` from recorded results (objects with run_id,
+    cell_id, outcome, signature, exposure_s, time_to_hang_s, like `HistoryStore.observations()`);
+    None without a target signature or without any load on record."""
+    if signature is None:
+        return None
+    hangs, exposure, results, runs = 0, 0.0, 0, []
+    for o in observations:
+        outcome = getattr(o.outcome, "value", o.outcome)
+        if o.cell_id != cell_id or outcome not in LOADED:
+            continue
+        load = float(o.exposure_s or 0.0)
+        if outcome != "passed" and o.time_to_hang_s is not None:
+            load = min(load, o.time_to_hang_s) if load else float(o.time_to_hang_s)
+        if load <= 0:
+            continue    # no load on record (a hang without its time to hang says nothing of the rate)
+        hung = outcome != "passed" and o.signature == signature
+        hangs += hung
+        exposure += load
+        results += 1
+        if o.run_id not in runs:
+            runs.append(o.run_id)
+    if results == 0:
+        return None
+    return HistoryExposure(signature, hangs, exposure, results, tuple(runs))
+
+
+def failing_hangs_wanted(settings: Settings) -> int:
+    """How many hangs of the failing cell a bisection soaks it for: the calibration's; by default
+    (ablation, no cap) the reference the necessity soaks read the rate from; and the ones the
+    modifier verdicts compare each removal with."""
+    wanted = settings.calibration_hangs
+    if settings.ablation and settings.mttf_cap_s is None:
+        wanted = max(wanted, REFERENCE_HANGS)
+    if settings.measure_modifiers:
+        wanted = max(wanted, CELL_HANGS)
+    return wanted
+
+
+def calibration_saved(history: HistoryExposure, wanted_hangs: int, gpus: int, startup_s: float) -> float:
+    """GPU-hours of soaking the failing cell the history spared: the hangs it gave that the bisection
+    would otherwise have soaked for (`wanted_hangs`), each a start-up plus one MTTF (its expected
+    time to hang) on `gpus`. The rest of its load (a tighter rate for every later stage) is not
+    counted: a lower estimate."""
+    if history.hangs == 0 or history.exposure_s <= 0:
+        return 0.0
+    mttf = history.exposure_s / history.hangs
+    return min(history.hangs, wanted_hangs) * gpus * (startup_s + mttf) / 3600.0
+
+
+def describe(history: HistoryExposure, saved_gpu_hours: float, wanted_hangs: int) -> str:
+    """The report's sentence on what came from history and what it saved."""
+    newest = ", ".join(reversed(history.runs[-3:]))
+    runs = f"{len(history.runs)} run(s)" + (f" (newest {newest})" if history.runs else "")
+    text = (f"history: {history.hangs} hang(s) of {history.signature} in {format_duration(history.exposure_s)} of "
+            f"load from {history.results} result(s) of this cell in {runs} of the store entered as free exposure "
+            f"of the failing cell")
+    if history.hangs:
+        left = max(wanted_hangs - history.hangs, 0)
+        text += (f"; they spared ~{saved_gpu_hours:.1f} GPU-hours of soaking the failing cell "
+                 f"({min(history.hangs, wanted_hangs)} of the {wanted_hangs} hang(s) it is soaked for, at its MTTF, "
+                 f"start-up included"
+                 + (f"; {left} more were soaked for)" if left else ")"))
+    else:
+        text += "; no hang of the target among them: the calibration still soaks for every hang"
+    return text
+
+
+def to_json(history: HistoryExposure, saved_gpu_hours: float) -> dict[str, Any]:
+    return {"signature": history.signature, "hangs": history.hangs, "exposure_s": round(history.exposure_s, 3),
+            "results": history.results, "runs": list(history.runs),
+            "saved_gpu_hours_estimate": round(saved_gpu_hours, 3)}
