@@ -25,6 +25,8 @@ from soakmatrix.matrix.arguments import (
 )
 from soakmatrix.matrix.bisect import MAX_ELEMENTS, Settings, bisect
 from soakmatrix.matrix.bisect.emit import write_regression_test
+from soakmatrix.matrix.bisect.history_exposure import calibration_saved, failing_hangs_wanted
+from soakmatrix.matrix.bisect.history_exposure import to_json as history_json
 from soakmatrix.matrix.bisect.report import render_text, to_json
 from soakmatrix.matrix.bisect.setup import (
     alternatives_of,
@@ -32,6 +34,7 @@ from soakmatrix.matrix.bisect.setup import (
     feasibility,
     find_cell,
     model_signature,
+    recorded_exposure,
     recorded_signature,
     soak_oracle,
     virtual_oracle,
@@ -150,11 +153,16 @@ def _main(args: argparse.Namespace) -> int:
     if args.virtual and not hang_model_path:
         raise _Usage("--virtual needs a hang model: --hang-model FILE or the matrix's sim.hang_model")
     signature, source = (args.signature, "--signature") if args.signature else (None, "")
+    history = None
     if args.store:
         store = _open_store(args.store)
         with store:
             if signature is None:
                 signature, source = recorded_signature(store, pc.id)
+            if signature is None and args.virtual:
+                signature, source = model_signature(matrix, pc, hang_model_path)
+            # the nightly's results of this very cell: free exposure for the calibration
+            history = recorded_exposure(store, pc.id, signature)
     if signature is None and args.virtual:
         signature, source = model_signature(matrix, pc, hang_model_path)
 
@@ -192,13 +200,17 @@ def _main(args: argparse.Namespace) -> int:
     try:
         result = bisect(pc.cell.flag_dict, movable, oracle, settings, signature=signature, context=why,
                         context_elements=fixed, alternatives=alternatives_of(movable, matrix),
-                        feasible=feasibility(pc, matrix), progress=progress, signature_source=source)
+                        feasible=feasibility(pc, matrix), progress=progress, signature_source=source,
+                        history=history)
     finally:
         if cluster is not None:
             cluster.close()
     doc = to_json(result)
     doc.update({"matrix": matrix.file, "cell": {"id": pc.id, "name": pc.name},
                 "oracle": "virtual" if args.virtual else f"soak ({args.backend})"})
+    if history is not None:
+        doc["history"] = history_json(history, calibration_saved(history, failing_hangs_wanted(settings),
+                                                                 pc.gpu_count, settings.startup_s))
     # the result first: what can fail after it (a test file, the store) must not lose hours of probes
     if args.json:
         json.dump(doc, sys.stdout, indent=2, sort_keys=True, default=str)
