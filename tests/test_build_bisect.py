@@ -157,11 +157,11 @@ def test_the_stated_error_rate_holds_in_virtual_time():
 @pytest.mark.parametrize("n,cp", [(8, 5), (33, 17)])
 def test_the_end_game_pools_enough_hangs_before_it_refutes(n, cp):
     # the refuting soak's length rests on the rate read from the hangs pooled on the answer's side:
-    # it pools one more than the log-odds the stop asks for first (without that floor these two
+    # it pools as many as the log-odds the stop asks for first (without that floor these two
     # stopped at 5)
     from soakmatrix.matrix.build_bisect.planner import min_pooled_hangs
     settings = BuildSettings(signature=SIG)
-    assert min_pooled_hangs(0.993) == 6 and min_pooled_hangs(0.965) == 5
+    assert min_pooled_hangs(0.995) == 6 and min_pooled_hangs(0.975) == 4
     r = bisect_builds(names(n), ScriptedOracle(cp), settings)
     assert r.status == FOUND and r.first_bad == cp
     aim = 1 - settings.error_share * (1 - settings.confidence)
