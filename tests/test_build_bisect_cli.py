@@ -64,3 +64,30 @@ def test_unreadable_lists_unknown_builds_and_no_ray_are_usage_errors(tmp_path):
     short = soakmatrix("bisect", str(DEMO), "--cell", CELL, "--builds", str(tmp_path / "one.txt"),
                        "--hang-model", hangs, "--virtual")
     assert short.returncode == 2 and "--builds" in short.stderr and "Traceback" not in short.stderr
+
+
+SECTION_MATRIX = """\
+name: section
+models: {m: {path: org/m}}
+gpus: {H200: {count: 2, memory_gb: 141, ray_label: H200}}
+workloads: {steady: {kind: random, concurrency: 4}}
+builds:
+""" + "".join(f"  n{i}: {{pip: vllm==0.{10 + i}.0}}\n" for i in range(7)) + """\
+profiles: {p: {soak: 20m, startup: 10m, workloads: [steady], retries: 0}}
+sim: {hang_model: hangs.yaml}
+"""
+
+
+def test_good_dot_dot_bad_over_the_matrix_builds_bisects_that_part_of_the_section(tmp_path):
+    (tmp_path / "hangs.yaml").write_text("seed: 3\nhangs:\n  - {id: r, style: silent_stall, mttf_s: 2280, "
+                                         "when: {build: [n4, n5, n6]}}\n")
+    (tmp_path / "m.yaml").write_text(SECTION_MATRIX)
+    out = soakmatrix("bisect", str(tmp_path / "m.yaml"), "--cell", "m|H200||steady|n6", "--builds", "n1..n5",
+                     "--virtual", "--json", "--quiet", "--seed", "2")
+    assert out.returncode == 1, out.stderr
+    doc = json.loads(out.stdout)
+    assert [b["build"] for b in doc["builds"]] == ["n1", "n2", "n3", "n4", "n5"]
+    assert (doc["last_good"], doc["first_bad"]) == ("n3", "n4"), doc
+    backwards = soakmatrix("bisect", str(tmp_path / "m.yaml"), "--cell", "m|H200||steady|n6", "--builds", "n5..n1",
+                           "--virtual")
+    assert backwards.returncode == 2 and "n5 is not before n1" in backwards.stderr

@@ -1,9 +1,9 @@
 """`soakmatrix bisect MATRIX --cell ID --builds FILE|GOOD..BAD`: the build bisection of one failing
 cell, set up from the matrix as the flag bisection is (`matrix/cli/bisect.py` calls `run_for_cell`).
 
-The builds list (`specs.resolve_builds`) becomes the matrix's `Build`s (`matrix_builds.to_builds`:
-names of the matrix's `builds:` section or build specs). Probes run either in virtual time from the
-hang model (`--virtual`, `oracle_hangmodel`), or as soak jobs of the failing cell on each build,
+The builds list (`specs.resolve_builds`, or `GOOD..BAD` over the matrix's `builds:`) becomes the
+matrix's `Build`s (`matrix_builds.to_builds`: names of the matrix's `builds:` section or build
+specs). Probes run either in virtual time from the hang model (`--virtual`, `oracle_hangmodel`), or as soak jobs of the failing cell on each build,
 through Ray's runtime_env on the connected (or a local) Ray cluster (`oracle_soak.BuildSoakOracle`).
 With `--store`, the history's results of the failing cell on listed builds enter as known evidence
 (`history`), in both modes.
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, TextIO
 
 from soakmatrix.matrix.bisect.model import default_gpu_count
@@ -22,7 +23,7 @@ from soakmatrix.matrix.spec import Matrix, Profile
 
 from . import history as hist
 from .algorithm import BAD_UNTESTABLE, FOUND, NOT_A_REGRESSION, NOT_REPRODUCED, RANGE
-from .matrix_builds import UnknownBuild, to_builds
+from .matrix_builds import UnknownBuild, section_range, to_builds
 from .report import render_text, to_json
 from .run import run_build_bisection
 from .specs import BuildSpecError, git_rev_list, resolve_builds
@@ -52,7 +53,9 @@ def run_for_cell(matrix: Matrix, pc: PlannedCell, profile: Profile, *, builds_ar
     if virtual and not hang_model_path:
         raise BuildUsage("--builds --virtual needs a hang model: --hang-model FILE or the matrix's sim.hang_model")
     try:
-        specs = resolve_builds(builds_arg, template=template, rev_list=git_rev_list(checkout))
+        specs = None if Path(builds_arg).exists() else section_range(builds_arg, matrix.builds)
+        if specs is None:
+            specs = resolve_builds(builds_arg, template=template, rev_list=git_rev_list(checkout))
         builds = to_builds(specs, matrix.builds, matrix.file)
     except (BuildSpecError, UnknownBuild) as exc:
         raise BuildUsage(f"--builds: {exc}") from None
@@ -70,7 +73,7 @@ def run_for_cell(matrix: Matrix, pc: PlannedCell, profile: Profile, *, builds_ar
         say(f"soakmatrix bisect: from {store_path}: {_history_line(evidence)}")
     cluster = None
     if virtual:
-        oracle = _virtual_oracle(matrix, pc, profile, hang_model_path, names, gpus, seed)
+        oracle = _virtual_oracle(matrix, pc, profile, hang_model_path, builds, gpus, seed)
     else:
         oracle, cluster = _soak_oracle(matrix, pc, profile, builds, real, hang_model_path, seed, progress)
         say(f"soakmatrix bisect: on {cluster.description}")
@@ -92,15 +95,18 @@ def run_for_cell(matrix: Matrix, pc: PlannedCell, profile: Profile, *, builds_ar
     return EXIT_OF.get(result.status, EXIT_INFRA)
 
 
-def _virtual_oracle(matrix: Matrix, pc: PlannedCell, profile: Profile, hang_model_path: str, names: list[str],
+def _virtual_oracle(matrix: Matrix, pc: PlannedCell, profile: Profile, hang_model_path: str, builds: list,
                     gpus: int, seed: int | None):
     from soakmatrix.matrix.contracts.hangmodel import load_hang_model
 
     from .oracle_hangmodel import HangModelBuildOracle
 
-    model = load_hang_model(hang_model_path, registry=matrix.registry, builds=names)
+    names = [b.name for b in builds]
+    # the hang model may name any build of the matrix's section, listed or not, as `run` reads it
+    known = [*matrix.builds, *(n for n in names if n not in matrix.builds)]
+    model = load_hang_model(hang_model_path, registry=matrix.registry, builds=known)
     return HangModelBuildOracle(model, pc.cell.flag_dict, pc.cell.gpu, names, startup_s=profile.startup_s,
-                                gpus=gpus, seed=seed, registry=matrix.registry)
+                                gpus=gpus, seed=seed, registry=matrix.registry, ordinals=[b.ordinal for b in builds])
 
 
 def _soak_oracle(matrix: Matrix, pc: PlannedCell, profile: Profile, builds, real: RealProbes,

@@ -1,14 +1,17 @@
 """The builds of `soakmatrix bisect --builds` as the matrix's `Build`s, the type a soak job's
 runtime_env is made from (`matrix.builds.runtime_env_for`, `build_env`).
 
-A line of the builds list that is just a name of the matrix's `builds:` section is that build (its
+`GOOD..BAD` naming two builds of the section is the section from one to the other. A line of the
+builds list that is just a name of the matrix's `builds:` section is that build (its
 pip, image or python and its setup_timeout); any other line is a build spec of its own
 (`specs.BuildSpec`: pip, `image:` or `python:`). A bare word that is neither a build of the section
 nor a pinned requirement is refused: it is much likelier a misspelt build name than a wish to bisect
 over "the newest release of package X".
 
-A build's ordinal is its position in the list (0 = the good build): what the virtual oracle keys a
-hang model's `when: {build: ORDINAL}` on, so a dry run and a real one agree. Pure.
+A build's ordinal (what a hang model's `when: {build: ORDINAL}` keys on, in the virtual oracle and
+in the simulated engine alike) is its ordinal in the matrix's `builds:` for a build of the section,
+so a hang model means the same build to `run` and to `bisect`, and its position in the list (0 =
+the good build) for a build spec. Pure.
 """
 
 from __future__ import annotations
@@ -18,11 +21,24 @@ from typing import Mapping, Sequence
 
 from soakmatrix.matrix.spec_types import Build
 
-from .specs import BuildSpec
+from .specs import BuildSpec, parse_range
 
 # a pip requirement that says which version: a specifier, a URL, a path or a wheel
 _PINNED = re.compile(r"[=<>!~@/\\]|\.whl$|\.tar\.gz$|\.zip$")
 _BARE_WORD = re.compile(r"^[A-Za-z0-9_.+-]+$")
+
+
+def section_range(arg: str, section: Mapping[str, Build]) -> list[BuildSpec] | None:
+    """`--builds GOOD..BAD` naming two builds of the matrix's `builds:`: the section from GOOD to BAD
+    in its order (as BuildSpecs naming them); None when `arg` is not such a range (a file, commits)."""
+    rng = parse_range(arg)
+    if rng is None or rng[0] not in section or rng[1] not in section:
+        return None
+    names = list(section)
+    lo, hi = names.index(rng[0]), names.index(rng[1])
+    if lo >= hi:
+        raise UnknownBuild(f"{arg}: {rng[0]} is not before {rng[1]} in the matrix's builds: ({', '.join(names)})")
+    return [BuildSpec(n, n) for n in names[lo:hi + 1]]
 
 
 class UnknownBuild(ValueError):
@@ -30,7 +46,7 @@ class UnknownBuild(ValueError):
 
 
 def to_builds(specs: Sequence[BuildSpec], section: Mapping[str, Build], matrix_file: str = "the matrix") -> list[Build]:
-    """The list's builds, oldest first, each with its position as its ordinal."""
+    """The list's builds, oldest first (see the module docstring for their ordinals)."""
     out: list[Build] = []
     for i, spec in enumerate(specs):
         if "|" in spec.name or "," in spec.name:
@@ -39,7 +55,7 @@ def to_builds(specs: Sequence[BuildSpec], section: Mapping[str, Build], matrix_f
                                " name it: `NAME: SPEC`")
         known = section.get(spec.spec) if spec.name == spec.spec else None
         if known is not None:
-            out.append(Build(known.name, i, known.kind, known.value, known.setup_timeout_s))
+            out.append(known)
             continue
         if spec.kind == "pip" and spec.name == spec.spec and _BARE_WORD.match(spec.spec) \
                 and not _PINNED.search(spec.spec):

@@ -2,7 +2,8 @@
 
 Each probe soaks the failing cell's flags on one build of the ordered list; the hangs that fire are
 the hang model's whose `when` matches those flags, the cell's GPU and the build (`when: {build: NAME
-or ORDINAL}`, ordinals counting from 0 in the list given to `--builds`), at their effective MTTF,
+or ORDINAL}`: the build's ordinal, `ordinals[index]`, by default its position in the list given to
+`--builds`, counting from 0; a build of the matrix's `builds:` keeps its own), at their effective MTTF,
 with exponential times in load as the flag bisection's virtual oracle draws them. A dry run of a
 build bisection on a planted regression, before any GPU-hour is spent.
 """
@@ -23,8 +24,9 @@ from .oracle import HANG, PASSED, BuildProbe, BuildProbeResult
 class HangModelBuildOracle:
     def __init__(self, model: HangModel, flags: Mapping[str, Any], gpu: str | None, builds: Sequence[str], *,
                  startup_s: float = 600.0, gpus: int = 1, seed: int | None = None,
-                 registry: Mapping[str, flagmod.Flag] | None = None):
+                 registry: Mapping[str, flagmod.Flag] | None = None, ordinals: Sequence[int] | None = None):
         self.model, self.gpu, self.builds = model, gpu, list(builds)
+        self.ordinals = list(range(len(self.builds)) if ordinals is None else ordinals)
         self.flags = flagmod.resolve_defaults(flags, registry)
         self.startup_s, self.gpus = startup_s, gpus
         self.rng = np.random.default_rng(model.seed if seed is None else seed)
@@ -33,7 +35,7 @@ class HangModelBuildOracle:
         return [self._one(p) for p in probes]
 
     def _one(self, probe: BuildProbe) -> BuildProbeResult:
-        build = (probe.index, self.builds[probe.index])
+        build = (self.ordinals[probe.index], self.builds[probe.index])
         first_t, first = math.inf, None
         for hang in self.model.hangs:
             if hang.matches(self.flags, self.gpu, build):

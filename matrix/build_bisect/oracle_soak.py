@@ -51,6 +51,7 @@ class BuildSoakOracle:
         self._launcher = None
         self._progress = progress
         self._round = 0
+        self._probes = 0
         self._seed = seed or 0
 
     def cell(self, probe: BuildProbe) -> PlannedCell:
@@ -92,11 +93,15 @@ class BuildSoakOracle:
             self._say(f"probe {self._round}: build {probes[i].build} ({self.builds[probes[i].index].kind}), "
                       f"soak up to {format_duration(probes[i].soak_s)}")
 
+        # a seed per probe: the simulated engine draws its hang times from it, and two soaks with one
+        # seed would hang at the same moment (pooled, they would count as two independent hangs)
+        seeds = {}
+        for i in indices:
+            self._probes += 1
+            seeds[cells[i].id] = self._seed * 100_003 + self._probes
+
         def make_spec(pc: PlannedCell) -> SoakSpec:
-            # a seed per probe: the simulated engine draws its hang times from it, and two soaks of one
-            # build with one seed would hang at the same moment (pooled, they would count as two hangs)
-            seed = self._seed * 100_003 + self._round
-            return soak_spec_for(pc, self.matrix, self.backend, round_dir, seed=seed, **self.overrides)
+            return soak_spec_for(pc, self.matrix, self.backend, round_dir, seed=seeds[pc.id], **self.overrides)
 
         longest = max(cells[i].soak_s for i in indices)
         cap = cap_seconds(longest, startup_timeout_s(self.profile.startup_s), None,

@@ -103,7 +103,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--builds", metavar="FILE|GOOD..BAD",
                         help="bisect engine builds instead of flags: an ordered builds file (`NAME: SPEC` lines, "
                              "oldest first) or the commits GOOD..BAD of --checkout turned into specs by "
-                             "--build-template; a line may name a build of the matrix's `builds:`. Each probe soaks "
+                             "--build-template (GOOD..BAD naming two builds of the matrix's `builds:`: the section "
+                             "between them); a line may name a build of `builds:`. Each probe soaks "
                              "the cell on one build through Ray's runtime_env (--virtual: the hang model instead); "
                              "with --store, the cell's results on listed builds count as evidence")
     parser.add_argument("--build-template", metavar="SPEC", help="a pip spec with {sha}, e.g. "
