@@ -112,7 +112,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkout", default=".", help="the git checkout GOOD..BAD is read from (default: .)")
     parser.add_argument("--store", metavar="FILE",
                         help="history store (SQLite; a new file is created) to take the cell's signature from and "
-                             "record the result in; `soakmatrix report` shows it. Checked before the bisection runs")
+                             "record the result in; `soakmatrix report` shows it. The cell's recorded hangs of the "
+                             "target and their load count as free exposure of the failing cell (the report says how "
+                             "much and what it spared). Checked before the bisection runs")
 
 
 def _open_store(path: str):
