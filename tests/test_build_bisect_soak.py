@@ -80,7 +80,7 @@ def test_probes_of_real_builds_through_ray_name_the_planted_first_bad_build(tmp_
     matrix = write(tmp_path, {n: sys.executable for n in names})
     builds_file = tmp_path / "builds.txt"
     builds_file.write_text("".join(f"{n}\n" for n in names))   # the matrix's builds, by name
-    # at 0.99 (the search stops at 0.993): a wrong answer is rare enough for CI; at 0.9 it is not
+    # at 0.99 a wrong answer is rare enough for CI; at 0.9 (one in ten allowed) it is not
     proc = bisect(matrix, "m|H200||steady|b4", builds_file, tmp_path / "out", "--confidence", "0.99")
     assert proc.returncode == 1, proc.stderr[-3000:]
     doc = json.loads(proc.stdout)
