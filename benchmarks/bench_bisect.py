@@ -12,7 +12,11 @@ ceil(log2 C(n,k)) probes, cost-weighted: each bit costs a start-up plus the mean
 probe (about one MTTF) and a negative one at the stated confidence (MTTF x ln(1/alpha)); and the
 lower bound (`matrix/bisect/bound.py`): the least mean GPU-hours of any procedure that returns
 exactly the planted set with the stated probability at every MTTF (the search itself, calibration
-and the checks for modifiers and second triggers left out, so a true floor).
+and the checks for modifiers and second triggers left out, so a true floor), for the old question
+(is each flag needed to hang at all) and for the one the default settings answer
+(`matrix/bisect/bound_default.py`: no hang without a necessary flag up to an x8 slowdown, and
+modifier verdicts that call an x8 modifier with the stated probability). The `mod` column is how
+often the row's x8 modifier was called one, `spur` how often another flag outside the set was.
 
     python -m benchmarks.bench_bisect            # 1000 seeds per case (minutes on 2 cores)
     python -m benchmarks.bench_bisect --quick    # 100 seeds per case
@@ -86,10 +90,21 @@ def cases() -> list[Case]:
 
 
 def lower_bound(case: Case) -> float:
-    """The least mean GPU-hours any bisection right with probability CONFIDENCE can spend (plain
-    conjunction of k; with a modifier or a second trigger the true cost is only higher)."""
+    """The least mean GPU-hours any bisection right with probability CONFIDENCE can spend on the old
+    question (is each flag of the set needed to hang at all; `matrix/bisect/bound.py`): plain
+    conjunction of k; with a modifier or a second trigger the true cost is only higher."""
     from soakmatrix.matrix.bisect.bound import lower_bound as bound
     return bound(case.n, case.k, case.mttf_s, STARTUP_S, CONFIDENCE).gpu_hours
+
+
+def default_floor(case: Case) -> float:
+    """The same for the question the default settings answer (`matrix/bisect/bound_default.py`):
+    each necessary flag's absence soaked until an x rule_out_factor slowdown is ruled out, and the
+    modifier verdicts (with the row's x8 modifier called one with probability CONFIDENCE)."""
+    from soakmatrix.matrix.bisect import Settings
+    from soakmatrix.matrix.bisect.bound_default import default_floor as floor
+    return floor(case.n, case.k, case.mttf_s, STARTUP_S, CONFIDENCE, Settings().rule_out_factor,
+                 modifier=case.modifier).gpu_hours
 
 
 def information_bound(case: Case) -> tuple[int, float]:
@@ -120,7 +135,7 @@ class _CaseOracle:
         return out
 
 
-def _run_bisect(args: tuple[Case, list[int], bool]) -> list[tuple[float, int, int, int]]:
+def _run_bisect(args: tuple[Case, list[int], bool]) -> list[tuple[float, int, int, int, int, int]]:
     from soakmatrix.matrix.bisect import Element, Settings, bisect
     case, seeds, fixed_positions = args
     names = [f"f{i}" for i in range(case.n)]
@@ -138,7 +153,11 @@ def _run_bisect(args: tuple[Case, list[int], bool]) -> list[tuple[float, int, in
         truths = case.answers(None)
         exact = r.status == "found" and got in truths
         false_min = r.status == "found" and got not in truths
-        out.append((r.gpu_hours, int(exact), int(false_min), r.probes))
+        modifiers = {planted.index(v.element.name) for v in r.verdicts if v.kind == "modifier"}
+        # the planted modifier called one; any other flag outside the set called one (spurious)
+        hit = int(case.modifier_flag in modifiers)
+        spurious = int(bool(modifiers - {case.modifier_flag} - set().union(*truths)))
+        out.append((r.gpu_hours, int(exact), int(false_min), r.probes, hit, spurious))
     return out
 
 
@@ -229,9 +248,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"bisect benchmark: {seeds} seeds per case, planted flags at "
           f"{'the first' if args.fixed_positions else 'random'} positions, start-up {STARTUP_S / 60:.0f} min per probe, "
           f"TP 1, stated confidence {CONFIDENCE}; GPU-hours mean/p90; exact = returned exactly a true minimal "
-          f"set; false-min = returned a wrong set as minimal", flush=True)
+          f"set; false-min = returned a wrong set as minimal; floor = the old question's (bound.py), default = "
+          f"the default question's (bound_default.py), x = bisect's mean over it; mod = the planted x8 "
+          f"modifier called one, spur = another flag called one", flush=True)
     header = (f"{'case':<28} {'bisect mean':>11} {'p90':>6} {'exact':>6} {'false':>6} {'probes':>6} | "
-              f"{'bound':>5} {'x':>5} | {'floor':>5} {'x':>4} | {'1-at-a-time':>11} {'exact':>6} | {'ddmin':>6} {'exact':>6}")
+              f"{'bound':>5} {'x':>5} | {'floor':>5} {'x':>4} | {'default':>7} {'x':>4} {'mod':>5} {'spur':>5} | "
+              f"{'1-at-a-time':>11} {'exact':>6} | {'ddmin':>6} {'exact':>6}")
     print(header)
     print("-" * len(header), flush=True)
     start = time.time()
@@ -248,10 +270,16 @@ def main(argv: list[str] | None = None) -> int:
             _, bound_h = information_bound(case)
             floor_h = None if case.either else lower_bound(case)   # derived for one conjunction only
             floor = f"{'-':>5} {'-':>4}" if floor_h is None else f"{floor_h:>5.1f} {gh.mean() / floor_h:>4.2f}"
+            default_h = None if case.either else default_floor(case)
+            default = (f"{'-':>7} {'-':>4}" if default_h is None
+                       else f"{default_h:>7.1f} {gh.mean() / default_h:>4.2f}")
+            hit = f"{np.mean([r[4] for r in rows]):>5.3f}" if case.modifier else f"{'-':>5}"
+            spurious = f"{np.mean([r[5] for r in rows]):>5.3f}"
             oat_cost, oat_exact = one_at_a_time(case, seeds)
             dd_cost, dd_exact = ddmin(case, seeds)
             print(f"{case.name:<28} {gh.mean():>11.2f} {np.percentile(gh, 90):>6.1f} {exact:>6.3f} {false_min:>6.3f} "
                   f"{probes:>6.1f} | {bound_h:>5.1f} {gh.mean() / bound_h:>5.2f} | {floor} | "
+                  f"{default} {hit} {spurious} | "
                   f"{oat_cost.mean():>11.2f} "
                   f"{oat_exact.mean():>6.3f} | {dd_cost.mean():>6.2f} {dd_exact.mean():>6.3f}", flush=True)
     print(f"({time.time() - start:.0f} s)")

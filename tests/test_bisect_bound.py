@@ -8,6 +8,13 @@ import pytest
 
 from soakmatrix.matrix.bisect import Element, Settings, bisect
 from soakmatrix.matrix.bisect.bound import binary_divergence, lower_bound, refute_load
+from soakmatrix.matrix.bisect.bound_default import (
+    default_floor,
+    detect_information,
+    plain_modifier_load,
+    rule_out_load,
+    split_information,
+)
 from soakmatrix.matrix.bisect.oracle_virtual import VirtualOracle
 from soakmatrix.matrix.contracts import flags as flagmod
 from soakmatrix.matrix.contracts.hangmodel import Hang, HangModel
@@ -56,8 +63,101 @@ def test_the_issues_cost_target_is_below_the_bound():
     assert b.gpu_hours > 1.3 * info > 14.0
 
 
+def _poisson_kl(rate: float, other: float) -> float:
+    """KL(Poisson(rate) || Poisson(other)) per unit of load, computed plainly."""
+    if rate == 0:
+        return other
+    return rate * math.log(rate / other) - rate + other
+
+
+def test_the_default_questions_closed_forms_match_a_brute_force_minimum():
+    grid = [math.exp(x / 400.0) for x in range(-4000, 4000)]
+    y, x, f = 12.0, 40.0, 8.0
+    # necessity against an x F modifier: load y on configs holding T (rate 1 -> beta), load x on
+    # configs without t (rate 0 -> beta / F); the worst beta
+    brute = min(y * _poisson_kl(1.0, b) + x * _poisson_kl(0.0, b / f) for b in grid)
+    assert brute == pytest.approx(y * math.log1p(x / (f * y)), rel=1e-4)
+    assert rule_out_load(y, f, y * math.log1p(x / (f * y))) == pytest.approx(x)
+    # plain world against "u is an x F modifier" (with u at a, without at a / F)
+    a_, b_ = 7.0, 5.0
+    brute = min(a_ * _poisson_kl(1.0, a) + b_ * _poisson_kl(1.0, a / f) for a in grid)
+    assert split_information(a_, b_, f) == pytest.approx(brute, rel=1e-4)
+    # modifier world (with u at 1, without at 1 / F) against "u irrelevant" (one rate mu)
+    brute = min(a_ * _poisson_kl(1.0, m) + b_ * _poisson_kl(1.0 / f, m) for m in grid)
+    assert detect_information(a_, b_, f) == pytest.approx(brute, rel=1e-4)
+
+
+def test_the_default_floor_is_the_minimum_of_its_cost_over_a_grid():
+    n, k, mttf, s, c, f = 10, 2, 2280.0, 600.0, 0.99, 8.0
+    b = default_floor(n, k, mttf, s, c, f)
+    d_rule = binary_divergence(c, 1 - c)
+    d_same = binary_divergence(c, (1 - c) / (n - k + 1))
+    y_m = plain_modifier_load(f, binary_divergence((1 - c) / (n - k), c))
+    sigma = s / mttf
+
+    def mttfs(y: float) -> float:
+        x = max(refute_load(y, d_same), rule_out_load(y, f, d_rule))
+        return k * x + y * (1 + sigma) + k * (2 * c - 1) * sigma
+
+    grid = [y_m + i * 0.01 for i in range(20000)]
+    best = min(mttfs(y) for y in grid)
+    assert b.gpu_hours == pytest.approx(best * mttf / 3600.0, rel=1e-4)
+    assert b.gpu_hours <= best * mttf / 3600.0 + 1e-9
+    assert b.hang_mttfs >= b.modifier_hang_mttfs == pytest.approx(y_m)
+    # at the optimum the rule-out binds: Y ln(1 + X / (F Y)) = d(c, 1 - c)
+    assert b.hang_mttfs * math.log1p(b.refute_mttfs / (f * b.hang_mttfs)) == pytest.approx(d_rule, rel=1e-6)
+    # the best split of Y_m carries exactly the evidence the modifier verdicts need
+    best_split = max(split_information(y_m - z, z, f) for z in [y_m * i / 4000 for i in range(4001)])
+    assert best_split == pytest.approx(binary_divergence((1 - c) / (n - k), c), rel=1e-4)
+
+
+def test_the_modifier_worlds_floor_beats_every_point_of_a_grid_that_meets_its_constraint():
+    n, k, mttf, s, c, f = 10, 2, 2280.0, 600.0, 0.99, 8.0
+    b = default_floor(n, k, mttf, s, c, f, modifier=True)
+    assert detect_information(b.hang_mttfs, b.slow_mttfs, f) >= b.modifier_evidence * (1 - 1e-6)
+    d_rule = binary_divergence(c, 1 - c)
+    d_same = binary_divergence(c, (1 - c) / (n - k))
+    sigma = s / mttf
+    cheapest = math.inf
+    for i in range(1, 120):
+        for j in range(1, 120):
+            y1, z = i * 0.25, j * 0.25
+            if detect_information(y1, z, f) < b.modifier_evidence:
+                continue
+            y_eff = y1 + z / f
+            x = max(refute_load(y_eff, d_same), rule_out_load(y_eff, f, d_rule))
+            cheapest = min(cheapest, k * x + y1 + z + sigma * y_eff + k * (2 * c - 1) * sigma)
+    assert b.gpu_hours <= cheapest * mttf / 3600.0 + 1e-9
+    assert b.gpu_hours == pytest.approx(cheapest * mttf / 3600.0, rel=0.02)
+
+
+def test_the_default_floor_grows_with_what_is_asked():
+    base = default_floor(10, 2, 2280.0, 600.0, 0.99)
+    assert base.gpu_hours > lower_bound(10, 2, 2280.0, 600.0, 0.99).gpu_hours      # a harder question
+    assert default_floor(10, 2, 2280.0, 600.0, 0.99, modifier=True).gpu_hours > base.gpu_hours
+    for factor in (4.0, 8.0, 16.0):          # ruling out a larger slowdown
+        assert default_floor(10, 2, 2280.0, 600.0, 0.99, factor=factor).gpu_hours < \
+            default_floor(10, 2, 2280.0, 600.0, 0.99, factor=2 * factor).gpu_hours
+    # but not below x4: the same factor is the modifier the verdicts must be able to call, and an
+    # x2 one takes more hangs to tell from "irrelevant" than the x2 rule-out saves
+    x2 = default_floor(10, 2, 2280.0, 600.0, 0.99, factor=2.0)
+    x4 = default_floor(10, 2, 2280.0, 600.0, 0.99, factor=4.0)
+    assert x2.modifier_hang_mttfs > x4.modifier_hang_mttfs and x2.gpu_hours > x4.gpu_hours
+    assert default_floor(10, 2, 2280.0, 600.0, 0.995).gpu_hours > base.gpu_hours
+    assert default_floor(10, 3, 2280.0, 600.0, 0.99).gpu_hours > base.gpu_hours
+    assert default_floor(10, 2, 7200.0, 600.0, 0.99).gpu_hours > base.gpu_hours
+    assert default_floor(10, 2, 2280.0, 600.0, 0.99, gpus=4).gpu_hours == pytest.approx(4 * base.gpu_hours)
+    # with the rate known (every hang free) the rule-out tends to F d(c, 1 - c) MTTFs per flag
+    assert rule_out_load(1e6, 8.0, base.rule_out_evidence) == pytest.approx(8.0 * base.rule_out_evidence, rel=1e-5)
+    assert 8.0 * binary_divergence(0.95, 0.05) < 8.0 * math.log(20)     # README: 21 MTTFs < 24 at 0.95
+    for bad in [dict(k=11), dict(confidence=0.4), dict(factor=1.0)]:
+        args = dict(n=10, k=2, mttf_s=2280.0, startup_s=600.0, confidence=0.99) | bad
+        with pytest.raises(ValueError):
+            default_floor(**args)
+
+
 @pytest.mark.parametrize("k", [1, 2])
-def test_no_bisection_run_beats_the_bound_on_average(k):
+def test_no_bisection_run_beats_the_floors_on_average(k):
     n, mttf = 6, 600.0
     names = [f"f{i}" for i in range(n)]
     registry = {f: flagmod.raw_flag(f, "bool", ["--f{value}"], default=False) for f in names}
@@ -71,9 +171,13 @@ def test_no_bisection_run_beats_the_bound_on_average(k):
         right += set(result.minimal) == set(trigger)
         spent.append(result.gpu_hours)
     assert right >= 38      # stated 0.99: a wrong set now and then is within it
-    floor = lower_bound(n, k, mttf, 600.0, 0.99).gpu_hours
-    assert sum(spent) / len(spent) > floor
-    # and not absurdly above it. The floor is for the cap's question; the default question is harder
-    # (no hang without a necessary flag up to 8x the failing cell's MTTF, and each other flag's
-    # modifier verdict measured), and its own floor is not derived yet (issue 18 item 6)
-    assert sum(spent) / len(spent) < 8 * floor
+    mean = sum(spent) / len(spent)
+    # bisect answers the default question (no hang without a necessary flag up to x8, modifier
+    # verdicts on the others): it can beat neither that question's floor nor the old one's
+    floor = default_floor(n, k, mttf, 600.0, 0.99, Settings().rule_out_factor).gpu_hours
+    assert mean > floor > lower_bound(n, k, mttf, 600.0, 0.99).gpu_hours
+    # and stays near it. These 40 seeds measure 1.8 x (k = 1) and 1.4 x (k = 2); 1.9 x and 1.6 x before
+    # the necessity soaks read the modifier soaks' hangs. 2.2 x fails if a change gives that back and
+    # more. The 8 x here before was against the old question's floor, a third of this one: a bound
+    # that loose said only that the default question costs more, not how much more.
+    assert mean < 2.2 * floor
