@@ -218,4 +218,7 @@ def test_no_modifiers_reports_flags_outside_the_set_as_unmeasured_and_spends_les
     kinds = {v["flag"]: v["kind"] for v in lean["verdicts"]}
     assert kinds["async_scheduling"] == kinds["tp"] == "unmeasured"
     assert kinds["mtp"] == kinds["cudagraph_mode"] == "necessary"
-    assert lean["probes"] < full["probes"] and lean["gpu_hours"] < full["gpu_hours"]
+    # fewer probes; not always fewer GPU-hours: by default the modifier soaks' hangs (the failing
+    # cell's, each innocent removal's) are the reference rate the necessity soaks read, and more of
+    # them shorten those soaks (here 29.5 GPU-hours with the verdicts, 31.5 without)
+    assert lean["probes"] < full["probes"]

@@ -6,6 +6,10 @@ flag's absence is screened at a loose level; the rate check (ratecheck.py) runs 
 each kept flag's absence is soaked until it rejects "as fast as the configs with the set" at
 alpha / (3 n), on its own evidence. That is the shape of the lower bound (bound.py): the evidence
 against "one flag fewer is enough" is the cost any procedure pays, and ablation spends little else.
+By default (no cap) the necessity soaks also rule out "F x slower than the failing cell"
+(bound_default.py); the modifier verdicts' soaks (modifiers.py) run first, and the rate they are
+read against pools the failing cell with every removal that looks like it (reference_pool): about
+40 hangs instead of the failing cell's 8, so each necessary flag needs about 45 MTTFs, not 58.
 When ablation cannot decide, the posterior search (search.py) goes on from every probe so far.
 """
 
@@ -17,6 +21,7 @@ import numpy as np
 
 from soakmatrix.matrix.contracts import stats
 
+from .modifiers import measure, measure_length, reference_pool
 from .posterior import exposure_until, p_as_fast
 from .ratecheck import rate_check
 
@@ -52,6 +57,7 @@ def ablation_search(search: Search) -> int | None:
     # is a modifier, never part of the set
     guarded = s.modifier_prior <= 0 or s.mttf_cap_s is None
     rescued: set[int] = set()
+    measured: set[int] = set()
     while not search.over_budget():
         H, E = _pool(search, keep)
         search.track_cap(H, E)
@@ -85,10 +91,16 @@ def ablation_search(search: Search) -> int | None:
         # screen asks only "as fast"
         factor = None
         if guarded and s.mttf_cap_s is None:
-            if _reference(search):
+            if s.measure_modifiers and keep not in measured:
+                # the modifier verdicts' soaks come first: their hangs (the failing cell's and each
+                # innocent removal's) are the reference rate the rule-out soaks read
+                measured.add(keep)
+                measure(search, keep, measure_length(search))
                 continue
-            cell = search.stats_of(search.full)
-            factor = (s.rule_out_factor, search.alpha / max(bin(keep).count("1"), 1), cell.hangs, cell.exposure_s)
+            h_ref, e_ref = reference_pool(search, keep)
+            if h_ref < REFERENCE_HANGS and _reference(search):
+                continue
+            factor = (s.rule_out_factor, search.alpha / max(bin(keep).count("1"), 1), h_ref, e_ref)
         dropped, todo = _unrefuted(search, keep & ~search.rate_added, keep, H, E, goal, factor)
         if dropped:
             keep &= ~dropped

@@ -15,6 +15,8 @@ irrelevant, they are called modifiers at most 1 - confidence of the time in tota
 removal until it is called (Holm level), looks innocent (three hangs or more and a ratio under
 INNOCENT_RATIO), has MEASURE_HANGS hangs, or has soaked out to the necessity length; a flag is
 called early only at a third of its Holm share, so looking after every soak stays within budget.
+By default the ablation runs `measure` before the necessity soaks: `reference_pool` hands them the
+hangs these soaks bought (the failing cell's and each innocent removal's) as the failing cell's rate.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ MEASURE_HANGS = 10          # hangs of the failing cell and of a suspect's remov
 INNOCENT_RATIO = 1.5       # a removal with INNOCENT_HANGS+ hangs and a ratio under this looks innocent: no more soaks
 INNOCENT_HANGS = 3         # (with 2, an 8x modifier's two hangs came quick enough to look innocent 9 % of the time)
 CELL_HANGS = 12            # the failing cell's side of every comparison (more hangs there are cheap: 1 MTTF each)
+REFERENCE_LEVEL = 0.05     # a removal joins the failing cell's reference rate unless told apart at this level
 RATIO_GRID = np.exp(np.linspace(math.log(1e-3), math.log(1e3), 481))
 
 
@@ -189,3 +192,28 @@ def _suspects(search: Search, minimal_mask: int, longest_s: float) -> list[int]:
             continue
         out.append(j)
     return out
+
+
+def measure_length(search: Search) -> float:
+    """The most a modifier verdict soaks one removal: the exposure in which a removal
+    rule_out_factor x slower than the failing cell hangs MEASURE_HANGS times, and some."""
+    cell = search.stats_of(search.full)
+    return search.s.rule_out_factor * cell.exposure_s / max(cell.hangs, 1) * (MEASURE_HANGS + 2)
+
+
+def reference_pool(search: Search, minimal_mask: int) -> tuple[float, float]:
+    """Hangs and exposure of the failing cell pooled with every removal of a flag outside the set
+    that its own comparison with the failing cell does not tell apart (REFERENCE_LEVEL): the rate
+    "x F slower than the failing cell" is read against. A removal that is slower (a modifier not
+    yet called) only lowers the pooled rate and lengthens the rule-out; a faster one is left out."""
+    cell = search.stats_of(search.full)
+    h, e = float(cell.hangs), float(cell.exposure_s)
+    for j in range(search.n):
+        bit = 1 << j
+        cs = search.configs.get(search.full & ~bit)
+        if minimal_mask & bit or cs is None or cs.exposure_s <= 0 or cell.exposure_s <= 0:
+            continue
+        c = compare([(cell.hangs, cell.exposure_s, cs.hangs, cs.exposure_s)], search.s.confidence, interval=False)
+        if c.p_value > REFERENCE_LEVEL:
+            h, e = h + cs.hangs, e + cs.exposure_s
+    return h, e
