@@ -10,6 +10,7 @@ from soakmatrix.matrix.bisect import Element, Settings, bisect
 from soakmatrix.matrix.bisect.oracle import Probe, ProbeResult
 from soakmatrix.matrix.bisect.oracle_restart import RestartingOracle, other_signatures
 from soakmatrix.matrix.bisect.oracle_virtual import VirtualOracle
+from soakmatrix.matrix.bisect.report import render_text, to_json
 from soakmatrix.matrix.contracts import flags as flagmod
 from soakmatrix.matrix.contracts.hangmodel import Hang, HangModel
 
@@ -150,6 +151,10 @@ def test_bisection_with_a_background_crash_keeps_its_target_and_lists_the_crashe
     crashes = r.other_signatures["crash"]
     assert crashes > 5 and sum(cs.other_hangs for cs in r.configs) == crashes
     assert r.probes < 60 and any("restarted the server" in n for n in r.notes)
+    text = render_text(r)
+    assert f"other signatures (restarted probes, not counted): crash x{crashes}" in text
+    assert "they restarted the server (the probe went on)" in text
+    assert to_json(r)["other_signatures"] == {"crash": crashes}
 
 
 def test_a_failing_cell_that_crashes_on_every_start_is_not_reproduced_with_the_reason():
