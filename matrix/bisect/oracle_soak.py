@@ -41,7 +41,7 @@ class SoakOracle:
     def __init__(self, matrix: Matrix, profile: Profile, model: str, gpu: str, workload: str, *,
                  backend: str = "sim", out_dir: str | Path = "bisect-out",
                  launcher_factory: Callable[[], Any] | None = None,
-                 on_result: Callable[[CellResult], None] | None = None):
+                 on_result: Callable[[CellResult], None] | None = None, seed: int | None = None):
         self.matrix, self.profile = matrix, profile
         self.model, self.gpu, self.workload = model, gpu, workload
         self.backend = backend
@@ -50,6 +50,8 @@ class SoakOracle:
         self._launcher = None
         self._on_result = on_result
         self._round = 0
+        self._seed = seed or 0
+        self._probes = 0
 
     def _cell(self, probe: Probe) -> PlannedCell:
         combo = {"model": self.model, "gpu": self.gpu, "workload": self.workload, **probe.flags}
@@ -78,9 +80,15 @@ class SoakOracle:
             round_dir = self.out_dir / f"probe-{self._round:03d}"
             by_id = {cells[i].id: i for i in this_round}
             longest = max(cells[i].soak_s for i in this_round)
+            # a seed per probe: the simulated engine draws its hang times from it, and two soaks of one
+            # config with one seed would hang at the same moment (pooled, counted as two independent hangs)
+            seeds = {}
+            for i in this_round:
+                self._probes += 1
+                seeds[cells[i].id] = self._seed * 100_003 + self._probes
 
             def make_spec(pc: PlannedCell) -> SoakSpec:
-                return soak_spec_for(pc, self.matrix, self.backend, round_dir)
+                return soak_spec_for(pc, self.matrix, self.backend, round_dir, seed=seeds[pc.id])
 
             cap = cap_seconds(longest, startup_timeout_s(self.profile.startup_s), None,
                               matrix_time_scale(self.matrix, self.backend))

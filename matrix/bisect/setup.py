@@ -143,7 +143,7 @@ def virtual_oracle(matrix: Matrix, pc: PlannedCell, profile: Profile, hang_model
 
 
 def soak_oracle(matrix: Matrix, pc: PlannedCell, profile: Profile, *, backend: str, ray_address: str | None,
-                out_dir: str) -> tuple[SoakOracle, ClusterHandle]:
+                out_dir: str, seed: int | None = None) -> tuple[SoakOracle, ClusterHandle]:
     """Soak jobs on Ray: connects (or starts a local cluster); the caller closes the handle."""
     from soakmatrix.matrix.schedule.cluster import address_from, connect
 
@@ -151,7 +151,7 @@ def soak_oracle(matrix: Matrix, pc: PlannedCell, profile: Profile, *, backend: s
 
     cluster = connect(address_from(ray_address), backend=backend, gpus=matrix.gpus)
     return SoakOracle(matrix, profile, pc.cell.model, pc.cell.gpu, pc.cell.workload,
-                      backend=backend, out_dir=out_dir), cluster
+                      backend=backend, out_dir=out_dir, seed=seed), cluster
 
 
 def recorded_signature(store: Any, cell_id: str) -> tuple[str | None, str]:

@@ -78,8 +78,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "until an 8x slowdown is ruled out")
     parser.add_argument("--virtual", action="store_true", help="virtual time: draw hangs from the hang model")
     parser.add_argument("--hang-model", help="hang-model file (default: the matrix's sim.hang_model)")
-    parser.add_argument("--seed", type=seed, help="virtual oracle seed (default: the hang model's); with --builds "
-                                                "on the simulated engine, also its probes' engine seeds")
+    parser.add_argument("--seed", type=seed, help="virtual oracle seed (default: the hang model's); on the simulated engine "
+                                                "(flags or --builds), the base of its probes' engine seeds")
     parser.add_argument("--calibration-hangs", type=count, default=2, help="hangs of the failing cell first (default 2)")
     parser.add_argument("--parallel", type=count, default=None,
                         help="probes per batch (default 1 virtual, 2 on Ray; more finish sooner but spend more GPU-hours)")
@@ -148,9 +148,6 @@ def _main(args: argparse.Namespace) -> int:
     except LookupError as exc:
         raise _Usage(str(exc)) from None
     profile = result_plan.profile
-    movable, fixed, why = elements_of(pc, matrix)
-    if len(movable) > MAX_ELEMENTS:
-        raise _Usage(f"{len(movable)} flags differ from the baseline; at most {MAX_ELEMENTS}")
 
     hang_model_path = args.hang_model or matrix.sim.hang_model
     if args.virtual and not hang_model_path:
@@ -180,13 +177,17 @@ def _main(args: argparse.Namespace) -> int:
                                 real=RealProbes(args.backend, args.ray_address, args.out), store_path=args.store)
         except BuildUsage as exc:
             raise _Usage(str(exc)) from None
+    # only the flag bisection moves flags: a build bisection keeps the cell's flags as they are
+    movable, fixed, why = elements_of(pc, matrix)
+    if len(movable) > MAX_ELEMENTS:
+        raise _Usage(f"{len(movable)} flags differ from the baseline; at most {MAX_ELEMENTS}")
     cluster = None
     if args.virtual:
         oracle = virtual_oracle(matrix, pc, profile, hang_model_path, args.seed)
         parallel = args.parallel or 1
     else:
         oracle, cluster = soak_oracle(matrix, pc, profile, backend=args.backend, ray_address=args.ray_address,
-                                      out_dir=args.out)
+                                      out_dir=args.out, seed=args.seed)
         if progress:
             progress(f"soakmatrix bisect: on {cluster.description}")
         parallel = args.parallel or 2

@@ -1,0 +1,104 @@
+"""The soak oracle (matrix/bisect/oracle_soak.py): each probe is a soak job of the failing cell's model,
+GPU and workload through the run loop, with the probe's flags, soak length and its own engine seed;
+a crash inside the restarting oracle starts a new job for the load still missing."""
+
+from __future__ import annotations
+
+import pytest
+
+from soakmatrix.matrix.bisect.oracle import Probe
+from soakmatrix.matrix.bisect.oracle_restart import RestartingOracle
+
+FAILING = "tiny-moe|H200|async_scheduling=true,cudagraph_mode=FULL_AND_PIECEWISE,mtp=1,tp=2|staggered"
+
+
+class _Launcher:
+    """A fake of the scheduler's launcher (`matrix.schedule.loop.Launcher`): answers each soak job at
+    once through `script(spec, n)`, keeping the specs."""
+
+    def __init__(self, script):
+        self.script, self.specs, self._pending = script, [], {}
+
+    def submit(self, spec, ray_label, avoid_nodes, cap_s):
+        self.specs.append(spec)
+        self._pending[len(self.specs)] = spec
+        return len(self.specs)
+
+    def wait(self, handles, timeout_s):
+        return [h for h in handles if h in self._pending]
+
+    def result(self, handle):
+        return self.script(self._pending.pop(handle), handle)
+
+    def cancel(self, handle, force):
+        self._pending.pop(handle, None)
+
+    def nodes(self):
+        from soakmatrix.matrix.schedule.placement import Node
+
+        return [Node("n1", 8, frozenset({"H200"}))]
+
+    def started(self):
+        return []
+
+
+def failing_cell(examples):
+    from soakmatrix.matrix.bisect.setup import find_cell
+    from soakmatrix.matrix.plan import plan
+    from soakmatrix.matrix.spec import load_matrix
+
+    matrix = load_matrix(str(examples / "demo.yaml"))
+    result_plan = plan(matrix, None)
+    return matrix, result_plan, find_cell(result_plan.cells, FAILING, matrix)
+
+
+def test_on_the_soak_oracle_a_crash_starts_a_new_soak_job_for_the_load_still_missing(tmp_path, examples):
+    from soakmatrix.matrix.bisect.oracle_soak import SoakOracle
+    from soakmatrix.matrix.contracts.result import CellResult
+
+    matrix, result_plan, pc = failing_cell(examples)
+
+    def script(spec, n):
+        common = {"cell_id": spec.cell_id, "cell_name": spec.cell_name, "node": "n1"}
+        if n == 1:
+            return CellResult(outcome="crash", signature="crash", exposure_s=1000.0, time_to_hang_s=1000.0, **common)
+        return CellResult(outcome="hang", signature="shm_broadcast_timeout", exposure_s=900.0, time_to_hang_s=500.0,
+                          **common)
+
+    launcher = _Launcher(script)
+    inner = SoakOracle(matrix, result_plan.profile, pc.cell.model, pc.cell.gpu, pc.cell.workload,
+                       out_dir=tmp_path, launcher_factory=lambda: launcher)
+    (r,) = RestartingOracle(inner, "shm_broadcast_timeout").run([Probe(pc.cell.flag_dict, 3600.0, "failing cell")])
+    assert [s.soak_s for s in launcher.specs] == [3600.0, 2600.0]      # the second job soaks what is missing
+    assert r.outcome == "hang" and r.signature == "shm_broadcast_timeout"
+    assert r.exposure_s == pytest.approx(1500.0)                       # 1000 s before the crash + 500 s
+    startup = result_plan.profile.startup_s
+    assert r.gpu_hours == pytest.approx(2 * (2 * startup + 1500.0) / 3600.0)   # TP 2, two start-ups
+    assert r.extra["other_signatures"] == {"crash": 1} and r.extra["cell_id"] == pc.id
+
+
+def test_every_probe_soaks_with_its_own_engine_seed(tmp_path, examples):
+    # the simulated engine draws its hang times from the seed: two probes of one config with one seed
+    # would hang at the same moment, and pooled they would pass for two independent hangs
+    from soakmatrix.matrix.bisect.oracle_soak import SoakOracle
+    from soakmatrix.matrix.contracts.result import CellResult
+
+    matrix, result_plan, pc = failing_cell(examples)
+
+    def script(spec, n):
+        return CellResult(outcome="passed", cell_id=spec.cell_id, cell_name=spec.cell_name, node="n1",
+                          exposure_s=spec.soak_s)
+
+    def seeds_of(oracle_seed):
+        launcher = _Launcher(script)
+        oracle = SoakOracle(matrix, result_plan.profile, pc.cell.model, pc.cell.gpu, pc.cell.workload,
+                            out_dir=tmp_path / str(oracle_seed), launcher_factory=lambda: launcher, seed=oracle_seed)
+        other = {**pc.cell.flag_dict, "mtp": 0}
+        oracle.run([Probe(pc.cell.flag_dict, 600.0), Probe(pc.cell.flag_dict, 600.0), Probe(other, 600.0)])
+        oracle.run([Probe(pc.cell.flag_dict, 600.0)])
+        return [s.seed for s in launcher.specs]
+
+    seeds = seeds_of(None)
+    assert len(seeds) == 4 and len(set(seeds)) == 4          # the same config twice, in two rounds: all differ
+    assert seeds_of(None) == seeds                           # and a rerun soaks with the same ones
+    assert not set(seeds_of(7)) & set(seeds)                 # --seed moves them all
