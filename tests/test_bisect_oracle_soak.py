@@ -102,3 +102,25 @@ def test_every_probe_soaks_with_its_own_engine_seed(tmp_path, examples):
     assert len(seeds) == 4 and len(set(seeds)) == 4          # the same config twice, in two rounds: all differ
     assert seeds_of(None) == seeds                           # and a rerun soaks with the same ones
     assert not set(seeds_of(7)) & set(seeds)                 # --seed moves them all
+
+
+def test_probes_of_a_cell_on_a_build_soak_in_that_builds_runtime_env(tmp_path, examples):
+    # the flag bisection of a cell on a build (a matrix with builds:, or --then-flags) runs every probe
+    # on that build, not on the engine the nodes have
+    import sys
+
+    from soakmatrix.matrix.bisect.oracle_soak import SoakOracle
+    from soakmatrix.matrix.contracts.result import CellResult
+    from soakmatrix.matrix.spec_types import Build
+
+    matrix, result_plan, pc = failing_cell(examples)
+    launcher = _Launcher(lambda spec, n: CellResult(outcome="passed", cell_id=spec.cell_id, cell_name=spec.cell_name,
+                                                    node="n1", exposure_s=spec.soak_s))
+    build = Build("first-bad", 3, "python", sys.executable, None)
+    oracle = SoakOracle(matrix, result_plan.profile, pc.cell.model, pc.cell.gpu, pc.cell.workload,
+                        out_dir=tmp_path, launcher_factory=lambda: launcher, build=build)
+    oracle.run([Probe(pc.cell.flag_dict, 600.0)])
+    (spec,) = launcher.specs
+    assert (spec.build, spec.build_ordinal) == ("first-bad", 3) and spec.cell_name.endswith("|first-bad")
+    assert spec.runtime_env["py_executable"] == sys.executable
+    assert spec.env["SOAKMATRIX_BUILD"] == "first-bad"

@@ -91,3 +91,24 @@ def test_good_dot_dot_bad_over_the_matrix_builds_bisects_that_part_of_the_sectio
     backwards = soakmatrix("bisect", str(tmp_path / "m.yaml"), "--cell", "m|H200||steady|n6", "--builds", "n5..n1",
                            "--virtual")
     assert backwards.returncode == 2 and "n5 is not before n1" in backwards.stderr
+
+
+def test_then_flags_bisects_the_flags_on_the_first_bad_build(tmp_path):
+    # the hang needs MTP and a build from b3 on: the flag bisection must run on b3 (on the nodes' engine,
+    # which no hang of this model matches, the failing cell would not even reproduce)
+    builds, hangs = files(tmp_path)
+    out = soakmatrix("bisect", str(DEMO), "--cell", CELL, "--builds", builds, "--hang-model", hangs, "--virtual",
+                     "--json", "--quiet", "--seed", "1", "--then-flags")
+    assert out.returncode == 1, out.stderr
+    doc = json.loads(out.stdout)
+    assert (doc["status"], doc["first_bad"]) == ("found", "b3"), doc
+    flags = doc["flags"]
+    assert flags["status"] == "found" and flags["minimal"] == ["mtp"], flags
+    assert flags["cell"]["name"].endswith("|b3") and flags["signature"] == "shm_broadcast_timeout"
+    # what the build bisection saw on b3 is the flag bisection's free exposure, said so
+    assert flags["history"]["source"] == "the build bisection on b3" and flags["history"]["exposure_s"] > 0
+    text = soakmatrix("bisect", str(DEMO), "--cell", CELL, "--builds", builds, "--hang-model", hangs, "--virtual",
+                      "--quiet", "--seed", "1", "--then-flags")
+    assert text.returncode == 1, text.stderr
+    assert text.stdout.index("first bad build: b3") < text.stdout.index("the flags on the first bad build b3:")
+    assert "minimal set: mtp=1" in text.stdout

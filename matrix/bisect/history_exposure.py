@@ -32,6 +32,7 @@ class HistoryExposure:
     exposure_s: float           # load over every result with load
     results: int                # results that carried load
     runs: tuple[str, ...]       # their run ids, oldest first
+    source: str = ""            # where else the load was measured (e.g. the build bisection's probes); "": the store
 
 
 def history_exposure(observations: Iterable[Any], cell_id: str, signature: str | None) -> HistoryExposure | None:
@@ -88,9 +89,10 @@ def describe(history: HistoryExposure, saved_gpu_hours: float, wanted_hangs: int
     """The report's sentence on what came from history and what it saved."""
     newest = ", ".join(reversed(history.runs[-3:]))
     runs = f"{len(history.runs)} run(s)" + (f" (newest {newest})" if history.runs else "")
+    where = (f"{history.results} probe(s) of {history.source}" if history.source
+             else f"{history.results} result(s) of this cell in {runs} of the store")
     text = (f"history: {history.hangs} hang(s) of {history.signature} in {format_duration(history.exposure_s)} of "
-            f"load from {history.results} result(s) of this cell in {runs} of the store entered as free exposure "
-            f"of the failing cell")
+            f"load from {where} entered as free exposure of the failing cell")
     if history.hangs:
         left = max(wanted_hangs - history.hangs, 0)
         text += (f"; they spared ~{saved_gpu_hours:.1f} GPU-hours of soaking the failing cell "
@@ -103,6 +105,9 @@ def describe(history: HistoryExposure, saved_gpu_hours: float, wanted_hangs: int
 
 
 def to_json(history: HistoryExposure, saved_gpu_hours: float) -> dict[str, Any]:
-    return {"signature": history.signature, "hangs": history.hangs, "exposure_s": round(history.exposure_s, 3),
-            "results": history.results, "runs": list(history.runs),
-            "saved_gpu_hours_estimate": round(saved_gpu_hours, 3)}
+    doc = {"signature": history.signature, "hangs": history.hangs, "exposure_s": round(history.exposure_s, 3),
+           "results": history.results, "runs": list(history.runs),
+           "saved_gpu_hours_estimate": round(saved_gpu_hours, 3)}
+    if history.source:
+        doc["source"] = history.source
+    return doc

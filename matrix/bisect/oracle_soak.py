@@ -18,6 +18,7 @@ from soakmatrix.matrix.contracts.result import CellResult
 from soakmatrix.matrix.plan import PlannedCell, planned_cell
 from soakmatrix.matrix.soak_specs import matrix_time_scale, soak_spec_for, startup_timeout_s
 from soakmatrix.matrix.spec import Matrix, Profile
+from soakmatrix.matrix.spec_types import Build
 
 from .oracle import Probe, ProbeResult
 
@@ -41,10 +42,12 @@ class SoakOracle:
     def __init__(self, matrix: Matrix, profile: Profile, model: str, gpu: str, workload: str, *,
                  backend: str = "sim", out_dir: str | Path = "bisect-out",
                  launcher_factory: Callable[[], Any] | None = None,
-                 on_result: Callable[[CellResult], None] | None = None, seed: int | None = None):
+                 on_result: Callable[[CellResult], None] | None = None, seed: int | None = None,
+                 build: Build | None = None):
         self.matrix, self.profile = matrix, profile
         self.model, self.gpu, self.workload = model, gpu, workload
         self.backend = backend
+        self.build = build       # the engine build every probe runs in (its runtime_env); None: the nodes'
         self.out_dir = Path(out_dir)
         self._launcher_factory = launcher_factory
         self._launcher = None
@@ -55,7 +58,7 @@ class SoakOracle:
 
     def _cell(self, probe: Probe) -> PlannedCell:
         combo = {"model": self.model, "gpu": self.gpu, "workload": self.workload, **probe.flags}
-        return replace(planned_cell(self.matrix, self.profile, combo), soak_s=probe.soak_s)
+        return replace(planned_cell(self.matrix, self.profile, combo, build=self.build), soak_s=probe.soak_s)
 
     def launcher(self) -> Any:
         if self._launcher is None:

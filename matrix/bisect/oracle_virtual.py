@@ -14,7 +14,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from soakmatrix.matrix.contracts import flags as flagmod
-from soakmatrix.matrix.contracts.hangmodel import STYLE_SIGNATURE, HangModel
+from soakmatrix.matrix.contracts.hangmodel import STYLE_SIGNATURE, BuildId, HangModel
 
 from .oracle import Probe, ProbeResult
 
@@ -23,8 +23,9 @@ class VirtualOracle:
     def __init__(self, model: HangModel, gpu: str | None = None, *, startup_s: float = 600.0,
                  seed: int | None = None, concurrency: int | None = None,
                  registry: Mapping[str, flagmod.Flag] | None = None,
-                 gpu_count: Callable[[Mapping[str, Any]], int] | None = None):
+                 gpu_count: Callable[[Mapping[str, Any]], int] | None = None, build: BuildId | None = None):
         self.model = model
+        self.build = build         # the engine build every probe runs (a hang keyed on builds needs it)
         self.gpu = gpu
         self.startup_s = startup_s
         self.rng = np.random.default_rng(model.seed if seed is None else seed)
@@ -40,7 +41,7 @@ class VirtualOracle:
         full = flagmod.resolve_defaults(probe.flags, self.registry)
         first_t, first = probe.soak_s, None
         for hang in self.model.hangs:
-            if not hang.matches(full, self.gpu):
+            if not hang.matches(full, self.gpu, self.build):
                 continue
             if self.concurrency is not None and hang.min_running > self.concurrency:
                 continue

@@ -130,7 +130,7 @@ def feasibility(pc: PlannedCell, matrix: Matrix) -> FeasibleFn:
 
 def virtual_oracle(matrix: Matrix, pc: PlannedCell, profile: Profile, hang_model_path: str,
                    seed: int | None) -> VirtualOracle:
-    """Virtual time: hangs drawn from the hang model for the failing cell's GPU and workload."""
+    """Virtual time: hangs drawn from the hang model for the failing cell's GPU, workload and build."""
     from soakmatrix.matrix.contracts.hangmodel import load_hang_model
 
     from .oracle_virtual import VirtualOracle
@@ -139,7 +139,8 @@ def virtual_oracle(matrix: Matrix, pc: PlannedCell, profile: Profile, hang_model
     concurrency = matrix.workloads[pc.cell.workload].params.get("concurrency")
     return VirtualOracle(model, pc.cell.gpu, startup_s=profile.startup_s, seed=seed,
                          concurrency=concurrency if isinstance(concurrency, int) else None,
-                         registry=matrix.registry)
+                         registry=matrix.registry,
+                         build=(pc.build.ordinal, pc.build.name) if pc.build is not None else None)
 
 
 def soak_oracle(matrix: Matrix, pc: PlannedCell, profile: Profile, *, backend: str, ray_address: str | None,
@@ -151,7 +152,7 @@ def soak_oracle(matrix: Matrix, pc: PlannedCell, profile: Profile, *, backend: s
 
     cluster = connect(address_from(ray_address), backend=backend, gpus=matrix.gpus)
     return SoakOracle(matrix, profile, pc.cell.model, pc.cell.gpu, pc.cell.workload,
-                      backend=backend, out_dir=out_dir, seed=seed), cluster
+                      backend=backend, out_dir=out_dir, seed=seed, build=pc.build), cluster
 
 
 def recorded_signature(store: Any, cell_id: str) -> tuple[str | None, str]:
@@ -181,7 +182,8 @@ def model_signature(matrix: Matrix, pc: PlannedCell, hang_model_path: str) -> tu
     model = load_hang_model(hang_model_path, registry=matrix.registry)
     concurrency = matrix.workloads[pc.cell.workload].params.get("concurrency")
     full = flagmod.resolve_defaults(pc.cell.flag_dict, matrix.registry)
-    styles = {h.style for h in model.hangs if h.style != "crash" and h.matches(full, pc.cell.gpu)
+    build = (pc.build.ordinal, pc.build.name) if pc.build is not None else None
+    styles = {h.style for h in model.hangs if h.style != "crash" and h.matches(full, pc.cell.gpu, build)
               and not (isinstance(concurrency, int) and h.min_running > concurrency)}
     if len(styles) == 1:
         return STYLE_SIGNATURE[styles.pop()], "the hang model"

@@ -20,10 +20,12 @@ from soakmatrix.matrix.bisect.model import default_gpu_count
 from soakmatrix.matrix.contracts.outcomes import EXIT_FOUND, EXIT_INFRA, EXIT_OK, EXIT_USAGE
 from soakmatrix.matrix.plan import PlannedCell
 from soakmatrix.matrix.spec import Matrix, Profile
+from soakmatrix.matrix.spec_types import Build
 
 from . import history as hist
 from .algorithm import BAD_UNTESTABLE, FOUND, NOT_A_REGRESSION, NOT_REPRODUCED, RANGE
 from .matrix_builds import UnknownBuild, section_range, to_builds
+from .posterior import BuildEvidence
 from .report import render_text, to_json
 from .run import run_build_bisection
 from .specs import BuildSpecError, git_rev_list, resolve_builds
@@ -49,7 +51,12 @@ def run_for_cell(matrix: Matrix, pc: PlannedCell, profile: Profile, *, builds_ar
                  checkout: str, virtual: bool, hang_model_path: str | None, seed: int | None, confidence: float,
                  budget_gpu_hours: float | None, max_probes: int, calibration_hangs: int, signature: str | None,
                  as_json: bool, out: TextIO, progress: Callable[[str], None] | None = None,
-                 real: RealProbes = RealProbes(), store_path: str | None = None) -> int:
+                 real: RealProbes = RealProbes(), store_path: str | None = None,
+                 then: Callable[[Build, str | None, BuildEvidence], tuple[int, dict, str]] | None = None) -> int:
+    """Bisect the builds for `pc`, print the report; exit code. `then(first bad build, target signature,
+    what was seen on that build)` runs after a found first bad build (the flag bisection on it) and
+    answers (exit code, `--json` document, text): its report follows the builds' (nested under `flags`
+    in JSON) and its code is returned."""
     if virtual and not hang_model_path:
         raise BuildUsage("--builds --virtual needs a hang model: --hang-model FILE or the matrix's sim.hang_model")
     try:
@@ -85,14 +92,26 @@ def run_for_cell(matrix: Matrix, pc: PlannedCell, profile: Profile, *, builds_ar
     finally:
         if cluster is not None:
             cluster.close()
+    code = EXIT_OF.get(result.status, EXIT_INFRA)
+    text = render_text(result, history=_history_line(evidence) if evidence else None)
+    if not as_json:   # printed before the flag bisection: hours of probes are not lost if it fails
+        print(text, file=out, flush=True)
+    flag_doc = None
+    if then is not None and result.status == FOUND and result.first_bad is not None:
+        first_bad = builds[result.first_bad]
+        if as_json and progress:
+            progress(f"soakmatrix bisect: first bad build {first_bad.name} (last good {names[result.first_bad - 1]})")
+        code, flag_doc, flag_text = then(first_bad, result.signature, result.evidence[result.first_bad])
+        if not as_json:
+            print(f"\nthe flags on the first bad build {first_bad.name}:\n{flag_text}", file=out)
     if as_json:
         doc = to_json(result, history=evidence.to_json(names) if evidence else None)
         doc.update({"matrix": matrix.file, "cell": {"id": pc.id, "name": pc.name},
                     "oracle": "virtual" if virtual else f"soak ({real.backend})"})
-        print(json.dumps(doc, indent=2, sort_keys=True), file=out)
-    else:
-        print(render_text(result, history=_history_line(evidence) if evidence else None), file=out)
-    return EXIT_OF.get(result.status, EXIT_INFRA)
+        if flag_doc is not None:
+            doc["flags"] = flag_doc
+        print(json.dumps(doc, indent=2, sort_keys=True, default=str), file=out)
+    return code
 
 
 def _virtual_oracle(matrix: Matrix, pc: PlannedCell, profile: Profile, hang_model_path: str, builds: list,

@@ -14,6 +14,8 @@ import argparse
 import json
 import sqlite3
 import sys
+from dataclasses import dataclass
+from typing import Any, Callable
 
 from soakmatrix.matrix.arguments import (
     count,
@@ -25,7 +27,7 @@ from soakmatrix.matrix.arguments import (
 )
 from soakmatrix.matrix.bisect import MAX_ELEMENTS, Settings, bisect
 from soakmatrix.matrix.bisect.emit import write_regression_test
-from soakmatrix.matrix.bisect.history_exposure import calibration_saved, failing_hangs_wanted
+from soakmatrix.matrix.bisect.history_exposure import HistoryExposure, calibration_saved, failing_hangs_wanted
 from soakmatrix.matrix.bisect.history_exposure import to_json as history_json
 from soakmatrix.matrix.bisect.report import render_text, to_json
 from soakmatrix.matrix.bisect.setup import (
@@ -41,8 +43,9 @@ from soakmatrix.matrix.bisect.setup import (
 )
 from soakmatrix.matrix.build_bisect.cli_run import BuildUsage, RealProbes, run_for_cell
 from soakmatrix.matrix.contracts.outcomes import EXIT_FOUND, EXIT_INFRA, EXIT_OK, EXIT_USAGE
-from soakmatrix.matrix.plan import plan
-from soakmatrix.matrix.spec import load_matrix
+from soakmatrix.matrix.plan import PlannedCell, plan, planned_cell
+from soakmatrix.matrix.spec import Matrix, Profile, load_matrix
+from soakmatrix.matrix.spec_types import Build
 
 EXIT_INCONCLUSIVE = EXIT_INFRA   # the same number as run's infrastructure error; for bisect it means inconclusive
 
@@ -107,6 +110,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "between them); a line may name a build of `builds:`. Each probe soaks "
                              "the cell on one build through Ray's runtime_env (--virtual: the hang model instead); "
                              "with --store, the cell's results on listed builds count as evidence")
+    parser.add_argument("--then-flags", action="store_true",
+                        help="with --builds: once the first bad build is found, bisect the cell's flags on that build "
+                             "(both reports are printed; --json nests the flags' under `flags`; the exit code is then "
+                             "the flag bisection's)")
     parser.add_argument("--build-template", metavar="SPEC", help="a pip spec with {sha}, e.g. "
                         "'vllm @ git+https://github.com/vllm-project/vllm@{sha}' (with GOOD..BAD)")
     parser.add_argument("--checkout", default=".", help="the git checkout GOOD..BAD is read from (default: .)")
@@ -140,7 +147,6 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _main(args: argparse.Namespace) -> int:
-    cap = args.mttf_cap
     matrix = load_matrix(args.matrix)
     result_plan = plan(matrix, args.profile)
     try:
@@ -168,15 +174,32 @@ def _main(args: argparse.Namespace) -> int:
 
     progress = None if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
     if args.builds:
-        try:
-            return run_for_cell(matrix, pc, profile, builds_arg=args.builds, template=args.build_template,
-                                checkout=args.checkout, virtual=args.virtual, hang_model_path=hang_model_path,
-                                seed=args.seed, confidence=args.confidence, budget_gpu_hours=args.budget_gpu_hours,
-                                max_probes=args.max_probes, calibration_hangs=args.calibration_hangs,
-                                signature=signature, as_json=args.json, out=sys.stdout, progress=progress,
-                                real=RealProbes(args.backend, args.ray_address, args.out), store_path=args.store)
-        except BuildUsage as exc:
-            raise _Usage(str(exc)) from None
+        return _builds(args, matrix, profile, pc, signature, hang_model_path, progress)
+    run = _flag_bisection(args, matrix, profile, pc, signature, source, history, hang_model_path, progress)
+    # the result first: what can fail after it (a test file, the store) must not lose hours of probes
+    if args.json:
+        json.dump(run.doc, sys.stdout, indent=2, sort_keys=True, default=str)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(run.text)
+    sys.stdout.flush()
+    _after(args, run, matrix, hang_model_path, progress)
+    return run.code
+
+
+@dataclass(frozen=True)
+class FlagRun:
+    """A finished flag bisection of one cell: its exit code, its result, `--json`'s document and the text."""
+    pc: PlannedCell
+    result: Any
+    code: int
+    doc: dict
+    text: str
+
+
+def _flag_bisection(args: argparse.Namespace, matrix: Matrix, profile: Profile, pc: PlannedCell,
+                    signature: str | None, source: str, history: Any, hang_model_path: str | None,
+                    progress: Callable[[str], None] | None) -> FlagRun:
     # only the flag bisection moves flags: a build bisection keeps the cell's flags as they are
     movable, fixed, why = elements_of(pc, matrix)
     if len(movable) > MAX_ELEMENTS:
@@ -191,7 +214,7 @@ def _main(args: argparse.Namespace) -> int:
         if progress:
             progress(f"soakmatrix bisect: on {cluster.description}")
         parallel = args.parallel or 2
-    settings = Settings(confidence=args.confidence, mttf_cap_s=cap, startup_s=profile.startup_s,
+    settings = Settings(confidence=args.confidence, mttf_cap_s=args.mttf_cap, startup_s=profile.startup_s,
                         calibration_hangs=args.calibration_hangs, parallel=parallel,
                         max_probes=args.max_probes, budget_gpu_hours=args.budget_gpu_hours,
                         shrink_values=not args.no_shrink, modifier_prior=args.modifier_prior,
@@ -215,21 +238,56 @@ def _main(args: argparse.Namespace) -> int:
     if history is not None:
         doc["history"] = history_json(history, calibration_saved(history, failing_hangs_wanted(settings),
                                                                  pc.gpu_count, settings.startup_s))
-    # the result first: what can fail after it (a test file, the store) must not lose hours of probes
-    if args.json:
-        json.dump(doc, sys.stdout, indent=2, sort_keys=True, default=str)
-        sys.stdout.write("\n")
-    else:
-        sys.stdout.write(f"cell {pc.id}  {pc.name}\n")
-        sys.stdout.write(render_text(result))
-    sys.stdout.flush()
     code = {"found": EXIT_FOUND, "not_reproduced": EXIT_OK}.get(result.status, EXIT_INCONCLUSIVE)
+    return FlagRun(pc, result, code, doc, f"cell {pc.id}  {pc.name}\n" + render_text(result))
+
+
+def _builds(args: argparse.Namespace, matrix: Matrix, profile: Profile, pc: PlannedCell, signature: str | None,
+            hang_model_path: str | None, progress: Callable[[str], None] | None) -> int:
+    """The build bisection; with --then-flags, the flag bisection of the cell on its first bad build."""
+    flag_runs: list[FlagRun] = []
+
+    def then(build: Build, target: str | None, seen: Any) -> tuple[int, dict, str]:
+        # the failing cell's flags, model, GPU and workload on the first bad build; what the build
+        # bisection saw there (the store's results on that build included) is its free exposure
+        combo = {"model": pc.cell.model, "gpu": pc.cell.gpu, "workload": pc.cell.workload, **pc.cell.flag_dict}
+        bad = planned_cell(matrix, profile, combo, build=build)
+        history = None
+        if target is not None and seen.exposure_s > 0:
+            history = HistoryExposure(target, seen.hangs, seen.exposure_s, seen.probes - seen.untestable,
+                                      (), source=f"the build bisection on {build.name}")
+        if progress:
+            progress(f"soakmatrix bisect: the flags of the cell on the first bad build {build.name}")
+        run = _flag_bisection(args, matrix, profile, bad, target, "the build bisection" if target else "", history,
+                              hang_model_path, progress)
+        flag_runs.append(run)
+        return run.code, run.doc, run.text
+
+    try:
+        code = run_for_cell(matrix, pc, profile, builds_arg=args.builds, template=args.build_template,
+                            checkout=args.checkout, virtual=args.virtual, hang_model_path=hang_model_path,
+                            seed=args.seed, confidence=args.confidence, budget_gpu_hours=args.budget_gpu_hours,
+                            max_probes=args.max_probes, calibration_hangs=args.calibration_hangs,
+                            signature=signature, as_json=args.json, out=sys.stdout, progress=progress,
+                            real=RealProbes(args.backend, args.ray_address, args.out), store_path=args.store,
+                            then=then if args.then_flags else None)
+    except BuildUsage as exc:
+        raise _Usage(str(exc)) from None
+    for run in flag_runs:
+        _after(args, run, matrix, hang_model_path, progress)
+    return code
+
+
+def _after(args: argparse.Namespace, run: FlagRun, matrix: Matrix, hang_model_path: str | None,
+           progress: Callable[[str], None] | None) -> None:
+    """What comes after a printed flag bisection: the regression test (--emit-test), the store (--store)."""
     if args.emit_test:
-        if result.status != "found":
+        if run.result.status != "found":
             print("soakmatrix bisect: no minimal set, so no regression test written", file=sys.stderr)
         else:
             try:
-                path = write_regression_test(args.emit_test, result, pc, matrix, args.backend, hang_model_path)
+                path = write_regression_test(args.emit_test, run.result, run.pc, matrix, args.backend,
+                                             hang_model_path)
             except OSError as exc:
                 print(f"soakmatrix bisect: --emit-test: could not write {args.emit_test}: {exc}; the result above "
                       "stands", file=sys.stderr)
@@ -241,8 +299,7 @@ def _main(args: argparse.Namespace) -> int:
 
         try:
             with HistoryStore(args.store) as store:
-                store.record_bisection(pc.id, doc)
+                store.record_bisection(run.pc.id, run.doc)
         except (StoreError, OSError, sqlite3.Error) as exc:
             print(f"soakmatrix bisect: --store: could not record the result in {args.store}: {exc}; the result "
                   "above stands", file=sys.stderr)
-    return code
