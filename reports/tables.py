@@ -112,6 +112,8 @@ def bisection_view(report: Mapping[str, Any]) -> dict[str, Any]:
     cell = report.get("cell")
     cell_id = report.get("cell_id") or (cell.get("id") if isinstance(cell, Mapping) else cell)
     cell_name = cell.get("name") if isinstance(cell, Mapping) else None
+    if report.get("kind") == "builds":
+        return _build_bisection_view(report, cell_id, cell_name)
     minimal = report.get("minimal_set")
     if minimal is None:
         minimal = report.get("minimal_flags") or report.get("minimal")
@@ -145,11 +147,40 @@ def bisection_view(report: Mapping[str, Any]) -> dict[str, Any]:
             "ci": (f"{_dur(ci[0]) or '0'} – {_dur(ci[1]) or '∞'}" if isinstance(ci, (list, tuple)) and len(ci) == 2
                    else "" if ci is None else str(ci)),
         })
-    return {"cell_id": cell_id, "cell_name": cell_name, "signature": report.get("signature") or "",
+    return {"kind": "flags", "cell_id": cell_id, "cell_name": cell_name, "signature": report.get("signature") or "",
             "status": report.get("status") or "", "minimal": minimal_text, "confidence": report.get("confidence"),
             "posterior": report.get("posterior"), "gpu_hours": report.get("gpu_hours"),
             "certified_soak": _dur(report.get("certified_soak_s")), "configs": configs, "verdicts": verdict_rows,
             "run_id": report.get("run_id") or "", "recorded_at": report.get("recorded_at")}
+
+
+def _build_bisection_view(report: Mapping[str, Any], cell_id: Any, cell_name: Any) -> dict[str, Any]:
+    """A build bisection's report (`matrix.build_bisect.report.to_json`, stored with kind "builds") in
+    the same shape: the answer is the first bad build (or a range of untestable builds), the rows are
+    the builds probed."""
+    first_bad, last_good, rng = report.get("first_bad"), report.get("last_good"), report.get("range")
+    if first_bad:
+        answer = f"{first_bad}" + (f" (last good {last_good})" if last_good else "")
+    elif isinstance(rng, (list, tuple)) and len(rng) == 2:
+        answer = f"one of {rng[0]}..{rng[1]}"
+    else:
+        answer = ""
+    rows = []
+    for b in report.get("builds") or []:
+        if not isinstance(b, Mapping) or not b.get("probes"):
+            continue
+        verdict = "untestable" if b.get("untestable") else "bad" if b.get("hangs") else "passed"
+        rows.append({"label": str(b.get("build", "")), "role": verdict, "probes": b.get("probes", ""),
+                     "hangs": b.get("hangs", ""), "exposure": _dur(b.get("exposure_s")), "mttf": "", "ci": ""})
+    mttf = report.get("mttf") if isinstance(report.get("mttf"), Mapping) else {}
+    notes = [("MTTF on the bad builds", _dur(mttf.get("mttf_s")))] if mttf.get("mttf_s") else []
+    if report.get("good_mttf_bound_s"):
+        notes.append(("last good build", f"MTTF > {_dur(report.get('good_mttf_bound_s'))}"))
+    return {"kind": "builds", "cell_id": cell_id, "cell_name": cell_name, "signature": report.get("signature") or "",
+            "status": report.get("status") or "", "minimal": answer, "confidence": report.get("confidence"),
+            "posterior": report.get("posterior"), "gpu_hours": report.get("gpu_hours"), "certified_soak": "",
+            "configs": rows, "verdicts": notes, "run_id": report.get("run_id") or "",
+            "recorded_at": report.get("recorded_at")}
 
 
 def bisections_table(bisections: Sequence[Mapping[str, Any]]) -> str:

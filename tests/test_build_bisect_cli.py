@@ -112,3 +112,24 @@ def test_then_flags_bisects_the_flags_on_the_first_bad_build(tmp_path):
     assert text.returncode == 1, text.stderr
     assert text.stdout.index("first bad build: b3") < text.stdout.index("the flags on the first bad build b3:")
     assert "minimal set: mtp=1" in text.stdout
+
+
+def test_store_records_the_build_bisection_for_the_dashboard(tmp_path):
+    from soakmatrix.reports.history import HistoryStore
+
+    builds, hangs = files(tmp_path)
+    store = tmp_path / "history.sqlite"
+    out = soakmatrix("bisect", str(DEMO), "--cell", CELL, "--builds", builds, "--hang-model", hangs, "--virtual",
+                     "--quiet", "--seed", "1", "--store", str(store))
+    assert out.returncode == 1, out.stderr
+    with HistoryStore(store) as history:
+        (report,) = history.bisections()
+    assert (report["kind"], report["first_bad"], report["last_good"]) == ("builds", "b3", "b2")
+    assert report["cell"]["name"] == CELL
+    site = tmp_path / "site"
+    dashboard = soakmatrix("report", str(store), "--out", str(site))
+    assert dashboard.returncode == 0, dashboard.stderr
+    page = (site / "index.html").read_text()
+    assert "first bad build: <b>b3 (last good b2)</b>" in page
+    section = page[page.index('<section id="bisections">'):]
+    assert "<td>bad</td>" in section and "<td>passed</td>" in section

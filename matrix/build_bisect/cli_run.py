@@ -104,14 +104,31 @@ def run_for_cell(matrix: Matrix, pc: PlannedCell, profile: Profile, *, builds_ar
         code, flag_doc, flag_text = then(first_bad, result.signature, result.evidence[result.first_bad])
         if not as_json:
             print(f"\nthe flags on the first bad build {first_bad.name}:\n{flag_text}", file=out)
+    doc = to_json(result, history=evidence.to_json(names) if evidence else None)
+    doc.update({"matrix": matrix.file, "cell": {"id": pc.id, "name": pc.name},
+                "oracle": "virtual" if virtual else f"soak ({real.backend})"})
     if as_json:
-        doc = to_json(result, history=evidence.to_json(names) if evidence else None)
-        doc.update({"matrix": matrix.file, "cell": {"id": pc.id, "name": pc.name},
-                    "oracle": "virtual" if virtual else f"soak ({real.backend})"})
-        if flag_doc is not None:
-            doc["flags"] = flag_doc
-        print(json.dumps(doc, indent=2, sort_keys=True, default=str), file=out)
+        print(json.dumps({**doc, **({"flags": flag_doc} if flag_doc is not None else {})}, indent=2, sort_keys=True,
+                         default=str), file=out, flush=True)
+    if store_path:
+        _record(store_path, pc, doc)
     return code
+
+
+def _record(store_path: str, pc: PlannedCell, doc: dict) -> None:
+    """The build bisection's report into the store (the dashboard's Bisections), after it was printed:
+    a store that fails here loses nothing but the record, and says so."""
+    import sqlite3
+    import sys
+
+    from soakmatrix.reports.history import HistoryStore, StoreError
+
+    try:
+        with HistoryStore(store_path) as store:
+            store.record_bisection(pc.id, {**doc, "kind": "builds"})
+    except (StoreError, OSError, sqlite3.Error) as exc:
+        print(f"soakmatrix bisect: --store: could not record the result in {store_path}: {exc}; the result above "
+              "stands", file=sys.stderr)
 
 
 def _virtual_oracle(matrix: Matrix, pc: PlannedCell, profile: Profile, hang_model_path: str, builds: list,
