@@ -11,8 +11,11 @@ tested exactly (a convolution), and the rate ratio gets the interval that invert
 Over the flags outside the set the verdicts are controlled family-wise (Holm): all of them
 irrelevant, they are called modifiers at most 1 - confidence of the time in total.
 
-`measure` soaks what the verdicts need: the failing cell to CELL_HANGS hangs, and each flag's
-removal until it is called (Holm level), looks innocent (three hangs or more and a ratio under
+`measure` soaks what the verdicts need: the failing cell to CELL_HANGS hangs; then the flags whose
+removal looks innocent so far removed together (one group: once its hangs against the failing
+cell's rule out an x rule_out_factor modifier among them, they need no soaks of their own: 8
+innocent flags cost the group's 3-5 hangs, not some 23 hangs of their own); then each flag's removal
+until it is called (Holm level), looks innocent (INNOCENT_HANGS hangs or more and a ratio under
 INNOCENT_RATIO), has MEASURE_HANGS hangs, or has soaked out to the necessity length; a flag is
 called early only at a third of its Holm share, so looking after every soak stays within budget.
 By default the ablation runs `measure` before the necessity soaks: `reference_pool` hands them the
@@ -33,8 +36,10 @@ if TYPE_CHECKING:
 
 MEASURE_HANGS = 10          # hangs of the failing cell and of a suspect's removal before a verdict without more
 INNOCENT_RATIO = 1.5       # a removal with INNOCENT_HANGS+ hangs and a ratio under this looks innocent: no more soaks
-INNOCENT_HANGS = 3         # (with 2, an 8x modifier's two hangs came quick enough to look innocent 9 % of the time)
+INNOCENT_HANGS = 4         # 2: an 8x modifier's quick hangs looked innocent 9 % of the time; 3: 2 %
 CELL_HANGS = 12            # the failing cell's side of every comparison (more hangs there are cheap: 1 MTTF each)
+GROUP_RATIO = 3.0          # a suspect joins the group removal while its own removal looks at most this much slower
+GROUP_MTTFS = 8.0          # the group's removal gets this much more load (failing-cell MTTFs) to rule out a modifier
 REFERENCE_LEVEL = 0.05     # a removal joins the failing cell's reference rate unless told apart at this level
 RATIO_GRID = np.exp(np.linspace(math.log(1e-3), math.log(1e3), 481))
 
@@ -112,6 +117,17 @@ def compare(rows: list[tuple[int, float, int, float]], confidence: float, interv
     return Comparison(ratio, low, high, p_value, ha, hb, ea, eb)
 
 
+def p_as_strong(rows: list[tuple[int, float, int, float]], factor: float) -> float:
+    """P(at most the observed hangs with the flag | rate with it = factor x without), stratified:
+    small when the flag (or group) cannot be an x factor modifier."""
+    used = [r for r in rows if r[0] + r[2] > 0]
+    if not used:
+        return 1.0
+    ps = np.array([[factor * r[1] / (factor * r[1] + r[3]) for r in used]])
+    pmf = _sum_pmf([r[0] + r[2] for r in used], ps)[0]
+    return float(pmf[:sum(r[0] for r in used) + 1].sum())
+
+
 def holm(p_values: list[float], alpha: float) -> list[bool]:
     """Holm's step-down: which hypotheses are rejected, family-wise at `alpha`."""
     order = sorted(range(len(p_values)), key=lambda i: p_values[i])
@@ -156,6 +172,7 @@ def measure(search: Search, minimal_mask: int, longest_s: float) -> None:
     while cell.hangs < CELL_HANGS and not search.over_budget():
         mttf = cell.exposure_s / max(cell.hangs, 1)
         search.run([(full, max(3.0 * mttf, search.s.startup_s), "modifiers")] * max(1, search.s.parallel))
+    _group_check(search, minimal_mask, longest_s)
     while not search.over_budget():
         suspects = _suspects(search, minimal_mask, longest_s)
         if not suspects:
@@ -171,6 +188,52 @@ def measure(search: Search, minimal_mask: int, longest_s: float) -> None:
         search.run(batch)
 
 
+def _group_check(search: Search, minimal_mask: int, longest_s: float) -> None:
+    """Once the failing cell's rate is known, the suspects that look innocent so far (their
+    removal hung, not much slower than the failing cell) are removed together, and the group's
+    removal is soaked until its hangs rule out an x rule_out_factor modifier among them (_rules_out:
+    short of two that cancel, none of them is one, and none needs soaks of its own) or it has had
+    GROUP_MTTFS of load (a modifier in it, or bad luck): then its flags are soaked one by one.
+    All the flags outside the set together is the set alone, whose earlier soaks count."""
+    cell = search.stats_of(search.full)
+    mttf = cell.exposure_s / max(cell.hangs, 1)
+    comps = comparisons(search, minimal_mask, interval=False)
+    group = [j for j in _suspects(search, minimal_mask, longest_s)
+             if comps[j].hangs_without > 0 and comps[j].ratio < GROUP_RATIO]
+    if len(group) < 2:
+        return
+    target = search.full & ~sum(1 << j for j in group)
+    if not search.runnable[target]:
+        return
+    cs = search.stats_of(target)
+    until = cs.exposure_s + GROUP_MTTFS * mttf
+    while not _rules_out(search, cs) and cs.exposure_s < until and not search.over_budget():
+        search.run([(target, max(min(2.0 * mttf, until - cs.exposure_s), search.s.startup_s), "modifiers")])
+
+
+def _rules_out(search: Search, cs) -> bool:
+    """The config's hangs against the failing cell's rule out "an x rule_out_factor modifier is
+    among the flags it lacks" at a third of 1 - confidence (looked at after every soak)."""
+    cell = search.stats_of(search.full)
+    if cs.hangs < 2 or cell.hangs == 0:
+        return False
+    p = p_as_strong([(cell.hangs, cell.exposure_s, cs.hangs, cs.exposure_s)], search.s.rule_out_factor)
+    return p <= (1.0 - search.s.confidence) / 3.0
+
+
+def _cleared(search: Search, minimal_mask: int) -> int:
+    """Flags outside the set removed together with others in a config whose hangs rule out an
+    x rule_out_factor modifier among them (a group's removal, _group_check)."""
+    out = 0
+    for m, cs in search.configs.items():
+        gone = search.full & ~m
+        if (m & minimal_mask) != minimal_mask or bin(gone).count("1") < 2:
+            continue
+        if _rules_out(search, cs):
+            out |= gone
+    return out
+
+
 def _suspects(search: Search, minimal_mask: int, longest_s: float) -> list[int]:
     """Flags outside the set whose verdict more soaking of their removal may still change."""
     comps = comparisons(search, minimal_mask, interval=False)
@@ -178,7 +241,10 @@ def _suspects(search: Search, minimal_mask: int, longest_s: float) -> list[int]:
     # every soak does not spend the family's error budget on the innocent flags
     clear = (1.0 - search.s.confidence) / (3.0 * max(len(comps), 1))
     out = []
+    cleared = _cleared(search, minimal_mask)
     for j, c in comps.items():
+        if cleared >> j & 1:
+            continue
         target = search.full & ~(1 << j)
         cs = search.configs.get(target)
         if cs is None or not search.runnable[target]:
