@@ -17,6 +17,11 @@ each case's GPU-hours (load on the bad and good builds, start-ups) against the f
 
     python -m benchmarks.bench_build_bisect                # 200 seeds per case (minutes on 2 cores)
     python -m benchmarks.bench_build_bisect --seeds 1000   # the full run
+    python -m benchmarks.bench_build_bisect --parallel 4   # rounds of 4 probes at once: wall time
+
+`--parallel K` runs the algorithm with rounds of up to K probes soaked side by side and reports,
+beside GPU-hours and exactness, the rounds and the wall time (each round lasts as long as its
+longest probe, start-up included) against one probe at a time.
 """
 
 from __future__ import annotations
@@ -75,17 +80,30 @@ def oracle(case: Case, seed: int):
 
 def _run_ours(args: tuple[Case, list[int]]) -> list[tuple[float, int, int]]:
     from soakmatrix.matrix.build_bisect import FOUND, RANGE, BuildSettings, bisect_builds
-    case, seeds = args
+    case, seeds, width = args
     out = []
     for seed in seeds:
         cp = change_point(case, seed)
         o = oracle(case, seed)
-        r = bisect_builds([f"b{i}" for i in range(case.n)], o, BuildSettings(confidence=CONFIDENCE, startup_s=STARTUP_S,
-                                                                            signature=SIGNATURE))
+        timed = _Timed(o)
+        r = bisect_builds([f"b{i}" for i in range(case.n)], timed,
+                          BuildSettings(confidence=CONFIDENCE, startup_s=STARTUP_S, signature=SIGNATURE, parallel=width))
         exact = (r.status == FOUND and r.first_bad == cp) or (
             r.status == RANGE and r.range[0] <= cp <= r.range[1] and all(i in o.untestable for i in range(r.range[0], cp)))
-        out.append((r.gpu_hours, int(exact), r.probes, _where(r, cp, case)))
+        out.append((r.gpu_hours, int(exact), r.probes, _where(r, cp, case), r.rounds, timed.wall_s / 3600.0))
     return out
+
+
+class _Timed:
+    """The oracle, with the wall time of its rounds: each as long as its longest probe (one GPU each)."""
+
+    def __init__(self, inner):
+        self.inner, self.wall_s = inner, 0.0
+
+    def run(self, probes):
+        results = self.inner.run(probes)
+        self.wall_s += max((r.gpu_hours * 3600.0 for r in results), default=0.0)
+        return results
 
 
 def _where(r, cp: int, case: Case) -> tuple[float, ...]:
@@ -212,10 +230,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--untestable", type=float, default=0.0,
                         help="also run n=32 and 128 at MTTF 38 min with this share of untestable builds")
     parser.add_argument("--no-baselines", action="store_true", help="only the algorithm and the floor")
+    parser.add_argument("--parallel", type=int, default=0, metavar="K",
+                        help="compare rounds of up to K probes at once with one at a time: rounds and wall time")
     parser.add_argument("--where", action="store_true",
                         help="also print where the GPU-hours go, in MTTFs per run, against the floor's own split")
     args = parser.parse_args(argv)
     todo = [c for c in cases(args.untestable) if re.search(args.filter, c.name)]
+    if args.parallel:
+        return _parallel_table(todo, args)
     print(f"build bisection benchmark: {args.seeds} seeds per case, first bad build uniform over 1..n-1, "
           f"start-up + install {STARTUP_S / 60:.0f} min per probe, 1 GPU, stated confidence {CONFIDENCE}; "
           f"+flaky: every build also hangs with another signature at MTTF {BACKGROUND_MTTF_S / 3600:.0f} h; "
@@ -229,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
         for case in todo:
             chunks = _split(args.seeds, parts)
-            rows = [row for part in pool.map(_run_ours, [(case, c) for c in chunks]) for row in part]
+            rows = [row for part in pool.map(_run_ours, [(case, c, 1) for c in chunks]) for row in part]
             gh = np.array([r[0] for r in rows])
             exact = np.mean([r[1] for r in rows])
             probes = np.mean([r[2] for r in rows])
@@ -244,6 +266,29 @@ def main(argv: list[str] | None = None) -> int:
             print(line, flush=True)
             if args.where:
                 print(_where_line(case, np.array([r[3] for r in rows]).mean(axis=0)), flush=True)
+    print(f"({time.time() - start:.0f} s)")
+    return 0
+
+
+def _parallel_table(todo: list[Case], args: argparse.Namespace) -> int:
+    widths = sorted({1, args.parallel})
+    print(f"build bisection, rounds of up to K probes soaked at once: {args.seeds} seeds per case, start-up + install "
+          f"{STARTUP_S / 60:.0f} min per probe, stated confidence {CONFIDENCE}; wall = sum over rounds of the longest "
+          "probe", flush=True)
+    header = f"{'case':<24} {'K':>2} {'GPU-h':>7} {'exact':>6} {'probes':>6} {'rounds':>6} {'wall h':>7} {'p90':>6}"
+    print(header)
+    print("-" * len(header), flush=True)
+    start = time.time()
+    with ProcessPoolExecutor(max_workers=args.workers) as pool:
+        for case in todo:
+            for width in widths:
+                chunks = _split(args.seeds, args.workers * 4)
+                rows = [row for part in pool.map(_run_ours, [(case, c, width) for c in chunks]) for row in part]
+                wall = np.array([r[5] for r in rows])
+                print(f"{case.name:<24} {width:>2} {np.mean([r[0] for r in rows]):>7.2f} "
+                      f"{np.mean([r[1] for r in rows]):>6.3f} {np.mean([r[2] for r in rows]):>6.1f} "
+                      f"{np.mean([r[4] for r in rows]):>6.1f} {wall.mean():>7.2f} {np.percentile(wall, 90):>6.1f}",
+                      flush=True)
     print(f"({time.time() - start:.0f} s)")
     return 0
 

@@ -154,6 +154,36 @@ def test_the_stated_error_rate_holds_in_virtual_time():
     assert np.mean(spent) < 12.0
 
 
+def test_parallel_rounds_keep_the_stated_error_rate_in_fewer_rounds():
+    # a round soaks several probes at once; only real answers enter the posterior, so the answer
+    # stays right at the stated rate while the wall time (rounds) falls
+    n, mttf, seeds = 32, 2280.0, 60
+    by_width = {}
+    for width in (1, 4):
+        exact, rounds, probes = 0, [], []
+        for seed in range(seeds):
+            cp = int(np.random.default_rng(seed).integers(1, n))
+            oracle = VirtualBuildOracle(n, cp, mttf, seed=20_000 + seed)
+            r = bisect_builds(names(n), oracle, BuildSettings(signature=SIG, parallel=width))
+            exact += r.status == FOUND and r.first_bad == cp
+            rounds.append(r.rounds)
+            probes.append(r.probes)
+        by_width[width] = (exact, np.mean(rounds), np.mean(probes))
+    assert by_width[1][1] == by_width[1][2]                   # one at a time: a round per probe
+    assert by_width[4][0] >= seeds - 2 and by_width[1][0] >= seeds - 2
+    assert by_width[4][1] < 0.6 * by_width[1][1]              # far fewer rounds side by side
+    assert by_width[4][2] > by_width[4][1]
+
+
+def test_one_probe_per_round_is_the_sequential_bisection():
+    n, cp = 16, 9
+    one = bisect_builds(names(n), VirtualBuildOracle(n, cp, 2280.0, seed=5), BuildSettings(signature=SIG))
+    same = bisect_builds(names(n), VirtualBuildOracle(n, cp, 2280.0, seed=5), BuildSettings(signature=SIG, parallel=1))
+    assert (one.probes, one.gpu_hours, one.first_bad) == (same.probes, same.gpu_hours, same.first_bad)
+    with pytest.raises(ValueError, match="parallel"):
+        BuildSettings(parallel=0)
+
+
 @pytest.mark.parametrize("n,cp", [(8, 5), (33, 17)])
 def test_the_end_game_pools_enough_hangs_before_it_refutes(n, cp):
     # the refuting soak's length rests on the rate read from the hangs pooled on the answer's side:

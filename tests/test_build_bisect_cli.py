@@ -133,3 +133,12 @@ def test_store_records_the_build_bisection_for_the_dashboard(tmp_path):
     assert "first bad build: <b>b3 (last good b2)</b>" in page
     section = page[page.index('<section id="bisections">'):]
     assert "<td>bad</td>" in section and "<td>passed</td>" in section
+
+
+def test_parallel_rounds_from_the_cli(tmp_path):
+    builds, hangs = files(tmp_path)
+    out = soakmatrix("bisect", str(DEMO), "--cell", CELL, "--builds", builds, "--hang-model", hangs, "--virtual",
+                     "--json", "--quiet", "--seed", "2", "--parallel", "3")
+    assert out.returncode == 1, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["first_bad"] == "b3" and doc["rounds"] < doc["probes"], doc

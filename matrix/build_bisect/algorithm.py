@@ -17,18 +17,26 @@ oracle (`oracle.BuildOracle`). It
    (`range`: "the first bad build is one of X..Y", untestable builds between), or the good build
    itself (`not_a_regression`: the oldest build hangs too); or when the probe or GPU-hour budget
    runs out (`inconclusive`, with the likeliest group so far).
+
+With `parallel` > 1 a round soaks several probes at once (wall time is rounds, not probes): the
+calibration soaks as many copies of the bad build as hangs are missing, and a search round picks
+each next probe on a copy of the posterior that already believes the likelier outcome of the
+probes picked before it (a pass of its length, or a hang at the pooled MTTF). Only real answers
+enter the posterior and the stop, so the stated confidence holds at any width; the believed
+outcomes only spread a round's probes over the builds.
 """
 
 from __future__ import annotations
 
+import copy
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Mapping, Sequence
 
 from soakmatrix.matrix.contracts.stats import mttf_estimate, mttf_lower_bound
 
-from .oracle import HANG, UNTESTABLE, BuildOracle, BuildProbe, BuildProbeResult
-from .planner import choose
+from .oracle import HANG, PASSED, UNTESTABLE, BuildOracle, BuildProbe, BuildProbeResult
+from .planner import Choice, choose
 from .posterior import BuildEvidence, ChangePointPosterior
 
 FOUND = "found"
@@ -58,8 +66,11 @@ class BuildSettings:
     # evidence from before the bisection (e.g. the history's soaks): build index -> (target hangs,
     # exposure seconds); it pools into the posterior like any probe but costs nothing here
     known: Mapping[int, tuple[int, float]] = field(default_factory=dict)
+    parallel: int = 1                    # probes soaked at once per round
 
     def __post_init__(self):
+        if self.parallel < 1:
+            raise ValueError(f"parallel must be >= 1, got {self.parallel}")
         if not 0.5 < self.confidence < 1.0:
             raise ValueError(f"confidence must be in (0.5, 1), got {self.confidence}")
         if not 0.0 < self.error_share <= 1.0:
@@ -88,6 +99,7 @@ class BuildBisectResult:
     gpu_hours: float = 0.0
     gpu_hours_by_role: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    rounds: int = 0                      # batches of probes soaked at once (wall time, in soaks)
 
     @property
     def first_bad_build(self) -> str | None:
@@ -118,6 +130,7 @@ class _Run:
             b.exposure_s += float(exposure)
         self.signature = settings.signature
         self.probes = 0
+        self.rounds = 0
         self.gpu_hours = 0.0
         self.by_role: dict[str, float] = {}
 
@@ -130,16 +143,22 @@ class _Run:
             return True
         return self.s.budget_gpu_hours is not None and self.gpu_hours >= self.s.budget_gpu_hours
 
+    def probe_batch(self, picks: Sequence[tuple[int, float, str]]) -> list[BuildProbeResult]:
+        """Soak (build index, soak seconds, role) probes at once; every answer enters the posterior."""
+        results = self.oracle.run([BuildProbe(i, self.builds[i], soak_s) for i, soak_s, _ in picks])
+        self.rounds += 1
+        for (index, _, role), result in zip(picks, results):
+            if self.signature is None and result.outcome == HANG:
+                self.signature = result.signature
+            target = result.outcome == HANG and result.signature == self.signature
+            self.post.observe(index, result.outcome, target, result.exposure_s, result.gpu_hours)
+            self.probes += 1
+            self.gpu_hours += result.gpu_hours
+            self.by_role[role] = self.by_role.get(role, 0.0) + result.gpu_hours
+        return results
+
     def probe(self, index: int, soak_s: float, role: str) -> BuildProbeResult:
-        result = self.oracle.run([BuildProbe(index, self.builds[index], soak_s)])[0]
-        if self.signature is None and result.outcome == HANG:
-            self.signature = result.signature
-        target = result.outcome == HANG and result.signature == self.signature
-        self.post.observe(index, result.outcome, target, result.exposure_s, result.gpu_hours)
-        self.probes += 1
-        self.gpu_hours += result.gpu_hours
-        self.by_role[role] = self.by_role.get(role, 0.0) + result.gpu_hours
-        return result
+        return self.probe_batch([(index, soak_s, role)])[0]
 
     def calibrate(self) -> str | None:
         """Soak the bad build to `calibration_hangs` target hangs; a status when that fails."""
@@ -151,8 +170,10 @@ class _Run:
             left = self.s.calibration_max_s - bad.exposure_s
             if left <= 0:
                 return NOT_REPRODUCED
-            result = self.probe(last, left, "calibration")
-            if result.outcome == UNTESTABLE:
+            copies = min(self.s.parallel, self.s.calibration_hangs - bad.hangs)
+            # side by side, each copy may soak what is left: the whole round stays within twice the cap
+            results = self.probe_batch([(last, left, "calibration")] * copies)
+            if all(r.outcome == UNTESTABLE for r in results):
                 return BAD_UNTESTABLE
         return None
 
@@ -163,18 +184,44 @@ class _Run:
                 return FOUND
             if self.out_of_budget():
                 return INCONCLUSIVE
-            hangs, exposure = self.post.known_bad_pool()
-            pool_h, pool_e = self.post.group_pools(groups)
+            picks = self.round_of_probes()
+            if not picks:
+                return INCONCLUSIVE
+            self.probe_batch([(c.index, c.soak_s, "search") for c in picks])
+
+    def round_of_probes(self) -> list[Choice]:
+        """The next round's probes (one unless `parallel`): each picked on a copy of the posterior that
+        believes the likelier outcome of those picked before it."""
+        believed = copy.deepcopy(self.post) if self.s.parallel > 1 else self.post
+        picks: list[Choice] = []
+        while len(picks) < self.s.parallel:
+            groups, mass = believed.group_probabilities()
+            if picks and mass.max() >= self.aim:
+                break           # the believed outcomes already stop: the rest would be spent on nothing
+            hangs, exposure = believed.known_bad_pool()
+            pool_h, pool_e = believed.group_pools(groups)
             mttf = exposure / hangs if hangs else math.nan
             choice = choose(groups, mass, pool_h, pool_e, mttf, self.s.startup_s, self.aim, self.s.gpus)
             if choice is None:
-                return INCONCLUSIVE
-            self.probe(choice.index, choice.soak_s, "search")
+                break
+            if choice.role == "refute" and not picks and self.s.parallel > 1:
+                # the end game's one long pass, split over copies side by side: a pass of each is the
+                # same evidence (exposure pools), a hang of any says the same; each copy adds a start-up
+                copies = max(1, min(self.s.parallel, int(choice.soak_s // (2 * self.s.startup_s))))
+                return [replace(choice, soak_s=choice.soak_s / copies)] * copies
+            picks.append(choice)
+            if len(picks) < self.s.parallel:
+                # a bad build hangs within the soak only with probability 1 - e^(-L / MTTF)
+                if choice.p_bad * -math.expm1(-choice.soak_s / mttf) >= 0.5:
+                    believed.observe(choice.index, HANG, True, min(mttf, choice.soak_s), 0.0)
+                else:
+                    believed.observe(choice.index, PASSED, False, choice.soak_s, 0.0)
+        return picks
 
     def result(self, status: str) -> BuildBisectResult:
         out = BuildBisectResult(status, self.builds, self.s.confidence, self.signature,
                                 evidence=self.post.builds, probes=self.probes, gpu_hours=self.gpu_hours,
-                                gpu_hours_by_role=dict(self.by_role))
+                                gpu_hours_by_role=dict(self.by_role), rounds=self.rounds)
         hangs, exposure = self.post.known_bad_pool()
         if hangs:
             est = mttf_estimate(int(hangs), exposure, self.s.confidence)

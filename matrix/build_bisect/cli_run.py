@@ -52,7 +52,8 @@ def run_for_cell(matrix: Matrix, pc: PlannedCell, profile: Profile, *, builds_ar
                  budget_gpu_hours: float | None, max_probes: int, calibration_hangs: int, signature: str | None,
                  as_json: bool, out: TextIO, progress: Callable[[str], None] | None = None,
                  real: RealProbes = RealProbes(), store_path: str | None = None,
-                 then: Callable[[Build, str | None, BuildEvidence], tuple[int, dict, str]] | None = None) -> int:
+                 then: Callable[[Build, str | None, BuildEvidence], tuple[int, dict, str]] | None = None,
+                 parallel: int = 1) -> int:
     """Bisect the builds for `pc`, print the report; exit code. `then(first bad build, target signature,
     what was seen on that build)` runs after a found first bad build (the flag bisection on it) and
     answers (exit code, `--json` document, text): its report follows the builds' (nested under `flags`
@@ -88,7 +89,7 @@ def run_for_cell(matrix: Matrix, pc: PlannedCell, profile: Profile, *, builds_ar
         result = run_build_bisection(names, oracle, confidence=confidence, budget_gpu_hours=budget_gpu_hours,
                                      signature=signature, startup_s=profile.startup_s, gpus=gpus,
                                      max_probes=max_probes, calibration_hangs=calibration_hangs,
-                                     known=evidence.known if evidence else None)
+                                     known=evidence.known if evidence else None, parallel=parallel)
     finally:
         if cluster is not None:
             cluster.close()

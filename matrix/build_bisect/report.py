@@ -65,7 +65,8 @@ def render_text(r: BuildBisectResult, history: str | None = None) -> str:
                      f"{b.gpu_hours:>7.2f}  {verdict}")
     lines.extend(f"note: {n}" for n in r.notes)
     roles = ", ".join(f"{k} {v:.1f}" for k, v in r.gpu_hours_by_role.items())
-    lines.append(f"{r.probes} probes, {r.gpu_hours:.1f} GPU-hours" + (f" ({roles})" if roles else ""))
+    rounds = f" in {r.rounds} rounds" if 0 < r.rounds < r.probes else ""
+    lines.append(f"{r.probes} probes{rounds}, {r.gpu_hours:.1f} GPU-hours" + (f" ({roles})" if roles else ""))
     return "\n".join(lines) + "\n"
 
 
@@ -94,6 +95,7 @@ def to_json(r: BuildBisectResult, history: dict[str, Any] | None = None) -> dict
                     "exposure_s": round(b.exposure_s, 3), "gpu_hours": round(b.gpu_hours, 4),
                     "untestable": b.is_untestable} for name, b in zip(r.builds, r.evidence)],
         "probes": r.probes,
+        "rounds": r.rounds,
         "gpu_hours": round(r.gpu_hours, 4),
         "gpu_hours_by_role": {k: round(v, 4) for k, v in r.gpu_hours_by_role.items()},
         "notes": list(r.notes),

@@ -85,7 +85,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                                                 "(flags or --builds), the base of its probes' engine seeds")
     parser.add_argument("--calibration-hangs", type=count, default=2, help="hangs of the failing cell first (default 2)")
     parser.add_argument("--parallel", type=count, default=None,
-                        help="probes per batch (default 1 virtual, 2 on Ray; more finish sooner but spend more GPU-hours)")
+                        help="probes per batch (default 1 virtual, 2 on Ray; with --builds 1; more finish sooner but "
+                             "spend more GPU-hours)")
     parser.add_argument("--budget-gpu-hours", type=positive_number, help="stop (inconclusive) after this many GPU-hours")
     parser.add_argument("--max-probes", type=count, default=200, help="stop (inconclusive) after this many probes")
     parser.add_argument("--modifier-prior", type=half_open_unit_interval, default=Settings.modifier_prior,
@@ -270,7 +271,7 @@ def _builds(args: argparse.Namespace, matrix: Matrix, profile: Profile, pc: Plan
                             max_probes=args.max_probes, calibration_hangs=args.calibration_hangs,
                             signature=signature, as_json=args.json, out=sys.stdout, progress=progress,
                             real=RealProbes(args.backend, args.ray_address, args.out), store_path=args.store,
-                            then=then if args.then_flags else None)
+                            then=then if args.then_flags else None, parallel=args.parallel or 1)
     except BuildUsage as exc:
         raise _Usage(str(exc)) from None
     for run in flag_runs:
