@@ -14,7 +14,7 @@ from soakmatrix.matrix.contracts import stats
 
 from .history_exposure import HistoryExposure, calibration_saved, describe, failing_hangs_wanted
 from .model import BisectResult, Element, FeasibleFn, GpuCountFn, Settings, ValueProbe, default_cap, default_gpu_count
-from .modifiers import MEASURE_HANGS, measure
+from .modifiers import measure, measure_length
 from .oracle import ProbeOracle
 from .oracle_restart import RestartingOracle, other_signatures
 from .posterior import Posterior
@@ -124,7 +124,7 @@ def bisect(failing_flags: Mapping[str, Any], elements: Sequence[Element], oracle
     if status == "found" and s.modifier_prior > 0 and s.mttf_cap_s is not None:
         soak_the_set_alone(search, top, cap)
     if status == "found" and s.measure_modifiers:
-        measure(search, top, _necessity_length(search, top))
+        measure(search, top, measure_length(search))
     outside = [cs for m, cs in search.configs.items() if cs.hangs and (m & top) != top]
     if outside:
         notes.append("hangs with this signature were also seen in configs without this set ("
@@ -212,11 +212,3 @@ def _observed_without(search, top: int, notes: list[str]) -> int:
             notes.append(f"{e.name} left the set: the hang was seen without it")
             top = rest
     return top
-
-
-def _necessity_length(search, top: int) -> float:
-    """The most a modifier verdict soaks one removal: the exposure in which a removal
-    rule_out_factor x slower than the failing cell hangs MEASURE_HANGS times, and some."""
-    cell = search.stats_of(search.full)
-    mttf = cell.exposure_s / max(cell.hangs, 1)
-    return search.s.rule_out_factor * mttf * (MEASURE_HANGS + 2)
