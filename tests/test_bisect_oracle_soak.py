@@ -124,3 +124,10 @@ def test_probes_of_a_cell_on_a_build_soak_in_that_builds_runtime_env(tmp_path, e
     assert (spec.build, spec.build_ordinal) == ("first-bad", 3) and spec.cell_name.endswith("|first-bad")
     assert spec.runtime_env["py_executable"] == sys.executable
     assert spec.env["SOAKMATRIX_BUILD"] == "first-bad"
+
+
+def test_probes_of_one_config_run_in_rounds_one_after_the_other():
+    from soakmatrix.matrix.bisect.oracle_soak import distinct_rounds
+
+    assert distinct_rounds(["a", "b", "a", "c", "a", "b"]) == [[0, 1, 3], [2, 5], [4]]
+    assert distinct_rounds([]) == []

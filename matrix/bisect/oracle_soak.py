@@ -23,6 +23,27 @@ from soakmatrix.matrix.spec_types import Build
 from .oracle import Probe, ProbeResult
 
 
+def distinct_rounds(ids: Sequence[str]) -> list[list[int]]:
+    """The indices of `ids` in rounds in which no id repeats, each in order: the scheduler keys running
+    cells by id, so two probes of one config (one cell id) run one after the other."""
+    rounds: list[list[int]] = []
+    seen: dict[str, int] = {}
+    for i, cell_id in enumerate(ids):
+        k = seen[cell_id] = seen.get(cell_id, -1) + 1
+        if k == len(rounds):
+            rounds.append([])
+        rounds[k].append(i)
+    return rounds
+
+
+def new_launcher(factory: Callable[[], Any] | None) -> Any:
+    """The scheduler's launcher: the factory's (tests pass a fake), else Ray's."""
+    if factory is not None:
+        return factory()
+    from soakmatrix.matrix.schedule import RayLauncher
+    return RayLauncher()
+
+
 def probe_result(probe: Probe, result: CellResult, gpu_count: int, startup_s: float) -> ProbeResult:
     """A soak job's CellResult as a probe result: exposure in engine seconds, up to the hang."""
     outcome = result.outcome.value
@@ -62,11 +83,7 @@ class SoakOracle:
 
     def launcher(self) -> Any:
         if self._launcher is None:
-            if self._launcher_factory is not None:
-                self._launcher = self._launcher_factory()
-            else:
-                from soakmatrix.matrix.schedule import RayLauncher
-                self._launcher = RayLauncher()
+            self._launcher = new_launcher(self._launcher_factory)
         return self._launcher
 
     def run(self, probes: Sequence[Probe]) -> list[ProbeResult]:
@@ -74,11 +91,7 @@ class SoakOracle:
 
         cells = [self._cell(p) for p in probes]
         results: list[ProbeResult | None] = [None] * len(probes)
-        pending = list(range(len(probes)))
-        while pending:
-            seen: set[str] = set()
-            this_round = [i for i in pending if not (cells[i].id in seen or seen.add(cells[i].id))]
-            pending = [i for i in pending if i not in this_round]
+        for this_round in distinct_rounds([pc.id for pc in cells]):
             self._round += 1
             round_dir = self.out_dir / f"probe-{self._round:03d}"
             by_id = {cells[i].id: i for i in this_round}

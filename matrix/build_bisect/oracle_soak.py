@@ -23,7 +23,7 @@ from typing import Any, Callable, Sequence
 
 from soakmatrix.jobs.soak_spec import SoakSpec
 from soakmatrix.matrix.bisect.oracle import Probe
-from soakmatrix.matrix.bisect.oracle_soak import probe_result
+from soakmatrix.matrix.bisect.oracle_soak import distinct_rounds, new_launcher, probe_result
 from soakmatrix.matrix.contracts.durations import format_duration
 from soakmatrix.matrix.contracts.result import CellResult
 from soakmatrix.matrix.plan import PlannedCell, planned_cell
@@ -62,22 +62,14 @@ class BuildSoakOracle:
 
     def launcher(self) -> Any:
         if self._launcher is None:
-            if self._launcher_factory is not None:
-                self._launcher = self._launcher_factory()
-            else:
-                from soakmatrix.matrix.schedule import RayLauncher
-                self._launcher = RayLauncher()
+            self._launcher = new_launcher(self._launcher_factory)
         return self._launcher
 
     def run(self, probes: Sequence[BuildProbe]) -> list[BuildProbeResult]:
         """One round per distinct build (the scheduler keys running cells by id, and the build is in it)."""
         cells = [self.cell(p) for p in probes]
         results: list[BuildProbeResult | None] = [None] * len(probes)
-        pending = list(range(len(probes)))
-        while pending:
-            seen: set[str] = set()
-            this_round = [i for i in pending if not (cells[i].id in seen or seen.add(cells[i].id))]
-            pending = [i for i in pending if i not in this_round]
+        for this_round in distinct_rounds([pc.id for pc in cells]):
             for i, result in self._round_of(probes, cells, this_round).items():
                 results[i] = result
         return [r for r in results if r is not None]
