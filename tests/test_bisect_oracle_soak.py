@@ -8,38 +8,9 @@ import pytest
 
 from soakmatrix.matrix.bisect.oracle import Probe
 from soakmatrix.matrix.bisect.oracle_restart import RestartingOracle
+from tests.scripted_launcher import ScriptedLauncher
 
 FAILING = "tiny-moe|H200|async_scheduling=true,cudagraph_mode=FULL_AND_PIECEWISE,mtp=1,tp=2|staggered"
-
-
-class _Launcher:
-    """A fake of the scheduler's launcher (`matrix.schedule.loop.Launcher`): answers each soak job at
-    once through `script(spec, n)`, keeping the specs."""
-
-    def __init__(self, script):
-        self.script, self.specs, self._pending = script, [], {}
-
-    def submit(self, spec, ray_label, avoid_nodes, cap_s):
-        self.specs.append(spec)
-        self._pending[len(self.specs)] = spec
-        return len(self.specs)
-
-    def wait(self, handles, timeout_s):
-        return [h for h in handles if h in self._pending]
-
-    def result(self, handle):
-        return self.script(self._pending.pop(handle), handle)
-
-    def cancel(self, handle, force):
-        self._pending.pop(handle, None)
-
-    def nodes(self):
-        from soakmatrix.matrix.schedule.placement import Node
-
-        return [Node("n1", 8, frozenset({"H200"}))]
-
-    def started(self):
-        return []
 
 
 def failing_cell(examples):
@@ -65,7 +36,7 @@ def test_on_the_soak_oracle_a_crash_starts_a_new_soak_job_for_the_load_still_mis
         return CellResult(outcome="hang", signature="shm_broadcast_timeout", exposure_s=900.0, time_to_hang_s=500.0,
                           **common)
 
-    launcher = _Launcher(script)
+    launcher = ScriptedLauncher(script)
     inner = SoakOracle(matrix, result_plan.profile, pc.cell.model, pc.cell.gpu, pc.cell.workload,
                        out_dir=tmp_path, launcher_factory=lambda: launcher)
     (r,) = RestartingOracle(inner, "shm_broadcast_timeout").run([Probe(pc.cell.flag_dict, 3600.0, "failing cell")])
@@ -90,7 +61,7 @@ def test_every_probe_soaks_with_its_own_engine_seed(tmp_path, examples):
                           exposure_s=spec.soak_s)
 
     def seeds_of(oracle_seed):
-        launcher = _Launcher(script)
+        launcher = ScriptedLauncher(script)
         oracle = SoakOracle(matrix, result_plan.profile, pc.cell.model, pc.cell.gpu, pc.cell.workload,
                             out_dir=tmp_path / str(oracle_seed), launcher_factory=lambda: launcher, seed=oracle_seed)
         other = {**pc.cell.flag_dict, "mtp": 0}
@@ -114,7 +85,7 @@ def test_probes_of_a_cell_on_a_build_soak_in_that_builds_runtime_env(tmp_path, e
     from soakmatrix.matrix.spec_types import Build
 
     matrix, result_plan, pc = failing_cell(examples)
-    launcher = _Launcher(lambda spec, n: CellResult(outcome="passed", cell_id=spec.cell_id, cell_name=spec.cell_name,
+    launcher = ScriptedLauncher(lambda spec, n: CellResult(outcome="passed", cell_id=spec.cell_id, cell_name=spec.cell_name,
                                                     node="n1", exposure_s=spec.soak_s))
     build = Build("first-bad", 3, "python", sys.executable, None)
     oracle = SoakOracle(matrix, result_plan.profile, pc.cell.model, pc.cell.gpu, pc.cell.workload,

@@ -21,6 +21,7 @@ import psutil
 import pytest
 
 from tests.conftest import REPO
+from tests.scripted_launcher import ScriptedLauncher
 
 CLI = [sys.executable, "-m", "soakmatrix.matrix.cli"]
 
@@ -134,36 +135,6 @@ profiles: {p: {soak: 20m, startup: 5s, workloads: [steady], retries: 0}}
 """
 
 
-class ScriptedLauncher:
-    """A launcher that answers each spec at once through `script(spec)`, keeping the specs."""
-
-    def __init__(self, script):
-        self.script, self.specs, self._pending, self._n = script, [], {}, 0
-
-    def submit(self, spec, ray_label, avoid_nodes, cap_s):
-        self._n += 1
-        self.specs.append(spec)
-        self._pending[self._n] = spec
-        return self._n
-
-    def wait(self, handles, timeout_s):
-        return [h for h in handles if h in self._pending]
-
-    def result(self, handle):
-        return self.script(self._pending.pop(handle))
-
-    def cancel(self, handle, force):
-        self._pending.pop(handle, None)
-
-    def nodes(self):
-        from soakmatrix.matrix.schedule.placement import Node
-
-        return [Node("n1", 2, frozenset({"H200"}))]
-
-    def started(self):
-        return []
-
-
 def test_each_probe_is_a_soak_job_of_the_cell_in_its_builds_runtime_env_and_setup_failures_are_untestable(tmp_path):
     from soakmatrix.matrix.build_bisect.matrix_builds import to_builds
     from soakmatrix.matrix.build_bisect.oracle import BuildProbe
@@ -182,7 +153,7 @@ def test_each_probe_is_a_soak_job_of_the_cell_in_its_builds_runtime_env_and_setu
     assert [(b.name, b.ordinal, b.kind, b.setup_timeout_s) for b in builds] == [
         ("old", 0, "python", None), ("nightly", 0, "pip", 900.0), ("broken", 2, "image", None)]
 
-    def script(spec):
+    def script(spec, n):
         common = dict(cell_id=spec.cell_id, cell_name=spec.cell_name, model=spec.model, gpu_type=spec.gpu_type,
                       workload=spec.workload.name, flags=dict(spec.flags), build=spec.build,
                       build_ordinal=spec.build_ordinal)
@@ -193,7 +164,7 @@ def test_each_probe_is_a_soak_job_of_the_cell_in_its_builds_runtime_env_and_setu
                               **common)
         return CellResult(outcome=Outcome.PASSED, exposure_s=spec.soak_s, **common)
 
-    launcher = ScriptedLauncher(script)
+    launcher = ScriptedLauncher(script, gpus=2)
     said = []
     oracle = BuildSoakOracle(matrix, result_plan.profile, pc, builds, out_dir=tmp_path / "out", seed=7,
                              hang_model=str(tmp_path / "h.yaml"), launcher_factory=lambda: launcher,
