@@ -97,8 +97,28 @@ def test_probes_of_a_cell_on_a_build_soak_in_that_builds_runtime_env(tmp_path, e
     assert spec.env["SOAKMATRIX_BUILD"] == "first-bad"
 
 
-def test_probes_of_one_config_run_in_rounds_one_after_the_other():
-    from soakmatrix.matrix.bisect.oracle_soak import distinct_rounds
+def test_probes_of_one_config_in_one_batch_soak_side_by_side_as_copies(tmp_path, examples):
+    # the scheduler keys running cells by id: copies get their own id, name and artifacts folder, so
+    # a batch with one config three times is one round of three jobs, not three rounds
+    from soakmatrix.matrix.bisect.oracle_soak import SoakOracle
+    from soakmatrix.matrix.contracts.result import CellResult
 
-    assert distinct_rounds(["a", "b", "a", "c", "a", "b"]) == [[0, 1, 3], [2, 5], [4]]
-    assert distinct_rounds([]) == []
+    matrix, result_plan, pc = failing_cell(examples)
+
+    def script(spec, n):
+        return CellResult(outcome="passed", cell_id=spec.cell_id, cell_name=spec.cell_name, node="n1",
+                          exposure_s=spec.soak_s)
+
+    launcher = ScriptedLauncher(script)
+    oracle = SoakOracle(matrix, result_plan.profile, pc.cell.model, pc.cell.gpu, pc.cell.workload,
+                        out_dir=tmp_path, launcher_factory=lambda: launcher)
+    other = {**pc.cell.flag_dict, "mtp": 0}
+    results = oracle.run([Probe(pc.cell.flag_dict, 600.0), Probe(other, 700.0), Probe(pc.cell.flag_dict, 800.0),
+                          Probe(pc.cell.flag_dict, 900.0)])
+    assert launcher.most_at_once == 4
+    assert [r.exposure_s for r in results] == [600.0, 700.0, 800.0, 900.0]     # each answer to its probe
+    ids = [s.cell_id for s in launcher.specs]
+    assert len(set(ids)) == 4 and ids[0] == pc.id and ids[2:] == [f"{pc.id}.1", f"{pc.id}.2"]
+    assert len({s.artifacts_dir for s in launcher.specs}) == 4
+    assert all(s.flags == pc.cell.flag_dict for s in (launcher.specs[0], *launcher.specs[2:]))
+    assert oracle.run([]) == []

@@ -99,6 +99,34 @@ def test_probes_of_real_builds_through_ray_name_the_planted_first_bad_build(tmp_
 
 
 @pytest.mark.slow
+def test_with_parallel_copies_of_one_build_soak_at_once_on_ray(tmp_path):
+    # --parallel 2: the calibration soaks two copies of the bad build, the end game splits its pass
+    # over two copies of the good one; on Ray each copy is its own cell id, so they overlap in time
+    before = {p.pid for p in psutil.process_iter()}
+    names = [f"b{i}" for i in range(5)]
+    matrix = write(tmp_path, {n: sys.executable for n in names})
+    builds_file = tmp_path / "builds.txt"
+    builds_file.write_text("".join(f"{n}\n" for n in names))
+    proc = bisect(matrix, "m|H200||steady|b4", builds_file, tmp_path / "out", "--confidence", "0.99",
+                  "--parallel", "2")
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    doc = json.loads(proc.stdout)
+    assert (doc["status"], doc["last_good"], doc["first_bad"]) == ("found", "b2", "b3"), doc
+    assert doc["rounds"] < doc["probes"]
+    copies = 0
+    for folder in (tmp_path / "out").glob("probe-*"):
+        results = [json.loads(p.read_text()) for p in folder.glob("cells/*/result.json")]
+        by_cell: dict[str, list[dict]] = {}
+        for r in results:
+            by_cell.setdefault(r["cell_id"].split(".")[0], []).append(r)
+        for same in (rs for rs in by_cell.values() if len(rs) > 1):
+            copies += 1
+            assert max(r["started_at"] for r in same) < min(r["ended_at"] for r in same), same
+    assert copies >= 1                       # at least the calibration's two copies of b4
+    assert_nothing_left(before, tmp_path)
+
+
+@pytest.mark.slow
 def test_a_build_that_cannot_start_is_untestable_not_bad(tmp_path):
     before = {p.pid for p in psutil.process_iter()}
     builds = {f"b{i}": sys.executable for i in range(5)}
@@ -175,7 +203,11 @@ def test_each_probe_is_a_soak_job_of_the_cell_in_its_builds_runtime_env_and_setu
     assert [(r.outcome, r.signature, r.exposure_s) for r in results] == [
         ("passed", None, 600.0), ("hang", "silent_stall", 300.0), ("untestable", None, 0.0),
         ("hang", "silent_stall", 300.0)]
-    old, nightly, broken, again = launcher.specs   # the second probe of one build waits for a round of its own
+    old, nightly, broken, again = launcher.specs
+    # the second probe of one build soaks beside the first, as a copy of its cell under its own id
+    assert launcher.most_at_once == 4
+    assert again.cell_id == f"{nightly.cell_id}.1" and again.artifacts_dir != nightly.artifacts_dir
+    assert (again.build, again.runtime_env) == (nightly.build, nightly.runtime_env)
     assert old.runtime_env == {"py_executable": sys.executable}
     assert nightly.runtime_env == {"pip": {"packages": ["vllm==0.11.0"], "pip_check": False},
                                    "config": {"setup_timeout_seconds": 900}}

@@ -9,7 +9,7 @@ label, infra errors retried elsewhere). With the simulated engine every duration
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -23,17 +23,32 @@ from soakmatrix.matrix.spec_types import Build
 from .oracle import Probe, ProbeResult
 
 
-def distinct_rounds(ids: Sequence[str]) -> list[list[int]]:
-    """The indices of `ids` in rounds in which no id repeats, each in order: the scheduler keys running
-    cells by id, so two probes of one config (one cell id) run one after the other."""
-    rounds: list[list[int]] = []
+@dataclass(frozen=True)
+class ProbeCopy(PlannedCell):
+    """A second (third, ...) probe of one cell in one round: the same cell under its own id and name,
+    so the scheduler, which keys running cells by id, soaks it beside the first instead of after it,
+    and its artifacts get their own folder."""
+
+    copy: int = 1
+
+    @property
+    def id(self) -> str:
+        return f"{self.cell.id}.{self.copy}"
+
+    @property
+    def name(self) -> str:
+        return f"{self.cell.name} (copy {self.copy + 1})"
+
+
+def side_by_side(cells: Sequence[PlannedCell]) -> list[PlannedCell]:
+    """`cells` with each repeat of a cell made a `ProbeCopy` of it: one round soaks them all at once
+    (the calibration's copies of the bad build, the end game's refuting pass split over copies)."""
     seen: dict[str, int] = {}
-    for i, cell_id in enumerate(ids):
-        k = seen[cell_id] = seen.get(cell_id, -1) + 1
-        if k == len(rounds):
-            rounds.append([])
-        rounds[k].append(i)
-    return rounds
+    out: list[PlannedCell] = []
+    for pc in cells:
+        k = seen[pc.id] = seen.get(pc.id, -1) + 1
+        out.append(pc if k == 0 else ProbeCopy(**{f.name: getattr(pc, f.name) for f in fields(pc)}, copy=k))
+    return out
 
 
 def new_launcher(factory: Callable[[], Any] | None) -> Any:
@@ -57,8 +72,7 @@ def probe_result(probe: Probe, result: CellResult, gpu_count: int, startup_s: fl
 
 
 class SoakOracle:
-    """Runs each batch of probes as soak jobs on the connected Ray cluster (one round per
-    distinct config: the scheduler keys running cells by id)."""
+    """Runs each batch of probes as soak jobs side by side on the connected Ray cluster."""
 
     def __init__(self, matrix: Matrix, profile: Profile, model: str, gpu: str, workload: str, *,
                  backend: str = "sim", out_dir: str | Path = "bisect-out",
@@ -87,37 +101,36 @@ class SoakOracle:
         return self._launcher
 
     def run(self, probes: Sequence[Probe]) -> list[ProbeResult]:
+        """One round: every probe at once, repeats of one config as copies of it (`side_by_side`)."""
         from soakmatrix.matrix.schedule import cap_seconds, run_cells
 
-        cells = [self._cell(p) for p in probes]
+        if not probes:
+            return []
+        cells = side_by_side([self._cell(p) for p in probes])
+        self._round += 1
+        round_dir = self.out_dir / f"probe-{self._round:03d}"
+        by_id = {pc.id: i for i, pc in enumerate(cells)}
+        # a seed per probe: the simulated engine draws its hang times from it, and two soaks of one
+        # config with one seed would hang at the same moment (pooled, counted as two independent hangs)
+        seeds = {}
+        for pc in cells:
+            self._probes += 1
+            seeds[pc.id] = self._seed * 100_003 + self._probes
+
+        def make_spec(pc: PlannedCell) -> SoakSpec:
+            return soak_spec_for(pc, self.matrix, self.backend, round_dir, seed=seeds[pc.id])
+
+        cap = cap_seconds(max(pc.soak_s for pc in cells), startup_timeout_s(self.profile.startup_s), None,
+                          matrix_time_scale(self.matrix, self.backend))
+        summary = run_cells(cells, make_spec, self.launcher(), _Quiet(self._on_result),
+                            retries=self.profile.retries, cap_s=cap, order=list)
         results: list[ProbeResult | None] = [None] * len(probes)
-        for this_round in distinct_rounds([pc.id for pc in cells]):
-            self._round += 1
-            round_dir = self.out_dir / f"probe-{self._round:03d}"
-            by_id = {cells[i].id: i for i in this_round}
-            longest = max(cells[i].soak_s for i in this_round)
-            # a seed per probe: the simulated engine draws its hang times from it, and two soaks of one
-            # config with one seed would hang at the same moment (pooled, counted as two independent hangs)
-            seeds = {}
-            for i in this_round:
-                self._probes += 1
-                seeds[cells[i].id] = self._seed * 100_003 + self._probes
-
-            def make_spec(pc: PlannedCell) -> SoakSpec:
-                return soak_spec_for(pc, self.matrix, self.backend, round_dir, seed=seeds[pc.id])
-
-            cap = cap_seconds(longest, startup_timeout_s(self.profile.startup_s), None,
-                              matrix_time_scale(self.matrix, self.backend))
-            summary = run_cells([cells[i] for i in this_round], make_spec, self.launcher(), _Quiet(self._on_result),
-                                retries=self.profile.retries, cap_s=cap, order=list)
-            for result in summary.results:
-                i = by_id.get(result.cell_id)
-                if i is not None:
-                    results[i] = probe_result(probes[i], result, cells[i].gpu_count, self.profile.startup_s)
-            for i in this_round:
-                if results[i] is None:
-                    results[i] = ProbeResult(probes[i], "infra_error", None, 0.0, 0.0, "no result (cancelled)")
-        return [r for r in results if r is not None]
+        for result in summary.results:
+            i = by_id.get(result.cell_id)
+            if i is not None:
+                results[i] = probe_result(probes[i], result, cells[i].gpu_count, self.profile.startup_s)
+        return [r if r is not None else ProbeResult(probes[i], "infra_error", None, 0.0, 0.0, "no result (cancelled)")
+                for i, r in enumerate(results)]
 
 
 class _Quiet:

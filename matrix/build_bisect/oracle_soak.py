@@ -23,7 +23,7 @@ from typing import Any, Callable, Sequence
 
 from soakmatrix.jobs.soak_spec import SoakSpec
 from soakmatrix.matrix.bisect.oracle import Probe
-from soakmatrix.matrix.bisect.oracle_soak import distinct_rounds, new_launcher, probe_result
+from soakmatrix.matrix.bisect.oracle_soak import new_launcher, probe_result, side_by_side
 from soakmatrix.matrix.contracts.durations import format_duration
 from soakmatrix.matrix.contracts.result import CellResult
 from soakmatrix.matrix.plan import PlannedCell, planned_cell
@@ -66,19 +66,18 @@ class BuildSoakOracle:
         return self._launcher
 
     def run(self, probes: Sequence[BuildProbe]) -> list[BuildProbeResult]:
-        """One round per distinct build (the scheduler keys running cells by id, and the build is in it)."""
-        cells = [self.cell(p) for p in probes]
-        results: list[BuildProbeResult | None] = [None] * len(probes)
-        for this_round in distinct_rounds([pc.id for pc in cells]):
-            for i, result in self._round_of(probes, cells, this_round).items():
-                results[i] = result
-        return [r for r in results if r is not None]
+        """One round: every probe at once, repeats of one build as copies of its cell (`side_by_side`)."""
+        if not probes:
+            return []
+        cells = side_by_side([self.cell(p) for p in probes])
+        out = self._round_of(probes, cells)
+        return [out[i] for i in range(len(probes))]
 
-    def _round_of(self, probes: Sequence[BuildProbe], cells: list[PlannedCell],
-                  indices: list[int]) -> dict[int, BuildProbeResult]:
+    def _round_of(self, probes: Sequence[BuildProbe], cells: list[PlannedCell]) -> dict[int, BuildProbeResult]:
         from soakmatrix.matrix.schedule import cap_seconds, run_cells
 
         self._round += 1
+        indices = range(len(probes))
         round_dir = self.out_dir / f"probe-{self._round:03d}"
         by_id = {cells[i].id: i for i in indices}
         for i in indices:
