@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import socket
+import sys
 import threading
 import time
 import traceback
@@ -60,7 +61,7 @@ def run_cell(spec: SoakSpec, *, stop: threading.Event | None = None, on_event: E
         cell_id=spec.cell_id, cell_name=spec.cell_name, outcome=Outcome.INFRA_ERROR, model=spec.model,
         gpu_type=spec.gpu_type, workload=spec.workload.name, flags=dict(spec.flags),
         node=socket.gethostname(), gpu_count=spec.gpu_count, engine=spec.backend, attempt=spec.attempt,
-        build=spec.build, build_ordinal=spec.build_ordinal)
+        build=spec.build, build_ordinal=spec.build_ordinal, python=sys.executable)
     state_dir = options.state_dir or str(folder.parent)
     try:
         problem = teardown.preflight(state_dir)

@@ -38,6 +38,7 @@ class CellResult:
     vllm_version: str = ""
     build: str = ""                        # the engine build (matrix `builds:`); "" without builds
     build_ordinal: int | None = None       # its place in the matrix's builds: the history order
+    python: str = ""                       # the soak job's interpreter: a pip build's virtualenv, py_executable
     started_at: float = field(default_factory=time.time)
     ended_at: float = 0.0
     attempt: int = 1                       # 1 + infra retries before this result
