@@ -58,6 +58,16 @@ def bisect(matrix: Path, cell: str, builds_file: Path, out: Path, *extra: str) -
                           capture_output=True, text=True, timeout=480, cwd=REPO)
 
 
+def bisect_five_builds(folder: Path, names: list[str], *extra: str) -> subprocess.CompletedProcess:
+    """The planted regression over `names`, each a python: build of this interpreter, named in a
+    builds file from the matrix's builds; bisected at 0.99 (at 0.9, one wrong answer in ten allowed,
+    CI would see some)."""
+    matrix = write(folder, {n: sys.executable for n in names})
+    builds_file = folder / "builds.txt"
+    builds_file.write_text("".join(f"{n}\n" for n in names))
+    return bisect(matrix, "m|H200||steady|b4", builds_file, folder / "out", "--confidence", "0.99", *extra)
+
+
 def assert_nothing_left(before: set[int], folder: Path) -> None:
     """No process started since `before` still names the test's folder (a server, a Ray worker)."""
     def left() -> list[psutil.Process]:
@@ -78,11 +88,7 @@ def assert_nothing_left(before: set[int], folder: Path) -> None:
 def test_probes_of_real_builds_through_ray_name_the_planted_first_bad_build(tmp_path):
     before = {p.pid for p in psutil.process_iter()}
     names = [f"b{i}" for i in range(5)]
-    matrix = write(tmp_path, {n: sys.executable for n in names})
-    builds_file = tmp_path / "builds.txt"
-    builds_file.write_text("".join(f"{n}\n" for n in names))   # the matrix's builds, by name
-    # at 0.99 a wrong answer is rare enough for CI; at 0.9 (one in ten allowed) it is not
-    proc = bisect(matrix, "m|H200||steady|b4", builds_file, tmp_path / "out", "--confidence", "0.99")
+    proc = bisect_five_builds(tmp_path, names)
     assert proc.returncode == 1, proc.stderr[-3000:]
     doc = json.loads(proc.stdout)
     assert doc["status"] == "found" and doc["oracle"] == "soak (sim)"
@@ -103,12 +109,7 @@ def test_with_parallel_copies_of_one_build_soak_at_once_on_ray(tmp_path):
     # --parallel 2: the calibration soaks two copies of the bad build, the end game splits its pass
     # over two copies of the good one; on Ray each copy is its own cell id, so they overlap in time
     before = {p.pid for p in psutil.process_iter()}
-    names = [f"b{i}" for i in range(5)]
-    matrix = write(tmp_path, {n: sys.executable for n in names})
-    builds_file = tmp_path / "builds.txt"
-    builds_file.write_text("".join(f"{n}\n" for n in names))
-    proc = bisect(matrix, "m|H200||steady|b4", builds_file, tmp_path / "out", "--confidence", "0.99",
-                  "--parallel", "2")
+    proc = bisect_five_builds(tmp_path, [f"b{i}" for i in range(5)], "--parallel", "2")
     assert proc.returncode == 1, proc.stderr[-3000:]
     doc = json.loads(proc.stdout)
     assert (doc["status"], doc["last_good"], doc["first_bad"]) == ("found", "b2", "b3"), doc
