@@ -21,6 +21,7 @@ often the row's x8 modifier was called one, `spur` how often another flag outsid
     python -m benchmarks.bench_bisect            # 1000 seeds per case (minutes on 2 cores)
     python -m benchmarks.bench_bisect --quick    # 100 seeds per case
     python -m benchmarks.bench_bisect --shapes   # the seeds' own shapes (bench_bisect_shapes.py)
+    python -m benchmarks.bench_bisect --quick --filter "n=12 k=1" --breakdown   # where the GPU-hours go
 """
 
 from __future__ import annotations
@@ -135,7 +136,31 @@ class _CaseOracle:
         return out
 
 
-def _run_bisect(args: tuple[Case, list[int], bool]) -> list[tuple[float, int, int, int, int, int]]:
+KINDS = ("the failing cell", "without a culprit", "other configs without a culprit", "without one innocent flag",
+         "without the modifier", "without a group of innocent flags", "without a group with the modifier",
+         "the set alone", "the set plus the modifier")
+
+
+def config_kind(case: Case, on: frozenset[int]) -> str:
+    """Which of KINDS a config (its planted flags that are on) is, for --breakdown."""
+    truth, mod = set(case.triggers()[0]), case.modifier_flag
+    off = set(range(case.n)) - on
+    if not off:
+        return KINDS[0]
+    if off & truth:
+        return KINDS[1] if len(off) == 1 else KINDS[2]
+    if off == {mod}:
+        return KINDS[4]
+    if len(off) == 1:
+        return KINDS[3]
+    if set(on) == truth:
+        return KINDS[7]
+    if mod is not None and set(on) == truth | {mod}:
+        return KINDS[8]
+    return KINDS[6] if mod in off else KINDS[5]
+
+
+def _run_bisect(args: tuple[Case, list[int], bool]) -> list[tuple[float, int, int, int, int, int, dict]]:
     from soakmatrix.matrix.bisect import Element, Settings, bisect
     case, seeds, fixed_positions = args
     names = [f"f{i}" for i in range(case.n)]
@@ -157,7 +182,17 @@ def _run_bisect(args: tuple[Case, list[int], bool]) -> list[tuple[float, int, in
         # the planted modifier called one; any other flag outside the set called one (spurious)
         hit = int(case.modifier_flag in modifiers)
         spurious = int(bool(modifiers - {case.modifier_flag} - set().union(*truths)))
-        out.append((r.gpu_hours, int(exact), int(false_min), r.probes, hit, spurious))
+        # where the GPU-hours went (--breakdown): probes, hangs, load in MTTFs, GPU-hours by config kind
+        kinds: dict[str, list[float]] = {}
+        for res in r.log:
+            row = kinds.setdefault(config_kind(case, frozenset(planted.index(f) for f, v in res.probe.flags.items()
+                                                               if v and f in planted)), [0.0, 0.0, 0.0, 0.0])
+            row[0] += 1
+            row[1] += res.hung_with(r.signature)
+            row[2] += res.exposure_s / case.mttf_s
+            row[3] += res.gpu_hours
+        kinds.update({f"role: {k}": [0.0, 0.0, 0.0, v] for k, v in r.gpu_hours_by_role.items()})
+        out.append((r.gpu_hours, int(exact), int(false_min), r.probes, hit, spurious, kinds))
     return out
 
 
@@ -236,6 +271,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--filter", default="", help="only cases whose name matches this regular expression")
     parser.add_argument("--fixed-positions", action="store_true",
                         help="plant the flags at the first positions (f0, f1, ...) instead of random ones")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="after each row, where its GPU-hours went: probes, hangs, load (MTTFs) and GPU-hours per "
+                             "run by config kind, and GPU-hours by role")
     parser.add_argument("--shapes", action="store_true",
                         help="the seeds' own shapes at the default settings (benchmarks/bench_bisect_shapes.py)")
     args = parser.parse_args(argv)
@@ -282,8 +320,23 @@ def main(argv: list[str] | None = None) -> int:
                   f"{default} {hit} {spurious} | "
                   f"{oat_cost.mean():>11.2f} "
                   f"{oat_exact.mean():>6.3f} | {dd_cost.mean():>6.2f} {dd_exact.mean():>6.3f}", flush=True)
+            if args.breakdown:
+                _print_breakdown([r[6] for r in rows])
     print(f"({time.time() - start:.0f} s)")
     return 0
+
+
+def _print_breakdown(runs: list[dict[str, list[float]]]) -> None:
+    total: dict[str, np.ndarray] = {}
+    for kinds in runs:
+        for k, v in kinds.items():
+            total[k] = total.get(k, np.zeros(4)) + np.array(v)
+    print(f"    {'per run, by config':<36} {'probes':>6} {'hangs':>6} {'MTTFs':>6} {'GPU-h':>6}")
+    for k in [k for k in KINDS if k in total]:
+        v = total[k] / len(runs)
+        print(f"    {k:<36} {v[0]:>6.2f} {v[1]:>6.2f} {v[2]:>6.2f} {v[3]:>6.2f}")
+    roles = sorted((k for k in total if k.startswith("role: ")), key=lambda k: -total[k][3])
+    print("    GPU-hours by role: " + ", ".join(f"{k[6:]} {total[k][3] / len(runs):.2f}" for k in roles), flush=True)
 
 
 if __name__ == "__main__":

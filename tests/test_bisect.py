@@ -165,6 +165,24 @@ def test_a_modifier_is_named_with_its_factor_and_not_put_in_the_set():
     assert named >= 4
 
 
+def test_innocent_flags_are_cleared_in_groups_and_a_group_with_a_modifier_is_halved():
+    # one culprit and an x8 modifier among 10 flags: the 8 innocent flags leave the failing cell in
+    # groups (ablation's halves, then the modifier verdicts' group, halved when it looks slow
+    # because the modifier is in it); soaking each innocent flag's removal alone (as before) would
+    # be 8 single-flag configs in every run
+    mod = Modifier({"f3": (False,)}, 8.0)
+    model = planted(10, ["f0"], MTTF, modifiers=[mod])
+    called = 0
+    for seed in range(12):
+        result = run_virtual(model, 10, seed, Settings(confidence=0.99))
+        assert result.minimal == ["f0"]
+        called += {v.element.name: v for v in result.verdicts}["f3"].kind == "modifier"
+        alone = {off[0] for off in ([f for f, on in r.probe.flags.items() if on is False] for r in result.log)
+                 if len(off) == 1 and off[0] not in ("f0", "f3")}
+        assert len(alone) <= 4, (seed, sorted(alone))
+    assert called >= 10
+
+
 def test_two_independent_triggers_give_one_minimal_set_and_say_so():
     a = Hang("a", "shm_broadcast", {"f0": (True,), "f1": (True,)}, MTTF)
     b = Hang("b", "shm_broadcast", {"f3": (True,)}, MTTF)
@@ -400,12 +418,14 @@ class EitherOracle(DeterministicOracle):
         self.triggers = triggers
 
 
-def test_ablation_soaks_the_failing_cell_without_each_flag_first():
+def test_ablation_removes_halves_then_halves_of_the_removals_that_did_not_hang():
     oracle = DeterministicOracle({"f1", "f4"})
     result = bisect(failing(6), elements(6), oracle, Settings(confidence=0.99), gpu_count=lambda f: 1)
     assert [p.flags for p in oracle.probes[:2]] == [failing(6)] * 2          # calibration
-    removed = [[f for f, on in p.flags.items() if not on] for p in oracle.probes[2:8]]
-    assert removed == [[f"f{i}"] for i in range(6)]
+    removed = [[f for f, on in p.flags.items() if not on] for p in oracle.probes[2:12]]
+    # each half holds a culprit (no hang): split; [f2] and [f5] hang, so only f0 and f3 are left alone
+    assert removed == [["f0", "f1", "f2"], ["f3", "f4", "f5"], ["f0", "f1"], ["f2"], ["f3", "f4"], ["f5"],
+                       ["f0"], ["f1"], ["f3"], ["f4"]]
     assert result.status == "found" and set(result.minimal) == {"f1", "f4"}
     # a removal that hung settles its flag: only the culprits' removals are soaked again
     # a removal that hung settles its flag for the set; innocent removals are soaked again only for
@@ -413,6 +433,19 @@ def test_ablation_soaks_the_failing_cell_without_each_flag_first():
     assert sum(result.gpu_hours_by_role.values()) == pytest.approx(result.gpu_hours)
     assert set(result.gpu_hours_by_role) >= {"calibration", "search", "certification", "modifiers"}
     assert all(v.kind == "irrelevant" for v in result.verdicts if v.element.name not in ("f1", "f4"))
+
+
+def test_a_group_whose_removal_hangs_drops_all_its_flags_at_once(monkeypatch):
+    oracle = DeterministicOracle({"f0"})
+    result = bisect(failing(8), elements(8), oracle, Settings(confidence=0.99), gpu_count=lambda f: 1)
+    removed = [[f for f, on in p.flags.items() if not on] for p in oracle.probes[2:8]]
+    assert removed == [["f0", "f1", "f2", "f3"], ["f4", "f5", "f6", "f7"], ["f0", "f1"], ["f2", "f3"], ["f0"], ["f1"]]
+    assert result.status == "found" and result.minimal == ["f0"]
+    # without group ablation each flag is removed alone: 8 removals instead of 6
+    monkeypatch.setattr("soakmatrix.matrix.bisect.ablation.GROUP_ABLATION", False)
+    alone = DeterministicOracle({"f0"})
+    assert bisect(failing(8), elements(8), alone, Settings(confidence=0.99), gpu_count=lambda f: 1).minimal == ["f0"]
+    assert [[f for f, on in p.flags.items() if not on] for p in alone.probes[2:10]] == [[f"f{i}"] for i in range(8)]
 
 
 def test_when_every_removal_hangs_the_search_over_every_set_takes_over():

@@ -1,11 +1,13 @@
-"""Ablation, the search's first way: the failing cell without each flag in turn.
+"""Ablation, the search's first way: the failing cell without each flag in turn (from 6 flags on,
+without halves of them first, then halves of the halves whose removal did not hang).
 
-A hang drops the flag (the rest still holds the trigger, and the hang pools into the rate); a
-removal that does not hang keeps it. Baseline + the kept flags must hang (certification); each kept
-flag's absence is screened at a loose level; the rate check (ratecheck.py) runs on that set; then
-each kept flag's absence is soaked until it rejects "as fast as the configs with the set" at
-alpha / (3 n), on its own evidence. That is the shape of the lower bound (bound.py): the evidence
-against "one flag fewer is enough" is the cost any procedure pays, and ablation spends little else.
+A hang drops the flag, or the group's flags (the rest still holds the trigger, and the hang pools
+into the rate); a single flag's removal that does not hang keeps it. Baseline + the kept flags must
+hang (certification); each kept flag's absence is screened at a loose level; the rate check
+(ratecheck.py) runs on that set; then each kept flag's absence is soaked until it rejects "as fast
+as the configs with the set" at alpha / (3 n), on its own evidence. That is the shape of the lower
+bound (bound.py): the evidence against "one flag fewer is enough" is the cost any procedure pays,
+and ablation spends little else.
 By default (no cap) the necessity soaks also rule out "F x slower than the failing cell"
 (bound_default.py); the modifier verdicts' soaks (modifiers.py) run first, and the rate they are
 read against pools the failing cell with every removal that looks like it (reference_pool): about
@@ -33,6 +35,8 @@ SCREEN_LEVEL = 0.02        # a kept flag's absence is screened at this level bef
 NECESSITY_SPLIT = 3.0      # ablation keeps a flag once its absence rejects "as fast" at alpha / (this x n)
 CERTIFICATION_SOAKS = 2    # soaks of baseline + the kept flags before asking the rate check why it does not hang
 REFERENCE_HANGS = 8        # hangs of the failing cell the rule-out soaks read its rate from
+GROUP_ABLATION = True      # the first round removes halves, then halves of halves that did not hang ...
+GROUP_ABLATION_FLAGS = 6   # ... from this many flags on (with 4 or 5, two culprits put one in each half too often)
 RESCUE_PROBES = 12         # the rate check's probes for a kept set that does not hang (else: two triggers)
 
 
@@ -131,26 +135,43 @@ def ablation_search(search: Search) -> int | None:
 
 
 def _ablate_each(search: Search) -> int | None:
-    """The first round: the failing cell without each flag, one soak each (ABLATION_STAGE_MTTFS x
-    the MTTF read so far, never longer than a config at the cap needs to show itself).
-    Returns the flags whose removal did not hang, or None if a removal cannot run."""
+    """The first round: the failing cell without a group of flags, one soak each (ABLATION_STAGE_MTTFS
+    x the MTTF read so far, never longer than a config at the cap needs to show itself). A group
+    whose removal hangs drops all its flags at once (the rest still holds the trigger); one that
+    does not is split in two and each half's removal soaked, down to single flags (with one
+    culprit among 12 that is some 5 hangs instead of 11; the passes lack a culprit and count
+    toward its necessity soaks). With fewer than GROUP_ABLATION_FLAGS flags (or GROUP_ABLATION
+    False) each flag is removed alone from the start.
+    Returns the flags whose removal did not hang, or None if a flag's removal cannot run."""
     s = search.s
     keep = search.full
     longest = stats.soak_for_detection(search.post.cap, 1 - search.alpha / max(search.n, 1))
-    untested = list(range(search.n))
+    everyone = list(range(search.n))
+    untested = _halves(everyone) if GROUP_ABLATION and search.n >= GROUP_ABLATION_FLAGS else [[j] for j in everyone]
     while untested and not search.over_budget():
         soak = max(min(_stage(search), longest), s.startup_s)
-        batch = []
-        for j in untested[:max(1, s.parallel)]:
-            target = search.full & ~(1 << j)
+        batch, groups = [], []
+        while untested and len(batch) < max(1, s.parallel):
+            group = untested.pop(0)
+            target = search.full & ~sum(1 << j for j in group)
             if not search.runnable[target]:
-                return _give_up(search, f"the failing cell without {search.elements[j].name} cannot run")
+                if len(group) == 1:
+                    return _give_up(search, f"the failing cell without {search.elements[group[0]].name} cannot run")
+                untested += _halves(group)
+                continue
             batch.append((target, soak, "search"))
-        del untested[:len(batch)]
-        for mask, result in search.run(batch):
+            groups.append(group)
+        for group, (mask, result) in zip(groups, search.run(batch)):
             if result.hung_with(search.signature):
                 keep &= mask
+            elif len(group) > 1:
+                untested += _halves(group)
     return keep
+
+
+def _halves(group: list[int]) -> list[list[int]]:
+    half = (len(group) + 1) // 2
+    return [group[:half], group[half:]] if len(group) > 1 else [group]
 
 
 def _certify(search: Search, keep: int, H: float, E: float) -> None:

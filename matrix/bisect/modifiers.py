@@ -12,14 +12,19 @@ Over the flags outside the set the verdicts are controlled family-wise (Holm): a
 irrelevant, they are called modifiers at most 1 - confidence of the time in total.
 
 `measure` soaks what the verdicts need: the failing cell to CELL_HANGS hangs; then the flags whose
-removal looks innocent so far removed together (one group: once its hangs against the failing
-cell's rule out an x rule_out_factor modifier among them, they need no soaks of their own: 8
-innocent flags cost the group's 3-5 hangs, not some 23 hangs of their own); then each flag's removal
+removal looks innocent so far (or that the ablation dropped with a group, never soaked alone)
+removed together (one group: once its hangs against the failing cell's rule out an x
+rule_out_factor modifier among them, they need no soaks of their own: 8 innocent flags cost the
+group's 3-5 hangs, not some 23 hangs of their own). A group that reaches GROUP_MTTFS of load, or
+whose hangs reject "as fast as the failing cell" first (a modifier is likely in it), is halved and
+each half checked the same way, down to single flags (an x8 modifier among 9 flags costs a few
+levels of groups, not 8 innocent flags' 4 hangs each). Then each flag left gets its removal soaked
 until it is called (Holm level), looks innocent (INNOCENT_HANGS hangs or more and a ratio under
 INNOCENT_RATIO), has MEASURE_HANGS hangs, or has soaked out to the necessity length; a flag is
 called early only at a third of its Holm share, so looking after every soak stays within budget.
 By default the ablation runs `measure` before the necessity soaks: `reference_pool` hands them the
-hangs these soaks bought (the failing cell's and each innocent removal's) as the failing cell's rate.
+hangs these soaks bought (the failing cell's, each innocent removal's and each innocent-looking
+group's) as the failing cell's rate.
 """
 
 from __future__ import annotations
@@ -39,7 +44,8 @@ INNOCENT_RATIO = 1.5       # a removal with INNOCENT_HANGS+ hangs and a ratio un
 INNOCENT_HANGS = 4         # 2: an 8x modifier's quick hangs looked innocent 9 % of the time; 3: 2 %
 CELL_HANGS = 12            # the failing cell's side of every comparison (more hangs there are cheap: 1 MTTF each)
 GROUP_RATIO = 3.0          # a suspect joins the group removal while its own removal looks at most this much slower
-GROUP_MTTFS = 8.0          # the group's removal gets this much more load (failing-cell MTTFs) to rule out a modifier
+GROUP_MTTFS = 20.0         # the most load (failing-cell MTTFs) the group's removal gets to rule out a modifier
+GROUP_SLOW_LEVEL = 0.05    # ... unless its hangs reject "as fast as the failing cell" at this level first
 REFERENCE_LEVEL = 0.05     # a removal joins the failing cell's reference rate unless told apart at this level
 RATIO_GRID = np.exp(np.linspace(math.log(1e-3), math.log(1e3), 481))
 
@@ -190,25 +196,67 @@ def measure(search: Search, minimal_mask: int, longest_s: float) -> None:
 
 def _group_check(search: Search, minimal_mask: int, longest_s: float) -> None:
     """Once the failing cell's rate is known, the suspects that look innocent so far (their
-    removal hung, not much slower than the failing cell) are removed together, and the group's
-    removal is soaked until its hangs rule out an x rule_out_factor modifier among them (_rules_out:
-    short of two that cancel, none of them is one, and none needs soaks of its own) or it has had
-    GROUP_MTTFS of load (a modifier in it, or bad luck): then its flags are soaked one by one.
-    All the flags outside the set together is the set alone, whose earlier soaks count."""
+    removal hung, not much slower than the failing cell, or they were dropped with a group in the
+    ablation) are removed together, and the group's removal is soaked until its hangs rule out an
+    x rule_out_factor modifier among them (_rules_out: short of two that cancel, none of them is
+    one, and none needs soaks of its own), look slower than the failing cell (_looks_slow) or it
+    has had GROUP_MTTFS of load: then each half is a group of its own, down to single flags (which
+    `measure` soaks one by one). All the flags outside the set together is the set alone, whose
+    earlier soaks count."""
     cell = search.stats_of(search.full)
     mttf = cell.exposure_s / max(cell.hangs, 1)
     comps = comparisons(search, minimal_mask, interval=False)
+    # a suspect whose removal was never soaked alone was dropped with a group whose removal hung
     group = [j for j in _suspects(search, minimal_mask, longest_s)
-             if comps[j].hangs_without > 0 and comps[j].ratio < GROUP_RATIO]
-    if len(group) < 2:
+             if (search.full & ~(1 << j)) not in search.configs
+             or (comps[j].hangs_without > 0 and comps[j].ratio < GROUP_RATIO)]
+    if not group:
         return
-    target = search.full & ~sum(1 << j for j in group)
-    if not search.runnable[target]:
-        return
-    cs = search.stats_of(target)
-    until = cs.exposure_s + GROUP_MTTFS * mttf
-    while not _rules_out(search, cs) and cs.exposure_s < until and not search.over_budget():
-        search.run([(target, max(min(2.0 * mttf, until - cs.exposure_s), search.s.startup_s), "modifiers")])
+    # flags an earlier group cleared (before the set shrank) join a later one: a flag the necessity
+    # soaks dropped then needs no soaks of its own either (its group is mostly the set alone)
+    cleared = _cleared(search, minimal_mask)
+    group += [j for j in range(search.n) if cleared >> j & 1 and j not in group]
+    pending = [group]
+    while pending and not search.over_budget():
+        group = pending.pop(0)
+        if len(group) < 2:
+            continue
+        target = search.full & ~sum(1 << j for j in group)
+        if not search.runnable[target]:
+            pending += _halves(group)
+            continue
+        cs = search.stats_of(target)
+        until = cs.exposure_s + GROUP_MTTFS * mttf
+        while (not _rules_out(search, cs) and not _looks_slow(search, cs) and cs.exposure_s < until
+               and not search.over_budget()):
+            search.run([(target, max(min(2.0 * mttf, until - cs.exposure_s), search.s.startup_s), "modifiers")])
+        if not _rules_out(search, cs):
+            # a modifier among them, likely: each half is a group of its own (a modifier among 9
+            # flags costs some 3 levels of groups, not 8 innocent flags' 4 hangs each)
+            pending += _halves(group)
+
+
+def _halves(group: list[int]) -> list[list[int]]:
+    half = (len(group) + 1) // 2
+    return [group[:half], group[half:]]
+
+
+def _looks_slow(search: Search, cs) -> bool:
+    """The config's hangs reject "as fast as the failing cell" (one-sided, GROUP_SLOW_LEVEL): a
+    modifier is likely among the flags it lacks, and more soaks of it would not clear them."""
+    cell = search.stats_of(search.full)
+    if cell.hangs == 0 or cs.exposure_s <= 0:
+        return False
+    rows = [(cell.hangs, cell.exposure_s, cs.hangs, cs.exposure_s)]
+    upper = 1.0 - p_as_strong(rows, 1.0) + _point(rows)
+    return upper <= GROUP_SLOW_LEVEL
+
+
+def _point(rows: list[tuple[int, float, int, float]]) -> float:
+    """P(exactly the observed hangs with the flag | no effect): p_as_strong's tail less this is
+    the tail above."""
+    h, e, h0, e0 = rows[0]
+    return float(st.binom.pmf(h, h + h0, e / (e + e0)))
 
 
 def _rules_out(search: Search, cs) -> bool:
@@ -246,8 +294,11 @@ def _suspects(search: Search, minimal_mask: int, longest_s: float) -> list[int]:
         if cleared >> j & 1:
             continue
         target = search.full & ~(1 << j)
+        if not search.runnable[target]:
+            continue
         cs = search.configs.get(target)
-        if cs is None or not search.runnable[target]:
+        if cs is None:
+            out.append(j)      # dropped with a group (ablation), not yet soaked alone
             continue
         if c.p_value <= clear and (c.ratio >= 1 or cs.hangs >= INNOCENT_HANGS):
             # (a removal that hung once, quickly, is no call that the flag slows the hang)
@@ -268,18 +319,20 @@ def measure_length(search: Search) -> float:
 
 
 def reference_pool(search: Search, minimal_mask: int) -> tuple[float, float]:
-    """Hangs and exposure of the failing cell pooled with every removal of a flag outside the set
-    that its own comparison with the failing cell does not tell apart (REFERENCE_LEVEL): the rate
+    """Hangs and exposure of the failing cell pooled with every removal of flags outside the set
+    (one flag, or a group that looks at most INNOCENT_RATIO x slower) that its own comparison with
+    the failing cell does not tell apart (REFERENCE_LEVEL): the rate
     "x F slower than the failing cell" is read against. A removal that is slower (a modifier not
     yet called) only lowers the pooled rate and lengthens the rule-out; a faster one is left out."""
     cell = search.stats_of(search.full)
     h, e = float(cell.hangs), float(cell.exposure_s)
-    for j in range(search.n):
-        bit = 1 << j
-        cs = search.configs.get(search.full & ~bit)
-        if minimal_mask & bit or cs is None or cs.exposure_s <= 0 or cell.exposure_s <= 0:
+    for m, cs in search.configs.items():
+        # removals of flags outside the set, alone or in groups (the ablation's and the groups')
+        if m == search.full or (m & minimal_mask) != minimal_mask or cs.exposure_s <= 0 or cell.exposure_s <= 0:
             continue
         c = compare([(cell.hangs, cell.exposure_s, cs.hangs, cs.exposure_s)], search.s.confidence, interval=False)
-        if c.p_value > REFERENCE_LEVEL:
+        # a group's removal joins only while it looks as fast (a modifier among its flags would slow
+        # the reference, and each necessary flag's rule-out with it)
+        if c.p_value > REFERENCE_LEVEL and (bin(search.full & ~m).count("1") == 1 or c.ratio < INNOCENT_RATIO):
             h, e = h + cs.hangs, e + cs.exposure_s
     return h, e
