@@ -18,6 +18,7 @@ each case's GPU-hours (load on the bad and good builds, start-ups) against the f
     python -m benchmarks.bench_build_bisect                # 200 seeds per case (minutes on 2 cores)
     python -m benchmarks.bench_build_bisect --seeds 1000   # the full run
     python -m benchmarks.bench_build_bisect --parallel 4   # rounds of 4 probes at once: wall time
+    python -m benchmarks.bench_build_bisect --setting error_share=0.7   # an ablation of a BuildSettings field
 
 `--parallel K` runs the algorithm with rounds of up to K probes soaked side by side and reports,
 beside GPU-hours and exactness, the rounds and the wall time (each round lasts as long as its
@@ -78,16 +79,17 @@ def oracle(case: Case, seed: int):
 
 # -- the algorithm under test -----------------------------------------------------------------------
 
-def _run_ours(args: tuple[Case, list[int]]) -> list[tuple[float, int, int]]:
+def _run_ours(args: tuple[Case, list[int], int, dict]) -> list[tuple[float, int, int]]:
     from soakmatrix.matrix.build_bisect import FOUND, RANGE, BuildSettings, bisect_builds
-    case, seeds, width = args
+    case, seeds, width, overrides = args
     out = []
     for seed in seeds:
         cp = change_point(case, seed)
         o = oracle(case, seed)
         timed = _Timed(o)
         r = bisect_builds([f"b{i}" for i in range(case.n)], timed,
-                          BuildSettings(confidence=CONFIDENCE, startup_s=STARTUP_S, signature=SIGNATURE, parallel=width))
+                          BuildSettings(**{"confidence": CONFIDENCE, "startup_s": STARTUP_S, "signature": SIGNATURE,
+                                           "parallel": width, **overrides}))
         exact = (r.status == FOUND and r.first_bad == cp) or (
             r.status == RANGE and r.range[0] <= cp <= r.range[1] and all(i in o.untestable for i in range(r.range[0], cp)))
         out.append((r.gpu_hours, int(exact), r.probes, _where(r, cp, case), r.rounds, timed.wall_s / 3600.0))
@@ -216,6 +218,30 @@ def _where_line(case: Case, mean: np.ndarray) -> str:
             f"search floor {b.search_gpu_hours * to_mttfs:.1f} ({b.search_bits:.1f} bits at {b.bits_per_mttf:.2f}/MTTF)")
 
 
+def settings_overrides(pairs: list[str]) -> dict:
+    """`KEY=VALUE` pairs -> BuildSettings fields, each VALUE read as its field's default's type (an
+    ablation of the planner's settings without editing them)."""
+    from dataclasses import MISSING, fields
+
+    from soakmatrix.matrix.build_bisect import BuildSettings
+
+    # parallel is --parallel's (the table compares widths)
+    known = {f.name: f.default for f in fields(BuildSettings) if f.default is not MISSING and f.name != "parallel"}
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or key not in known:
+            raise SystemExit(f"--setting {pair!r}: expected KEY=VALUE with KEY one of {', '.join(sorted(known))}")
+        kind = type(known[key])
+        if known[key] is None:      # an optional field: a number when it reads as one (a budget), else text
+            kind = float if re.fullmatch(r"[0-9.eE+-]+", value) else str
+        try:
+            out[key] = kind(value)
+        except ValueError:
+            raise SystemExit(f"--setting {pair!r}: {key} takes a {kind.__name__}") from None
+    return out
+
+
 # -- main -------------------------------------------------------------------------------------------
 
 def _split(seeds: int, parts: int) -> list[list[int]]:
@@ -234,14 +260,18 @@ def main(argv: list[str] | None = None) -> int:
                         help="compare rounds of up to K probes at once with one at a time: rounds and wall time")
     parser.add_argument("--where", action="store_true",
                         help="also print where the GPU-hours go, in MTTFs per run, against the floor's own split")
+    parser.add_argument("--setting", action="append", default=[], metavar="KEY=VALUE",
+                        help="a BuildSettings field for the algorithm (repeatable), e.g. error_share=0.7")
     args = parser.parse_args(argv)
+    args.overrides = settings_overrides(args.setting)
     todo = [c for c in cases(args.untestable) if re.search(args.filter, c.name)]
     if args.parallel:
         return _parallel_table(todo, args)
     print(f"build bisection benchmark: {args.seeds} seeds per case, first bad build uniform over 1..n-1, "
           f"start-up + install {STARTUP_S / 60:.0f} min per probe, 1 GPU, stated confidence {CONFIDENCE}; "
           f"+flaky: every build also hangs with another signature at MTTF {BACKGROUND_MTTF_S / 3600:.0f} h; "
-          f"GPU-hours mean/p90; exact = named exactly the first bad build", flush=True)
+          f"GPU-hours mean/p90; exact = named exactly the first bad build"
+          + (f"; settings {args.overrides}" if args.overrides else ""), flush=True)
     header = (f"{'case':<24} {'mean':>7} {'p90':>6} {'exact':>6} {'probes':>6} | {'floor':>5} {'x':>5} | "
               f"{'plain 1x2h':>10} {'exact':>6} | {'plain 3x2h':>10} {'exact':>6} | {'FACF':>7} {'exact':>6}")
     print(header)
@@ -251,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
         for case in todo:
             chunks = _split(args.seeds, parts)
-            rows = [row for part in pool.map(_run_ours, [(case, c, 1) for c in chunks]) for row in part]
+            rows = [row for part in pool.map(_run_ours, [(case, c, 1, args.overrides) for c in chunks]) for row in part]
             gh = np.array([r[0] for r in rows])
             exact = np.mean([r[1] for r in rows])
             probes = np.mean([r[2] for r in rows])
@@ -283,7 +313,7 @@ def _parallel_table(todo: list[Case], args: argparse.Namespace) -> int:
         for case in todo:
             for width in widths:
                 chunks = _split(args.seeds, args.workers * 4)
-                rows = [row for part in pool.map(_run_ours, [(case, c, width) for c in chunks]) for row in part]
+                rows = [row for part in pool.map(_run_ours, [(case, c, width, args.overrides) for c in chunks]) for row in part]
                 wall = np.array([r[5] for r in rows])
                 print(f"{case.name:<24} {width:>2} {np.mean([r[0] for r in rows]):>7.2f} "
                       f"{np.mean([r[1] for r in rows]):>6.3f} {np.mean([r[2] for r in rows]):>6.1f} "
