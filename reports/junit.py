@@ -105,6 +105,8 @@ def case_properties(result: CellResult) -> dict[str, str]:
     props["vllm_version"] = result.vllm_version
     if result.build:   # a matrix with builds; the regression.* properties come from reports/regressions.py
         props.update({"build": result.build, **(result.extra.get("regression") or {})})
+        if result.python:   # the interpreter the soak ran in: the build's virtualenv or py_executable
+            props["build.python"] = result.python
     props["engine"] = result.engine
     props["exposure_s"] = f"{result.exposure_s:.1f}"
     mttf = mttf_of(result)

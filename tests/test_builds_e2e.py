@@ -93,6 +93,7 @@ def test_a_hang_planted_from_the_second_build_on_is_a_regression_in_junit_and_hi
     assert bad["regression"].startswith("last good b0, first bad b1;")
     assert props["m|H200||steady|b2"]["regression.first_bad"] == "b1"
     assert props["m|H200||steady|b0"]["build"] == "b0" and "regression" not in props["m|H200||steady|b0"]
+    assert bad["build.python"] == results["b1"].python == sys.executable   # the python: build's interpreter
     page = (out / "dashboard" / "index.html").read_text()
     assert 'id="regressions"' in page and "<td>b0</td><td>b1</td>" in page
     assert_no_server_left(out)
