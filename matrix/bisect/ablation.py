@@ -23,7 +23,7 @@ import numpy as np
 
 from soakmatrix.matrix.contracts import stats
 
-from .modifiers import measure, measure_length, reference_pool
+from .modifiers import halves, measure, measure_length, reference_pool
 from .posterior import exposure_until, p_as_fast
 from .ratecheck import rate_check
 
@@ -147,7 +147,7 @@ def _ablate_each(search: Search) -> int | None:
     keep = search.full
     longest = stats.soak_for_detection(search.post.cap, 1 - search.alpha / max(search.n, 1))
     everyone = list(range(search.n))
-    untested = _halves(everyone) if GROUP_ABLATION and search.n >= GROUP_ABLATION_FLAGS else [[j] for j in everyone]
+    untested = halves(everyone) if GROUP_ABLATION and search.n >= GROUP_ABLATION_FLAGS else [[j] for j in everyone]
     while untested and not search.over_budget():
         soak = max(min(_stage(search), longest), s.startup_s)
         batch, groups = [], []
@@ -157,7 +157,7 @@ def _ablate_each(search: Search) -> int | None:
             if not search.runnable[target]:
                 if len(group) == 1:
                     return _give_up(search, f"the failing cell without {search.elements[group[0]].name} cannot run")
-                untested += _halves(group)
+                untested += halves(group)
                 continue
             batch.append((target, soak, "search"))
             groups.append(group)
@@ -165,13 +165,8 @@ def _ablate_each(search: Search) -> int | None:
             if result.hung_with(search.signature):
                 keep &= mask
             elif len(group) > 1:
-                untested += _halves(group)
+                untested += halves(group)
     return keep
-
-
-def _halves(group: list[int]) -> list[list[int]]:
-    half = (len(group) + 1) // 2
-    return [group[:half], group[half:]] if len(group) > 1 else [group]
 
 
 def _certify(search: Search, keep: int, H: float, E: float) -> None:

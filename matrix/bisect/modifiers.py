@@ -223,7 +223,7 @@ def _group_check(search: Search, minimal_mask: int, longest_s: float) -> None:
             continue
         target = search.full & ~sum(1 << j for j in group)
         if not search.runnable[target]:
-            pending += _halves(group)
+            pending += halves(group)
             continue
         cs = search.stats_of(target)
         until = cs.exposure_s + GROUP_MTTFS * mttf
@@ -233,12 +233,13 @@ def _group_check(search: Search, minimal_mask: int, longest_s: float) -> None:
         if not _rules_out(search, cs):
             # a modifier among them, likely: each half is a group of its own (a modifier among 9
             # flags costs some 3 levels of groups, not 8 innocent flags' 4 hangs each)
-            pending += _halves(group)
+            pending += halves(group)
 
 
-def _halves(group: list[int]) -> list[list[int]]:
+def halves(group: list[int]) -> list[list[int]]:
+    """A group of flags split in two (the larger half first); a single flag stays as it is."""
     half = (len(group) + 1) // 2
-    return [group[:half], group[half:]]
+    return [group[:half], group[half:]] if len(group) > 1 else [group]
 
 
 def _looks_slow(search: Search, cs) -> bool:
