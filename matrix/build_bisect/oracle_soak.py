@@ -67,41 +67,35 @@ class BuildSoakOracle:
 
     def run(self, probes: Sequence[BuildProbe]) -> list[BuildProbeResult]:
         """One round: every probe at once, repeats of one build as copies of its cell (`side_by_side`)."""
+        from soakmatrix.matrix.schedule import cap_seconds, run_cells
+
         if not probes:
             return []
         cells = side_by_side([self.cell(p) for p in probes])
-        out = self._round_of(probes, cells)
-        return [out[i] for i in range(len(probes))]
-
-    def _round_of(self, probes: Sequence[BuildProbe], cells: list[PlannedCell]) -> dict[int, BuildProbeResult]:
-        from soakmatrix.matrix.schedule import cap_seconds, run_cells
-
         self._round += 1
-        indices = range(len(probes))
         round_dir = self.out_dir / f"probe-{self._round:03d}"
-        by_id = {cells[i].id: i for i in indices}
-        for i in indices:
-            self._say(f"probe {self._round}: build {probes[i].build} ({self.builds[probes[i].index].kind}), "
-                      f"soak up to {format_duration(probes[i].soak_s)}")
+        by_id = {pc.id: i for i, pc in enumerate(cells)}
+        for p in probes:
+            self._say(f"probe {self._round}: build {p.build} ({self.builds[p.index].kind}), "
+                      f"soak up to {format_duration(p.soak_s)}")
 
         # a seed per probe: the simulated engine draws its hang times from it, and two soaks with one
         # seed would hang at the same moment (pooled, they would count as two independent hangs)
         seeds = {}
-        for i in indices:
+        for pc in cells:
             self._probes += 1
-            seeds[cells[i].id] = self._seed * 100_003 + self._probes
+            seeds[pc.id] = self._seed * 100_003 + self._probes
 
         def make_spec(pc: PlannedCell) -> SoakSpec:
             return soak_spec_for(pc, self.matrix, self.backend, round_dir, seed=seeds[pc.id], **self.overrides)
 
-        longest = max(cells[i].soak_s for i in indices)
-        cap = cap_seconds(longest, startup_timeout_s(self.profile.startup_s), None,
+        cap = cap_seconds(max(pc.soak_s for pc in cells), startup_timeout_s(self.profile.startup_s), None,
                           matrix_time_scale(self.matrix, self.backend))
-        summary = run_cells([cells[i] for i in indices], make_spec, self.launcher(), _Silent(),
+        summary = run_cells(cells, make_spec, self.launcher(), _Silent(),
                             retries=self.profile.retries, cap_s=cap, order=list)
         if summary.interrupted:
             raise KeyboardInterrupt   # Ctrl-C: the loop stopped the probes; the bisection stops too
-        out: dict[int, BuildProbeResult] = {}
+        out: list[BuildProbeResult | None] = [None] * len(probes)
         for result in summary.results:
             i = by_id.get(result.cell_id)
             if i is None:
@@ -110,12 +104,9 @@ class BuildSoakOracle:
                                label=f"build={probes[i].build}")
             out[i] = convert(probes[i], probe_result(flag_probe, result, cells[i].gpu_count, self.profile.startup_s))
             self._say(f"probe {self._round}: build {probes[i].build}: {_said(out[i], result)}")
-        for i in indices:
-            if i not in out:
-                out[i] = convert(probes[i], probe_result(
-                    Probe(flags={}, soak_s=probes[i].soak_s),
-                    _no_result(cells[i]), cells[i].gpu_count, 0.0))
-        return out
+        return [r if r is not None else convert(probes[i], probe_result(
+                    Probe(flags={}, soak_s=probes[i].soak_s), _no_result(cells[i]), cells[i].gpu_count, 0.0))
+                for i, r in enumerate(out)]
 
     def _say(self, message: str) -> None:
         if self._progress is not None:
