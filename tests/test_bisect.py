@@ -503,3 +503,27 @@ def test_irrelevant_flags_are_called_modifiers_rarely_in_total():
     called = sum(any(v.kind == "modifier" for v in run_virtual(model, 8, seed, Settings()).verdicts)
                  for seed in range(40))
     assert called <= 5
+
+
+def test_a_necessity_soak_is_one_probe_once_the_reference_rate_is_fixed(monkeypatch):
+    # the soak that rules out "x8 slower without the flag" runs in one piece: a stage boundary would
+    # buy no new information and cost a start-up (an MTTF at MTTF 10 min); a hang ends it anyway
+    def removals_of_culprits(result_oracle):
+        return [sorted(f for f, on in p.flags.items() if not on) for p in result_oracle.probes
+                if sorted(f for f, on in p.flags.items() if not on) in (["f1"], ["f4"])]
+
+    whole = DeterministicOracle({"f1", "f4"}, mttf=600.0)
+    result = bisect(failing(6), elements(6), whole, Settings(confidence=0.99), gpu_count=lambda f: 1)
+    assert result.status == "found" and set(result.minimal) == {"f1", "f4"}
+    # the ablation's removal of each, then its necessity soak: two probes each
+    assert sorted(map(tuple, removals_of_culprits(whole))) == [("f1",), ("f1",), ("f4",), ("f4",)]
+    necessity = [p.soak_s for p in whole.probes[-2:]]
+    # each rules out x8 at 0.99 in one go: tens of the failing cell's MTTFs (its hangs come at mttf / 2)
+    assert all(s > 30 * whole.mttf / 2 for s in necessity), necessity
+
+    monkeypatch.setattr("soakmatrix.matrix.bisect.ablation.NECESSITY_IN_ONE_PIECE", False)
+    staged = DeterministicOracle({"f1", "f4"}, mttf=600.0)
+    again = bisect(failing(6), elements(6), staged, Settings(confidence=0.99), gpu_count=lambda f: 1)
+    assert set(again.minimal) == {"f1", "f4"}
+    assert len(removals_of_culprits(staged)) > 4
+    assert again.gpu_hours > result.gpu_hours

@@ -47,6 +47,8 @@ GROUP_RATIO = 3.0          # a suspect joins the group removal while its own rem
 GROUP_MTTFS = 20.0         # the most load (failing-cell MTTFs) the group's removal gets to rule out a modifier
 GROUP_SLOW_LEVEL = 0.05    # ... unless its hangs reject "as fast as the failing cell" at this level first
 REFERENCE_LEVEL = 0.05     # a removal joins the failing cell's reference rate unless told apart at this level
+GROUP_RULE_OUT_SHARE = 3.0  # a group clears its flags at (1 - confidence) / this (6 tried: docs/bisect.md)
+SOAK_MTTFS = 2.0           # a modifier soak: at most this many failing-cell MTTFs (4 tried: docs/bisect.md)
 RATIO_GRID = np.exp(np.linspace(math.log(1e-3), math.log(1e3), 481))
 
 
@@ -188,7 +190,7 @@ def measure(search: Search, minimal_mask: int, longest_s: float) -> None:
             target = full & ~(1 << j)
             cs = search.stats_of(target)
             mttf = cell.exposure_s / max(cell.hangs, 1)
-            soak = min(max(2.0 * mttf, cs.exposure_s / max(cs.hangs, 1), search.s.startup_s),
+            soak = min(max(SOAK_MTTFS * mttf, cs.exposure_s / max(cs.hangs, 1), search.s.startup_s),
                        max(longest_s - cs.exposure_s, search.s.startup_s))
             batch.append((target, soak, "modifiers"))
         search.run(batch)
@@ -229,7 +231,7 @@ def _group_check(search: Search, minimal_mask: int, longest_s: float) -> None:
         until = cs.exposure_s + GROUP_MTTFS * mttf
         while (not _rules_out(search, cs) and not _looks_slow(search, cs) and cs.exposure_s < until
                and not search.over_budget()):
-            search.run([(target, max(min(2.0 * mttf, until - cs.exposure_s), search.s.startup_s), "modifiers")])
+            search.run([(target, max(min(SOAK_MTTFS * mttf, until - cs.exposure_s), search.s.startup_s), "modifiers")])
         if not _rules_out(search, cs):
             # a modifier among them, likely: each half is a group of its own (a modifier among 9
             # flags costs some 3 levels of groups, not 8 innocent flags' 4 hangs each)
@@ -267,7 +269,7 @@ def _rules_out(search: Search, cs) -> bool:
     if cs.hangs < 2 or cell.hangs == 0:
         return False
     p = p_as_strong([(cell.hangs, cell.exposure_s, cs.hangs, cs.exposure_s)], search.s.rule_out_factor)
-    return p <= (1.0 - search.s.confidence) / 3.0
+    return p <= (1.0 - search.s.confidence) / GROUP_RULE_OUT_SHARE
 
 
 def _cleared(search: Search, minimal_mask: int) -> int:
