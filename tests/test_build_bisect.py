@@ -326,3 +326,40 @@ def test_the_adapter_over_the_flag_oracle():
 
     r = bisect_builds(names(6), FlagOracleAdapter(FlagOracle(), {"tp": 2}, probe_factory=Probe), BuildSettings())
     assert r.status == RANGE and r.range == (2, 3)
+
+
+def test_with_the_signature_unknown_a_crash_never_names_it():
+    # a frequent unrelated crash on every build: the calibration's first event is mostly the crash,
+    # yet the target is the first hang's signature, and the crashes only end probes
+    class CrashingOracle(ScriptedOracle):
+        def run(self, probes):
+            out = []
+            for p in probes:
+                first = p.index not in self.seen
+                r = super().run([p])[0]
+                if first and r.outcome != "untestable" and 300.0 < r.exposure_s:
+                    r = BuildProbeResult(p, "hang", "engine_crash", 300.0, (self.startup_s + 300.0) / 3600,
+                                         crashed=True)
+                out.append(r)
+            return out
+
+    r = bisect_builds(names(8), CrashingOracle(5), BuildSettings())
+    assert r.signature == SIG and r.status == FOUND and r.first_bad == 5
+    assert sum(b.other_hangs for b in r.evidence) >= 1
+    # named, a crash's signature is a target like any other
+    named = bisect_builds(names(8), CrashingOracle(5), BuildSettings(signature="engine_crash"))
+    assert named.signature == "engine_crash"
+
+
+def test_the_adapter_marks_a_crash():
+    @dataclass(frozen=True)
+    class Result:
+        outcome: str
+        signature: str | None
+        exposure_s: float = 10.0
+        gpu_hours: float = 0.1
+
+    from soakmatrix.matrix.build_bisect.oracle import BuildProbe, convert
+    probe = BuildProbe(0, "b0", 100.0)
+    assert convert(probe, Result("crash", None)).crashed and convert(probe, Result("crash", None)).outcome == "hang"
+    assert not convert(probe, Result("hang", SIG)).crashed

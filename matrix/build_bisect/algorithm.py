@@ -4,8 +4,8 @@
 oracle (`oracle.BuildOracle`). It
 
 1. **calibrates** on the bad build (the last): soaks it, each probe to its first hang, until
-   `calibration_hangs` hangs of the target signature (the first hang's, unless `signature` names
-   it); none within `calibration_max_s` of load is `not_reproduced`;
+   `calibration_hangs` hangs of the target signature (the first hang's, never a crash's, unless
+   `signature` names it); none within `calibration_max_s` of load is `not_reproduced`;
 2. keeps a **posterior over the change point** (`posterior.ChangePointPosterior`: exposure pooled
    per build, one rate for every bad build, integrated out; only the target signature counts, other
    signatures end a probe and are counted apart; untestable builds merge with the next testable
@@ -148,7 +148,9 @@ class _Run:
         results = self.oracle.run([BuildProbe(i, self.builds[i], soak_s) for i, soak_s, _ in picks])
         self.rounds += 1
         for (index, _, role), result in zip(picks, results):
-            if self.signature is None and result.outcome == HANG:
+            # unnamed, the target is the first hang's signature, never a crash's (as in the flag
+            # bisection): a frequent unrelated crash would otherwise be what gets bisected
+            if self.signature is None and result.outcome == HANG and not result.crashed:
                 self.signature = result.signature
             target = result.outcome == HANG and result.signature == self.signature
             self.post.observe(index, result.outcome, target, result.exposure_s, result.gpu_hours)

@@ -45,6 +45,7 @@ class BuildProbeResult:
     gpu_hours: float             # GPUs x (install + start-up + exposure)
     message: str = ""
     extra: Mapping[str, Any] = field(default_factory=dict)
+    crashed: bool = False        # the "hang" was a crash: the target only when named (never by default)
 
     def __post_init__(self):
         if self.outcome not in OUTCOMES:
@@ -91,4 +92,5 @@ def convert(probe: BuildProbe, result: Any) -> BuildProbeResult:
     else:
         kind, signature = UNTESTABLE, None
     return BuildProbeResult(probe, kind, signature, float(result.exposure_s), float(result.gpu_hours),
-                            getattr(result, "message", ""), dict(getattr(result, "extra", {}) or {}))
+                            getattr(result, "message", ""), dict(getattr(result, "extra", {}) or {}),
+                            crashed=outcome == "crash")

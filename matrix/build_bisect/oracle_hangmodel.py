@@ -48,4 +48,4 @@ class HangModelBuildOracle:
             return BuildProbeResult(probe, PASSED, None, load, gpu_hours, f"no hang in {load:.0f}s")
         # a crash ends the probe like a hang of another signature: only the target's signature counts
         return BuildProbeResult(probe, HANG, STYLE_SIGNATURE[first.style], load, gpu_hours,
-                                f"{first.id} after {load:.0f}s", {"hang_id": first.id})
+                                f"{first.id} after {load:.0f}s", {"hang_id": first.id}, crashed=first.style == "crash")
