@@ -508,9 +508,9 @@ def test_irrelevant_flags_are_called_modifiers_rarely_in_total():
 def test_a_necessity_soak_is_one_probe_once_the_reference_rate_is_fixed(monkeypatch):
     # the soak that rules out "x8 slower without the flag" runs in one piece: a stage boundary would
     # buy no new information and cost a start-up (an MTTF at MTTF 10 min); a hang ends it anyway
-    def removals_of_culprits(result_oracle):
-        return [sorted(f for f, on in p.flags.items() if not on) for p in result_oracle.probes
-                if sorted(f for f, on in p.flags.items() if not on) in (["f1"], ["f4"])]
+    def removals_of_culprits(oracle):
+        removed = [sorted(f for f, on in p.flags.items() if not on) for p in oracle.probes]
+        return [r for r in removed if r in (["f1"], ["f4"])]
 
     whole = DeterministicOracle({"f1", "f4"}, mttf=600.0)
     result = bisect(failing(6), elements(6), whole, Settings(confidence=0.99), gpu_count=lambda f: 1)

@@ -32,6 +32,7 @@ from soakmatrix.matrix.build_bisect import (
     to_json,
 )
 from soakmatrix.matrix.build_bisect.algorithm import BAD_UNTESTABLE
+from soakmatrix.matrix.build_bisect.oracle import BuildProbe, convert
 from soakmatrix.matrix.build_bisect.posterior import ChangePointPosterior
 from soakmatrix.matrix.contracts.stats import mttf_lower_bound
 
@@ -359,7 +360,6 @@ def test_the_adapter_marks_a_crash():
         exposure_s: float = 10.0
         gpu_hours: float = 0.1
 
-    from soakmatrix.matrix.build_bisect.oracle import BuildProbe, convert
     probe = BuildProbe(0, "b0", 100.0)
     assert convert(probe, Result("crash", None)).crashed and convert(probe, Result("crash", None)).outcome == "hang"
     assert not convert(probe, Result("hang", SIG)).crashed
