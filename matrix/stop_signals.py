@@ -39,6 +39,8 @@ class StopSignals:
     def install(self) -> "StopSignals":
         if threading.current_thread() is not threading.main_thread():
             return self   # signals are delivered to the main thread only; nothing to do elsewhere
+        global _active
+        _active = self
         for signum in EXIT_FOR:
             previous = signal.signal(signum, self._handler)
             self._previous.setdefault(signum, previous)
@@ -51,8 +53,21 @@ class StopSignals:
         return self.install()
 
     def __exit__(self, *exc: object) -> None:
+        global _active
+        if _active is self:
+            _active = None
         for signum, previous in self._previous.items():
             signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
+
+
+_active: StopSignals | None = None
+
+
+def reinstall_active() -> None:
+    """Install the handlers of the StopSignals in force again (if any): for code that connects to Ray
+    far from where the StopSignals was entered."""
+    if _active is not None:
+        _active.install()
 
 
 def signal_name(signum: int | None) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -78,19 +79,44 @@ def test_a_cell_that_does_not_hang_is_not_reproduced():
 
 
 @pytest.mark.slow
-def test_sim_engine_on_ray_gives_the_virtual_answer(tmp_path):
+def test_sim_engine_on_ray_gives_the_virtual_answer_through_a_sigterm_and_a_resume(tmp_path):
     before = {p.pid for p in psutil.process_iter()}
     # the demo cell plants two hangs: name the target, and ask the cap's question without the modifier
     # measurement (17-32 probes in virtual time; the default question takes 60-115 here, because the
     # other hang cuts every long necessity soak short)
-    out = soakmatrix("bisect", str(DEMO), "--cell", FAILING, "--json", "--backend", "sim", "--no-shrink",
-                     "--confidence", "0.9", "--parallel", "2", "--signature", "shm_broadcast_timeout",
-                     "--mttf-cap", "40m", "--no-modifiers", "--out", str(tmp_path / "out"), timeout=1500)
+    out_dir = tmp_path / "out"
+    args = [sys.executable, "-m", "soakmatrix.matrix.cli", "bisect", str(DEMO), "--cell", FAILING, "--json",
+            "--backend", "sim", "--no-shrink", "--confidence", "0.9", "--parallel", "2", "--signature",
+            "shm_broadcast_timeout", "--mttf-cap", "40m", "--no-modifiers", "--out", str(out_dir)]
+    journal = out_dir / "journal-flags.jsonl"
+    # stopped (as CI runners and Kubernetes stop a job) once two rounds are answered
+    first = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        deadline = time.monotonic() + 900
+        while time.monotonic() < deadline and first.poll() is None:
+            if journal.exists() and len(journal.read_text().splitlines()) >= 3:
+                break
+            time.sleep(0.5)
+        first.send_signal(signal.SIGTERM)
+        _, stderr = first.communicate(timeout=300)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert first.returncode == 143, stderr[-3000:]
+    assert "`--resume` continues" in stderr
+    answered = sum(len(json.loads(line)["probes"]) for line in journal.read_text().splitlines()[1:])
+    kept = {p: p.stat().st_mtime_ns for p in out_dir.glob("probe-*/cells/*/result.json")}
+    assert answered >= 4 and len(kept) >= answered   # two rounds of two probes
+
+    out = soakmatrix(*args[3:], "--resume", timeout=1500)
     assert out.returncode == 1, out.stderr[-3000:]
+    assert f"{answered} answered probe(s) replayed" in out.stderr
     doc = json.loads(out.stdout)
     assert sorted(doc["minimal"]) == ["cudagraph_mode", "mtp"]
     assert doc["oracle"] == "soak (sim)"
-    # nothing of this run is left: no process still mentions its output folder
+    # the answered rounds were not soaked again: their artifacts are as the first run left them
+    assert all(p.stat().st_mtime_ns == mtime for p, mtime in kept.items())
+    # nothing of either run is left: no process still mentions its output folder
     time.sleep(2)
     leftovers = [p for p in psutil.process_iter(["pid", "cmdline"])
                  if p.info["pid"] not in before and str(tmp_path) in " ".join(p.info["cmdline"] or [])]
@@ -222,3 +248,32 @@ def test_no_modifiers_reports_flags_outside_the_set_as_unmeasured_and_spends_les
     # cell's, each innocent removal's) are the reference rate the necessity soaks read, and more of
     # them shorten those soaks (here 29.5 GPU-hours with the verdicts, 31.5 without)
     assert lean["probes"] < full["probes"]
+
+
+def test_a_bisection_stopped_by_its_budget_resumes_from_its_journal(tmp_path):
+    common = ("bisect", str(DEMO), "--cell", FAILING, "--virtual", "--seed", "3", "--no-shrink", "--signature",
+              "shm_broadcast_timeout", "--out", str(tmp_path))
+    short = soakmatrix(*common, "--budget-gpu-hours", "1", "--json")
+    assert short.returncode == 3, short.stderr            # inconclusive: the budget ran out
+    spent = json.loads(short.stdout)["probes"]
+    journal = tmp_path / "journal-flags.jsonl"
+    # every soak answered is on file (a probe another signature cut short is soaked again: more soaks than probes)
+    soaked = len(journal.read_text().splitlines()) - 1
+    assert soaked >= spent > 0
+    # a fresh start would throw those probes away: refused, the file untouched
+    before = journal.read_text()
+    again = soakmatrix(*common)
+    assert again.returncode == 2 and "--resume continues it" in again.stderr and journal.read_text() == before
+    other = soakmatrix(*common[:-4], "--confidence", "0.9", "--signature", "shm_broadcast_timeout", "--out",
+                       str(tmp_path), "--resume")
+    assert other.returncode == 2, other.stderr
+    assert "journal-flags.jsonl:1: confidence: the journal's bisection had 0.95, this one has 0.9" in other.stderr
+    resumed = soakmatrix(*common, "--resume", "--json")
+    assert resumed.returncode == 1, resumed.stderr
+    assert f"{soaked} answered probe(s) replayed" in resumed.stderr
+    doc = json.loads(resumed.stdout)
+    assert sorted(doc["minimal"]) == ["cudagraph_mode", "mtp"] and doc["probes"] > spent
+    assert len(journal.read_text().splitlines()) > 1 + soaked
+    # virtual time keeps no journal unless asked where: nothing to resume from
+    nowhere = soakmatrix("bisect", str(DEMO), "--cell", FAILING, "--virtual", "--resume")
+    assert nowhere.returncode == 2 and "--resume: with --virtual, give the --out" in nowhere.stderr

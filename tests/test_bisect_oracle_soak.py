@@ -4,6 +4,8 @@ a crash inside the restarting oracle starts a new job for the load still missing
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from soakmatrix.matrix.bisect.oracle import Probe
@@ -122,3 +124,54 @@ def test_probes_of_one_config_in_one_batch_soak_side_by_side_as_copies(tmp_path,
     assert len({s.artifacts_dir for s in launcher.specs}) == 4
     assert all(s.flags == pc.cell.flag_dict for s in (launcher.specs[0], *launcher.specs[2:]))
     assert oracle.run([]) == []
+
+
+def test_a_stopped_round_stops_the_bisection_instead_of_answering_infrastructure_errors(tmp_path, examples):
+    # Ctrl-C or SIGTERM inside the run loop cancels the round's jobs; a cancelled probe is no answer:
+    # read as an infrastructure error, the bisection would retry it and soak on
+    from soakmatrix.matrix.bisect.oracle_soak import SoakOracle
+    from soakmatrix.matrix.contracts.result import CellResult
+
+    matrix, result_plan, pc = failing_cell(examples)
+
+    def script(spec, n):
+        if n == 2:
+            raise KeyboardInterrupt
+        return CellResult(outcome="passed", cell_id=spec.cell_id, cell_name=spec.cell_name, node="n1",
+                          exposure_s=spec.soak_s)
+
+    oracle = SoakOracle(matrix, result_plan.profile, pc.cell.model, pc.cell.gpu, pc.cell.workload,
+                        out_dir=tmp_path, launcher_factory=lambda: ScriptedLauncher(script))
+    with pytest.raises(KeyboardInterrupt):
+        oracle.run([Probe(pc.cell.flag_dict, 600.0), Probe({**pc.cell.flag_dict, "mtp": 0}, 600.0)])
+
+
+def test_a_resumed_oracle_numbers_its_rounds_and_seeds_after_the_replayed_ones(tmp_path, examples):
+    from soakmatrix.matrix.bisect.oracle_soak import SoakOracle
+    from soakmatrix.matrix.contracts.result import CellResult
+
+    matrix, result_plan, pc = failing_cell(examples)
+
+    def script(spec, n):
+        return CellResult(outcome="passed", cell_id=spec.cell_id, cell_name=spec.cell_name, node="n1",
+                          exposure_s=spec.soak_s)
+
+    def first_round(resumed, existing=()):
+        launcher = ScriptedLauncher(script)
+        out = tmp_path / str(resumed) / str(len(existing))
+        for name in existing:
+            (out / name).mkdir(parents=True)
+        oracle = SoakOracle(matrix, result_plan.profile, pc.cell.model, pc.cell.gpu, pc.cell.workload,
+                            out_dir=out, launcher_factory=lambda: launcher, seed=7)
+        if resumed:
+            oracle.resume_after(3, 5)      # three rounds, five probes answered from the journal
+        oracle.run([Probe(pc.cell.flag_dict, 600.0)])
+        (spec,) = launcher.specs
+        return spec.seed, Path(spec.artifacts_dir).relative_to(out).parts[0]
+
+    fresh_seed, fresh_dir = first_round(False)
+    seed, folder = first_round(True)
+    assert (fresh_dir, folder) == ("probe-001", "probe-004")
+    assert seed == fresh_seed + 5                             # the sixth probe's seed, not the first's again
+    # a round that was stopped left its folder behind: the next one does not write into it
+    assert first_round(True, existing=("probe-004",))[1] == "probe-005"

@@ -142,3 +142,19 @@ def test_parallel_rounds_from_the_cli(tmp_path):
     assert out.returncode == 1, out.stderr
     doc = json.loads(out.stdout)
     assert doc["first_bad"] == "b3" and doc["rounds"] < doc["probes"], doc
+
+
+def test_a_build_bisection_stopped_by_its_probe_budget_resumes_from_its_journal(tmp_path):
+    builds, hangs = files(tmp_path)
+    common = ("bisect", str(DEMO), "--cell", CELL, "--builds", builds, "--hang-model", hangs, "--virtual", "--json",
+              "--seed", "1", "--out", str(tmp_path / "out"))
+    short = soakmatrix(*common, "--max-probes", "3")
+    assert short.returncode == 3, short.stderr
+    assert json.loads(short.stdout)["probes"] == 3
+    resumed = soakmatrix(*common, "--resume")
+    assert resumed.returncode == 1, resumed.stderr
+    assert "3 answered probe(s) replayed" in resumed.stderr
+    doc = json.loads(resumed.stdout)
+    assert (doc["status"], doc["first_bad"]) == ("found", "b3") and doc["probes"] > 3
+    lines = (tmp_path / "out" / "journal-builds.jsonl").read_text().splitlines()
+    assert len(lines) == 1 + doc["probes"] and json.loads(lines[0])["builds"] == [f"b{i}" for i in range(8)]

@@ -100,6 +100,11 @@ class SoakOracle:
             self._launcher = new_launcher(self._launcher_factory)
         return self._launcher
 
+    def resume_after(self, rounds: int, probes: int) -> None:
+        """A resumed bisection (`journal.JournalingOracle`) replayed `rounds` rounds of `probes` probes:
+        number the next round's folder and seeds after theirs, not over them."""
+        self._round, self._probes = self._round + rounds, self._probes + probes
+
     def run(self, probes: Sequence[Probe]) -> list[ProbeResult]:
         """One round: every probe at once, repeats of one config as copies of it (`side_by_side`)."""
         from soakmatrix.matrix.schedule import cap_seconds, run_cells
@@ -108,6 +113,8 @@ class SoakOracle:
             return []
         cells = side_by_side([self._cell(p) for p in probes])
         self._round += 1
+        while (self.out_dir / f"probe-{self._round:03d}").exists():   # a stopped round's: keep what it left
+            self._round += 1
         round_dir = self.out_dir / f"probe-{self._round:03d}"
         by_id = {pc.id: i for i, pc in enumerate(cells)}
         # a seed per probe: the simulated engine draws its hang times from it, and two soaks of one
@@ -124,6 +131,10 @@ class SoakOracle:
                           matrix_time_scale(self.matrix, self.backend))
         summary = run_cells(cells, make_spec, self.launcher(), _Quiet(self._on_result),
                             retries=self.profile.retries, cap_s=cap, order=list)
+        if summary.interrupted:
+            # Ctrl-C or SIGTERM: the loop stopped the probes; cancelled probes are no answers (the
+            # bisection would read them as infrastructure errors and go on soaking)
+            raise KeyboardInterrupt
         results: list[ProbeResult | None] = [None] * len(probes)
         for result in summary.results:
             i = by_id.get(result.cell_id)

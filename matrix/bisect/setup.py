@@ -147,10 +147,12 @@ def soak_oracle(matrix: Matrix, pc: PlannedCell, profile: Profile, *, backend: s
                 out_dir: str, seed: int | None = None) -> tuple[SoakOracle, ClusterHandle]:
     """Soak jobs on Ray: connects (or starts a local cluster); the caller closes the handle."""
     from soakmatrix.matrix.schedule.cluster import address_from, connect
+    from soakmatrix.matrix.stop_signals import reinstall_active
 
     from .oracle_soak import SoakOracle
 
     cluster = connect(address_from(ray_address), backend=backend, gpus=matrix.gpus)
+    reinstall_active()   # ray.init put its own SIGINT/SIGTERM handlers in: ours stop the probes cleanly
     return SoakOracle(matrix, profile, pc.cell.model, pc.cell.gpu, pc.cell.workload,
                       backend=backend, out_dir=out_dir, seed=seed, build=pc.build), cluster
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, TextIO
 
+from soakmatrix.matrix.bisect.journal import JournalingOracle, ProbeJournal
 from soakmatrix.matrix.bisect.model import default_gpu_count
 from soakmatrix.matrix.contracts.outcomes import EXIT_FOUND, EXIT_INFRA, EXIT_OK, EXIT_USAGE
 from soakmatrix.matrix.plan import PlannedCell
@@ -24,6 +25,7 @@ from soakmatrix.matrix.spec_types import Build
 
 from . import history as hist
 from .algorithm import BAD_UNTESTABLE, FOUND, NOT_A_REGRESSION, NOT_REPRODUCED, RANGE
+from .journal import BUILD_CODEC
 from .matrix_builds import UnknownBuild, section_range, to_builds
 from .posterior import BuildEvidence
 from .report import render_text, to_json
@@ -53,11 +55,12 @@ def run_for_cell(matrix: Matrix, pc: PlannedCell, profile: Profile, *, builds_ar
                  as_json: bool, out: TextIO, progress: Callable[[str], None] | None = None,
                  real: RealProbes = RealProbes(), store_path: str | None = None,
                  then: Callable[[Build, str | None, BuildEvidence], tuple[int, dict, str]] | None = None,
-                 parallel: int = 1) -> int:
+                 parallel: int = 1, journal: Callable[[dict], ProbeJournal | None] | None = None) -> int:
     """Bisect the builds for `pc`, print the report; exit code. `then(first bad build, target signature,
     what was seen on that build)` runs after a found first bad build (the flag bisection on it) and
     answers (exit code, `--json` document, text): its report follows the builds' (nested under `flags`
-    in JSON) and its code is returned."""
+    in JSON) and its code is returned. `journal(header)` opens the probe journal (None: none is kept):
+    the probes are answered from it first and every new answer goes into it."""
     if virtual and not hang_model_path:
         raise BuildUsage("--builds --virtual needs a hang model: --hang-model FILE or the matrix's sim.hang_model")
     try:
@@ -85,6 +88,12 @@ def run_for_cell(matrix: Matrix, pc: PlannedCell, profile: Profile, *, builds_ar
     else:
         oracle, cluster = _soak_oracle(matrix, pc, profile, builds, real, hang_model_path, seed, progress)
         say(f"soakmatrix bisect: on {cluster.description}")
+    log = journal({"cell": pc.id, "builds": names, "signature": signature, "virtual": virtual,
+                   "backend": real.backend, "seed": seed, "confidence": confidence,
+                   "calibration_hangs": calibration_hangs, "parallel": parallel,
+                   "history": evidence.to_json(names) if evidence else None}) if journal else None
+    if log is not None:
+        oracle = JournalingOracle(oracle, log, BUILD_CODEC)
     try:
         result = run_build_bisection(names, oracle, confidence=confidence, budget_gpu_hours=budget_gpu_hours,
                                      signature=signature, startup_s=profile.startup_s, gpus=gpus,
@@ -93,6 +102,8 @@ def run_for_cell(matrix: Matrix, pc: PlannedCell, profile: Profile, *, builds_ar
     finally:
         if cluster is not None:
             cluster.close()
+        if log is not None:
+            log.close()
     code = EXIT_OF.get(result.status, EXIT_INFRA)
     text = render_text(result, history=_history_line(evidence) if evidence else None)
     if not as_json:   # printed before the flag bisection: hours of probes are not lost if it fails
@@ -150,6 +161,7 @@ def _soak_oracle(matrix: Matrix, pc: PlannedCell, profile: Profile, builds, real
                  hang_model_path: str | None, seed: int | None, progress: Callable[[str], None] | None):
     """Soak jobs on Ray, connected as `soakmatrix run` connects; the caller closes the handle."""
     from soakmatrix.matrix.schedule.cluster import address_from, connect
+    from soakmatrix.matrix.stop_signals import reinstall_active
 
     from .oracle_soak import BuildSoakOracle
 
@@ -160,6 +172,7 @@ def _soak_oracle(matrix: Matrix, pc: PlannedCell, profile: Profile, builds, real
         raise BuildUsage(f"cannot reach Ray{' at ' + address if address else ''}: {type(exc).__name__}: {exc} "
                          "(--ray-address ADDRESS or RAY_ADDRESS, or leave both out for a local cluster; "
                          "--virtual needs no Ray)") from None
+    reinstall_active()   # ray.init put its own SIGINT/SIGTERM handlers in: ours stop the probes cleanly
     oracle = BuildSoakOracle(matrix, profile, pc, builds, backend=real.backend, out_dir=real.out_dir,
                              hang_model=hang_model_path if real.backend == "sim" else None, seed=seed,
                              progress=progress)

@@ -65,6 +65,11 @@ class BuildSoakOracle:
             self._launcher = new_launcher(self._launcher_factory)
         return self._launcher
 
+    def resume_after(self, rounds: int, probes: int) -> None:
+        """A resumed bisection (`journal.JournalingOracle`) replayed `rounds` rounds of `probes` probes:
+        number the next round's folder and seeds after theirs, not over them."""
+        self._round, self._probes = self._round + rounds, self._probes + probes
+
     def run(self, probes: Sequence[BuildProbe]) -> list[BuildProbeResult]:
         """One round: every probe at once, repeats of one build as copies of its cell (`side_by_side`)."""
         from soakmatrix.matrix.schedule import cap_seconds, run_cells
@@ -73,6 +78,8 @@ class BuildSoakOracle:
             return []
         cells = side_by_side([self.cell(p) for p in probes])
         self._round += 1
+        while (self.out_dir / f"probe-{self._round:03d}").exists():   # a stopped round's: keep what it left
+            self._round += 1
         round_dir = self.out_dir / f"probe-{self._round:03d}"
         by_id = {pc.id: i for i, pc in enumerate(cells)}
         for p in probes:

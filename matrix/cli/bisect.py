@@ -14,7 +14,8 @@ import argparse
 import json
 import sqlite3
 import sys
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 from soakmatrix.matrix.arguments import (
@@ -29,6 +30,7 @@ from soakmatrix.matrix.bisect import MAX_ELEMENTS, Settings, bisect
 from soakmatrix.matrix.bisect.emit import write_regression_test
 from soakmatrix.matrix.bisect.history_exposure import HistoryExposure, calibration_saved, failing_hangs_wanted
 from soakmatrix.matrix.bisect.history_exposure import to_json as history_json
+from soakmatrix.matrix.bisect.journal import JournalError, JournalingOracle, ProbeJournal
 from soakmatrix.matrix.bisect.report import render_text, to_json
 from soakmatrix.matrix.bisect.setup import (
     alternatives_of,
@@ -46,7 +48,9 @@ from soakmatrix.matrix.contracts.outcomes import EXIT_FOUND, EXIT_INFRA, EXIT_OK
 from soakmatrix.matrix.plan import PlannedCell, plan, planned_cell
 from soakmatrix.matrix.spec import Matrix, Profile, load_matrix
 from soakmatrix.matrix.spec_types import Build
+from soakmatrix.matrix.stop_signals import Stopped, StopSignals
 
+DEFAULT_OUT = "bisect-out"
 EXIT_INCONCLUSIVE = EXIT_INFRA   # the same number as run's infrastructure error; for bisect it means inconclusive
 
 HELP = ("Find the smallest set of flags (relative to the matrix baseline) that still hangs with the failing "
@@ -57,7 +61,12 @@ EPILOG = """exit codes:
   1  found: a minimal set of flags that hangs (a hang, like `run`'s 1)
   2  usage or configuration error (named option or file:line: key: message); nothing was run
   3  inconclusive: the probe or GPU-hour budget ran out before a verdict (for bisect, 3 is never an
-     infrastructure error: its probes retry those; raise --max-probes or --budget-gpu-hours)
+     infrastructure error: its probes retry those; --resume with a larger --max-probes or
+     --budget-gpu-hours continues)
+  130 / 143  stopped by SIGINT / SIGTERM: the probes' servers torn down, the answered probes kept
+
+Every answered probe is kept in a journal in --out (real probes: bisect-out by default; --virtual:
+only with --out); --resume replays it and soaks on from there.
 
 A failure after the bisection (writing --emit-test, recording into --store) keeps the printed result
 and its exit code and says what failed on stderr."""
@@ -102,7 +111,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--emit-test", metavar="PATH", help="write a pytest regression test for the minimal set")
     parser.add_argument("--backend", choices=("sim", "vllm"), default="sim")
     parser.add_argument("--ray-address", help="Ray cluster address (default: RAY_ADDRESS or a local cluster)")
-    parser.add_argument("--out", default="bisect-out", help="soak job artifacts (real probes)")
+    parser.add_argument("--out", help=f"soak job artifacts and the probe journal (default: {DEFAULT_OUT}; with "
+                        "--virtual, a journal only when given)")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue the bisection whose probe journal is in --out (after a crash, Ctrl-C or a "
+                             "budget that ran out): its answered probes are replayed, not soaked again; the cell and "
+                             "options must be the same (--budget-gpu-hours and --max-probes may grow)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     parser.add_argument("--builds", metavar="FILE|GOOD..BAD",
                         help="bisect engine builds instead of flags: an ordered builds file (`NAME: SPEC` lines, "
@@ -140,11 +154,47 @@ class _Usage(Exception):
 
 
 def main(args: argparse.Namespace) -> int:
+    stop = StopSignals()
     try:
-        return _main(args)
-    except _Usage as exc:
+        with stop:
+            return _main(args)
+    except (_Usage, JournalError) as exc:
         print(f"soakmatrix bisect: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except KeyboardInterrupt:
+        # Ctrl-C or SIGTERM: the probes were stopped and their servers torn down; what was answered is
+        # in the journal. The signal decides the exit code (130 / 143), however deep it was caught.
+        out = journal_dir(args)
+        if out is not None and any((out / f"journal-{kind}.jsonl").exists() for kind in ("flags", "builds")):
+            print(f"soakmatrix bisect: the answered probes are kept in {out}; `--resume` continues", file=sys.stderr)
+        if stop.received:
+            raise Stopped(stop.received) from None
+        raise
+
+
+def journal_dir(args: argparse.Namespace) -> Path | None:
+    """Where the probe journal goes: --out; real probes default to bisect-out, virtual ones keep none."""
+    if args.out:
+        return Path(args.out)
+    return None if args.virtual else Path(DEFAULT_OUT)
+
+
+def _journal(args: argparse.Namespace, kind: str, header: dict,
+             progress: Callable[[str], None] | None) -> ProbeJournal | None:
+    folder = journal_dir(args)
+    if folder is None:
+        if args.resume:
+            raise _Usage("--resume: with --virtual, give the --out the journal was written to")
+        return None
+    try:
+        journal = ProbeJournal(folder / f"journal-{kind}.jsonl", {"kind": kind, **header}, resume=args.resume)
+    except OSError as exc:
+        raise _Usage(f"--out: cannot write the probe journal: {exc}") from None
+    if progress and args.resume:
+        progress(f"soakmatrix bisect: resuming from {journal.path}: {journal.probes} answered probe(s) replayed"
+                 if journal.batches else f"soakmatrix bisect: --resume: no answered probe in {journal.path}; "
+                 "starting afresh")
+    return journal
 
 
 def _main(args: argparse.Namespace) -> int:
@@ -211,7 +261,7 @@ def _flag_bisection(args: argparse.Namespace, matrix: Matrix, profile: Profile, 
         parallel = args.parallel or 1
     else:
         oracle, cluster = soak_oracle(matrix, pc, profile, backend=args.backend, ray_address=args.ray_address,
-                                      out_dir=args.out, seed=args.seed)
+                                      out_dir=str(journal_dir(args)), seed=args.seed)
         if progress:
             progress(f"soakmatrix bisect: on {cluster.description}")
         parallel = args.parallel or 2
@@ -220,6 +270,13 @@ def _flag_bisection(args: argparse.Namespace, matrix: Matrix, profile: Profile, 
                         max_probes=args.max_probes, budget_gpu_hours=args.budget_gpu_hours,
                         shrink_values=not args.no_shrink, modifier_prior=args.modifier_prior,
                         measure_modifiers=not args.no_modifiers)
+    steering = {k: v for k, v in asdict(settings).items() if k not in ("max_probes", "budget_gpu_hours")}
+    journal = _journal(args, "flags", {
+        "cell": pc.id, "build": pc.build.name if pc.build else None, "signature": signature,
+        "virtual": args.virtual, "backend": args.backend, "seed": args.seed, **steering,
+        "history": [history.signature, history.hangs, history.exposure_s] if history else None}, progress)
+    if journal is not None:
+        oracle = JournalingOracle(oracle, journal)
     if progress:
         progress(f"soakmatrix bisect: cell {pc.id} {pc.name}: {len(movable)} flag(s) differ from the baseline "
                  f"({', '.join(e.name for e in movable) or 'none'})"
@@ -233,6 +290,8 @@ def _flag_bisection(args: argparse.Namespace, matrix: Matrix, profile: Profile, 
     finally:
         if cluster is not None:
             cluster.close()
+        if journal is not None:
+            journal.close()
     doc = to_json(result)
     doc.update({"matrix": matrix.file, "cell": {"id": pc.id, "name": pc.name},
                 "oracle": "virtual" if args.virtual else f"soak ({args.backend})"})
@@ -270,8 +329,9 @@ def _builds(args: argparse.Namespace, matrix: Matrix, profile: Profile, pc: Plan
                             seed=args.seed, confidence=args.confidence, budget_gpu_hours=args.budget_gpu_hours,
                             max_probes=args.max_probes, calibration_hangs=args.calibration_hangs,
                             signature=signature, as_json=args.json, out=sys.stdout, progress=progress,
-                            real=RealProbes(args.backend, args.ray_address, args.out), store_path=args.store,
-                            then=then if args.then_flags else None, parallel=args.parallel or 1)
+                            real=RealProbes(args.backend, args.ray_address, str(journal_dir(args) or DEFAULT_OUT)),
+                            store_path=args.store, then=then if args.then_flags else None,
+                            parallel=args.parallel or 1, journal=lambda header: _journal(args, "builds", header, progress))
     except BuildUsage as exc:
         raise _Usage(str(exc)) from None
     for run in flag_runs:
