@@ -277,3 +277,16 @@ def test_a_bisection_stopped_by_its_budget_resumes_from_its_journal(tmp_path):
     # virtual time keeps no journal unless asked where: nothing to resume from
     nowhere = soakmatrix("bisect", str(DEMO), "--cell", FAILING, "--virtual", "--resume")
     assert nowhere.returncode == 2 and "--resume: with --virtual, give the --out" in nowhere.stderr
+
+
+def test_max_soak_cuts_long_probes_into_journaled_pieces(tmp_path):
+    common = ("bisect", str(DEMO), "--cell", FAILING, "--virtual", "--seed", "3", "--no-shrink", "--signature",
+              "shm_broadcast_timeout", "--out", str(tmp_path), "--json", "--quiet")
+    out = soakmatrix(*common, "--max-soak", "30m")
+    assert out.returncode == 1, out.stderr
+    assert sorted(json.loads(out.stdout)["minimal"]) == ["cudagraph_mode", "mtp"]
+    lines = [json.loads(line) for line in (tmp_path / "journal-flags.jsonl").read_text().splitlines()]
+    soaks = [p["soak_s"] for batch in lines[1:] for p in batch["probes"]]
+    assert max(soaks) <= 1800.0 and soaks.count(1800.0) > 3           # the long soaks went in pieces
+    other = soakmatrix(*common, "--max-soak", "1h", "--resume")
+    assert other.returncode == 2 and "max_soak_s: the journal's bisection had 1800.0, this one has 3600.0" in other.stderr

@@ -18,6 +18,7 @@ from typing import Callable, TextIO
 
 from soakmatrix.matrix.bisect.journal import JournalingOracle, ProbeJournal
 from soakmatrix.matrix.bisect.model import default_gpu_count
+from soakmatrix.matrix.bisect.oracle_chunked import ChunkedOracle
 from soakmatrix.matrix.contracts.outcomes import EXIT_FOUND, EXIT_INFRA, EXIT_OK, EXIT_USAGE
 from soakmatrix.matrix.plan import PlannedCell
 from soakmatrix.matrix.spec import Matrix, Profile
@@ -27,6 +28,7 @@ from . import history as hist
 from .algorithm import BAD_UNTESTABLE, FOUND, NOT_A_REGRESSION, NOT_REPRODUCED, RANGE
 from .journal import BUILD_CODEC
 from .matrix_builds import UnknownBuild, section_range, to_builds
+from .oracle import build_pieces
 from .posterior import BuildEvidence
 from .report import render_text, to_json
 from .run import run_build_bisection
@@ -55,12 +57,14 @@ def run_for_cell(matrix: Matrix, pc: PlannedCell, profile: Profile, *, builds_ar
                  as_json: bool, out: TextIO, progress: Callable[[str], None] | None = None,
                  real: RealProbes = RealProbes(), store_path: str | None = None,
                  then: Callable[[Build, str | None, BuildEvidence], tuple[int, dict, str]] | None = None,
-                 parallel: int = 1, journal: Callable[[dict], ProbeJournal | None] | None = None) -> int:
+                 parallel: int = 1, max_soak_s: float | None = None,
+                 journal: Callable[[dict], ProbeJournal | None] | None = None) -> int:
     """Bisect the builds for `pc`, print the report; exit code. `then(first bad build, target signature,
     what was seen on that build)` runs after a found first bad build (the flag bisection on it) and
     answers (exit code, `--json` document, text): its report follows the builds' (nested under `flags`
     in JSON) and its code is returned. `journal(header)` opens the probe journal (None: none is kept):
-    the probes are answered from it first and every new answer goes into it."""
+    the probes are answered from it first and every new answer goes into it. `max_soak_s`: a longer
+    probe soaks in pieces of at most that much load (`oracle_chunked`)."""
     if virtual and not hang_model_path:
         raise BuildUsage("--builds --virtual needs a hang model: --hang-model FILE or the matrix's sim.hang_model")
     try:
@@ -90,10 +94,12 @@ def run_for_cell(matrix: Matrix, pc: PlannedCell, profile: Profile, *, builds_ar
         say(f"soakmatrix bisect: on {cluster.description}")
     log = journal({"cell": pc.id, "builds": names, "signature": signature, "virtual": virtual,
                    "backend": real.backend, "seed": seed, "confidence": confidence,
-                   "calibration_hangs": calibration_hangs, "parallel": parallel,
+                   "calibration_hangs": calibration_hangs, "parallel": parallel, "max_soak_s": max_soak_s,
                    "history": evidence.to_json(names) if evidence else None}) if journal else None
     if log is not None:
         oracle = JournalingOracle(oracle, log, BUILD_CODEC)
+    if max_soak_s:   # outside the journal: every piece is an answered probe of its own
+        oracle = ChunkedOracle(oracle, max_soak_s, build_pieces())
     try:
         result = run_build_bisection(names, oracle, confidence=confidence, budget_gpu_hours=budget_gpu_hours,
                                      signature=signature, startup_s=profile.startup_s, gpus=gpus,

@@ -94,3 +94,21 @@ def convert(probe: BuildProbe, result: Any) -> BuildProbeResult:
     return BuildProbeResult(probe, kind, signature, float(result.exposure_s), float(result.gpu_hours),
                             getattr(result, "message", ""), dict(getattr(result, "extra", {}) or {}),
                             crashed=outcome == "crash")
+
+
+def _combine_pieces(probe: BuildProbe, pieces: list[BuildProbeResult]) -> BuildProbeResult:
+    last = pieces[-1]
+    if len(pieces) == 1 and last.probe == probe:
+        return last
+    extra = {**dict(last.extra), "soaked_in_pieces": len(pieces)} if len(pieces) > 1 else dict(last.extra)
+    message = last.message + (f" (soaked in {len(pieces)} pieces)" if len(pieces) > 1 else "")
+    return BuildProbeResult(probe, last.outcome, last.signature, sum(p.exposure_s for p in pieces),
+                            sum(p.gpu_hours for p in pieces), message, extra, crashed=last.crashed)
+
+
+def build_pieces():
+    """How a long build probe is soaked in pieces (`matrix/bisect/oracle_chunked.ChunkedOracle`)."""
+    from soakmatrix.matrix.bisect.oracle_chunked import Pieces
+
+    return Pieces(with_soak=lambda probe, load: BuildProbe(probe.index, probe.build, load),
+                  passed=lambda result: result.outcome == PASSED, combine=_combine_pieces)

@@ -31,6 +31,7 @@ from soakmatrix.matrix.bisect.emit import write_regression_test
 from soakmatrix.matrix.bisect.history_exposure import HistoryExposure, calibration_saved, failing_hangs_wanted
 from soakmatrix.matrix.bisect.history_exposure import to_json as history_json
 from soakmatrix.matrix.bisect.journal import JournalError, JournalingOracle, ProbeJournal
+from soakmatrix.matrix.bisect.oracle_chunked import DEFAULT_MAX_SOAK_S, ChunkedOracle
 from soakmatrix.matrix.bisect.report import render_text, to_json
 from soakmatrix.matrix.bisect.setup import (
     alternatives_of,
@@ -113,6 +114,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ray-address", help="Ray cluster address (default: RAY_ADDRESS or a local cluster)")
     parser.add_argument("--out", help=f"soak job artifacts and the probe journal (default: {DEFAULT_OUT}; with "
                         "--virtual, a journal only when given)")
+    parser.add_argument("--max-soak", type=positive_duration, metavar="DURATION",
+                        help="soak a longer probe in pieces of at most this much load, each one start-up more, so a "
+                             "crash or a lost node costs one piece (default: 12h with real probes; none with "
+                             "--virtual)")
     parser.add_argument("--resume", action="store_true",
                         help="continue the bisection whose probe journal is in --out (after a crash, Ctrl-C or a "
                              "budget that ran out): its answered probes are replayed, not soaked again; the cell and "
@@ -177,6 +182,14 @@ def journal_dir(args: argparse.Namespace) -> Path | None:
     if args.out:
         return Path(args.out)
     return None if args.virtual else Path(DEFAULT_OUT)
+
+
+def max_soak_s(args: argparse.Namespace) -> float | None:
+    """The longest piece of load one probe soaks in (`--max-soak`): 12 h with real probes, none in
+    virtual time (whose GPU-hours are then the benchmark's)."""
+    if args.max_soak is not None:
+        return args.max_soak
+    return None if args.virtual else DEFAULT_MAX_SOAK_S
 
 
 def _journal(args: argparse.Namespace, kind: str, header: dict,
@@ -274,9 +287,12 @@ def _flag_bisection(args: argparse.Namespace, matrix: Matrix, profile: Profile, 
     journal = _journal(args, "flags", {
         "cell": pc.id, "build": pc.build.name if pc.build else None, "signature": signature,
         "virtual": args.virtual, "backend": args.backend, "seed": args.seed, **steering,
+        "max_soak_s": max_soak_s(args),
         "history": [history.signature, history.hangs, history.exposure_s] if history else None}, progress)
     if journal is not None:
         oracle = JournalingOracle(oracle, journal)
+    if max_soak_s(args):   # outside the journal: every piece is an answered probe of its own
+        oracle = ChunkedOracle(oracle, max_soak_s(args))
     if progress:
         progress(f"soakmatrix bisect: cell {pc.id} {pc.name}: {len(movable)} flag(s) differ from the baseline "
                  f"({', '.join(e.name for e in movable) or 'none'})"
@@ -331,7 +347,8 @@ def _builds(args: argparse.Namespace, matrix: Matrix, profile: Profile, pc: Plan
                             signature=signature, as_json=args.json, out=sys.stdout, progress=progress,
                             real=RealProbes(args.backend, args.ray_address, str(journal_dir(args) or DEFAULT_OUT)),
                             store_path=args.store, then=then if args.then_flags else None,
-                            parallel=args.parallel or 1, journal=lambda header: _journal(args, "builds", header, progress))
+                            parallel=args.parallel or 1, max_soak_s=max_soak_s(args),
+                            journal=lambda header: _journal(args, "builds", header, progress))
     except BuildUsage as exc:
         raise _Usage(str(exc)) from None
     for run in flag_runs:
