@@ -101,6 +101,16 @@ def test_probes_of_real_builds_through_ray_name_the_planted_first_bad_build(tmp_
     assert len(results) == doc["probes"]
     assert {r["build"] for r in results} <= set(names) and "b3" in {r["build"] for r in results}
     assert "probe 1: build b4" in proc.stderr and "local Ray" in proc.stderr
+    # every answered probe is in the journal: resumed, the bisection replays them all, soaks nothing
+    # and gives the same answer
+    journal = tmp_path / "out" / "journal-builds.jsonl"
+    assert len(journal.read_text().splitlines()) == 1 + doc["probes"]
+    again = bisect_five_builds(tmp_path, names, "--resume")
+    assert again.returncode == 1, again.stderr[-3000:]
+    assert f"{doc['probes']} answered probe(s) replayed" in again.stderr
+    redo = json.loads(again.stdout)
+    assert (redo["first_bad"], redo["probes"], redo["gpu_hours"]) == ("b3", doc["probes"], doc["gpu_hours"])
+    assert len(list((tmp_path / "out").glob("probe-*/cells/*/result.json"))) == doc["probes"]
     assert_nothing_left(before, tmp_path)
 
 
