@@ -57,7 +57,7 @@ def test_unreadable_lists_unknown_builds_and_no_ray_are_usage_errors(tmp_path):
                           "--hang-model", hangs)
     assert relative.returncode == 2 and "absolute path" in relative.stderr
     nobody = soakmatrix("bisect", str(DEMO), "--cell", CELL, "--builds", builds, "--hang-model", hangs,
-                        "--ray-address", f"127.0.0.1:{free_port()}")
+                        "--ray-address", f"127.0.0.1:{free_port()}", "--out", str(tmp_path / "out"))
     assert nobody.returncode == 2 and "cannot reach Ray at 127.0.0.1:" in nobody.stderr
     assert "Traceback" not in nobody.stderr
     (tmp_path / "one.txt").write_text("only: vllm==0.10.0\n")

@@ -86,16 +86,22 @@ def run_for_cell(matrix: Matrix, pc: PlannedCell, profile: Profile, *, builds_ar
         + (f"; target signature {signature}" if signature else ""))
     if evidence is not None:
         say(f"soakmatrix bisect: from {store_path}: {_history_line(evidence)}")
-    cluster = None
-    if virtual:
-        oracle = _virtual_oracle(matrix, pc, profile, hang_model_path, builds, gpus, seed)
-    else:
-        oracle, cluster = _soak_oracle(matrix, pc, profile, builds, real, hang_model_path, seed, progress)
-        say(f"soakmatrix bisect: on {cluster.description}")
+    # the journal before Ray: one that cannot be used is exit 2 before a cluster starts
     log = journal({"cell": pc.id, "builds": names, "signature": signature, "virtual": virtual,
                    "backend": real.backend, "seed": seed, "confidence": confidence,
                    "calibration_hangs": calibration_hangs, "parallel": parallel, "max_soak_s": max_soak_s,
                    "history": evidence.to_json(names) if evidence else None}) if journal else None
+    cluster = None
+    try:
+        if virtual:
+            oracle = _virtual_oracle(matrix, pc, profile, hang_model_path, builds, gpus, seed)
+        else:
+            oracle, cluster = _soak_oracle(matrix, pc, profile, builds, real, hang_model_path, seed, progress)
+            say(f"soakmatrix bisect: on {cluster.description}")
+    except BaseException:
+        if log is not None:
+            log.close()
+        raise
     if log is not None:
         oracle = JournalingOracle(oracle, log, BUILD_CODEC)
     if max_soak_s:   # outside the journal: every piece is an answered probe of its own

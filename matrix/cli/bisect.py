@@ -268,27 +268,31 @@ def _flag_bisection(args: argparse.Namespace, matrix: Matrix, profile: Profile, 
     movable, fixed, why = elements_of(pc, matrix)
     if len(movable) > MAX_ELEMENTS:
         raise _Usage(f"{len(movable)} flags differ from the baseline; at most {MAX_ELEMENTS}")
-    cluster = None
-    if args.virtual:
-        oracle = virtual_oracle(matrix, pc, profile, hang_model_path, args.seed)
-        parallel = args.parallel or 1
-    else:
-        oracle, cluster = soak_oracle(matrix, pc, profile, backend=args.backend, ray_address=args.ray_address,
-                                      out_dir=str(journal_dir(args)), seed=args.seed)
-        if progress:
-            progress(f"soakmatrix bisect: on {cluster.description}")
-        parallel = args.parallel or 2
     settings = Settings(confidence=args.confidence, mttf_cap_s=args.mttf_cap, startup_s=profile.startup_s,
-                        calibration_hangs=args.calibration_hangs, parallel=parallel,
+                        calibration_hangs=args.calibration_hangs, parallel=args.parallel or (1 if args.virtual else 2),
                         max_probes=args.max_probes, budget_gpu_hours=args.budget_gpu_hours,
                         shrink_values=not args.no_shrink, modifier_prior=args.modifier_prior,
                         measure_modifiers=not args.no_modifiers)
+    # the journal before Ray: one that cannot be used is exit 2 before a cluster starts
     steering = {k: v for k, v in asdict(settings).items() if k not in ("max_probes", "budget_gpu_hours")}
     journal = _journal(args, "flags", {
         "cell": pc.id, "build": pc.build.name if pc.build else None, "signature": signature,
         "virtual": args.virtual, "backend": args.backend, "seed": args.seed, **steering,
         "max_soak_s": max_soak_s(args),
         "history": [history.signature, history.hangs, history.exposure_s] if history else None}, progress)
+    cluster = None
+    try:
+        if args.virtual:
+            oracle = virtual_oracle(matrix, pc, profile, hang_model_path, args.seed)
+        else:
+            oracle, cluster = soak_oracle(matrix, pc, profile, backend=args.backend, ray_address=args.ray_address,
+                                          out_dir=str(journal_dir(args)), seed=args.seed)
+            if progress:
+                progress(f"soakmatrix bisect: on {cluster.description}")
+    except BaseException:
+        if journal is not None:
+            journal.close()
+        raise
     if journal is not None:
         oracle = JournalingOracle(oracle, journal)
     if max_soak_s(args):   # outside the journal: every piece is an answered probe of its own
