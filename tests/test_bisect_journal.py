@@ -106,12 +106,19 @@ def test_resuming_another_bisection_names_the_key_that_differs(tmp_path):
         ProbeJournal(path, HEADER, resume=True)
 
 
-def test_a_line_torn_by_the_crash_is_dropped_and_a_broken_one_inside_is_an_error(tmp_path):
+def killed_at(path, batch):
+    """The uninterrupted run's batches and answer, and a journal at `path` of the same run killed when
+    it asked for `batch`."""
     batches, expected = uninterrupted()
-    path = tmp_path / "j.jsonl"
     with ProbeJournal(path, HEADER, resume=False) as journal:
         with pytest.raises(KeyboardInterrupt):
-            run_with(JournalingOracle(Replay(batches, crash_at=4), journal))
+            run_with(JournalingOracle(Replay(batches, crash_at=batch), journal))
+    return batches, expected
+
+
+def test_a_line_torn_by_the_crash_is_dropped_and_a_broken_one_inside_is_an_error(tmp_path):
+    path = tmp_path / "j.jsonl"
+    batches, expected = killed_at(path, 4)
     with path.open("a") as f:
         f.write('{"probes": [{"flags": {"f0": tr')           # the write the crash cut short
     with ProbeJournal(path, HEADER, resume=True) as journal:
@@ -126,11 +133,8 @@ def test_a_line_torn_by_the_crash_is_dropped_and_a_broken_one_inside_is_an_error
 
 
 def test_a_resumed_bisection_that_asks_otherwise_stops_at_the_line_it_parted(tmp_path):
-    batches, _ = uninterrupted()
     path = tmp_path / "j.jsonl"
-    with ProbeJournal(path, HEADER, resume=False) as journal:
-        with pytest.raises(KeyboardInterrupt):
-            run_with(JournalingOracle(Replay(batches, crash_at=5), journal))
+    batches, _ = killed_at(path, 5)
     lines = path.read_text().splitlines()
     third = json.loads(lines[3])
     third["probes"][0]["soak_s"] += 1.0                       # recorded by other code

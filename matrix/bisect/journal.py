@@ -198,3 +198,17 @@ class JournalingOracle:
 
 def _said(probes: list) -> str:
     return "; ".join(p.get("label") or json.dumps(p, sort_keys=True) for p in probes) or "nothing"
+
+
+def journaled(oracle: Any, journal: ProbeJournal | None, max_soak_s: float | None, codec: Codec = FLAG_CODEC,
+              pieces: Any = None) -> Any:
+    """The oracle a CLI bisection asks: the journal (if any) around `oracle`, and around that the
+    cut of long probes into pieces of `max_soak_s` (if any), so that every piece is an answered probe
+    of its own in the journal."""
+    from .oracle_chunked import ChunkedOracle
+
+    if journal is not None:
+        oracle = JournalingOracle(oracle, journal, codec)
+    if max_soak_s:
+        oracle = ChunkedOracle(oracle, max_soak_s, pieces)
+    return oracle

@@ -16,9 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, TextIO
 
-from soakmatrix.matrix.bisect.journal import JournalingOracle, ProbeJournal
+from soakmatrix.matrix.bisect.journal import ProbeJournal, journaled
 from soakmatrix.matrix.bisect.model import default_gpu_count
-from soakmatrix.matrix.bisect.oracle_chunked import ChunkedOracle
 from soakmatrix.matrix.contracts.outcomes import EXIT_FOUND, EXIT_INFRA, EXIT_OK, EXIT_USAGE
 from soakmatrix.matrix.plan import PlannedCell
 from soakmatrix.matrix.spec import Matrix, Profile
@@ -102,10 +101,7 @@ def run_for_cell(matrix: Matrix, pc: PlannedCell, profile: Profile, *, builds_ar
         if log is not None:
             log.close()
         raise
-    if log is not None:
-        oracle = JournalingOracle(oracle, log, BUILD_CODEC)
-    if max_soak_s:   # outside the journal: every piece is an answered probe of its own
-        oracle = ChunkedOracle(oracle, max_soak_s, build_pieces())
+    oracle = journaled(oracle, log, max_soak_s, BUILD_CODEC, build_pieces())
     try:
         result = run_build_bisection(names, oracle, confidence=confidence, budget_gpu_hours=budget_gpu_hours,
                                      signature=signature, startup_s=profile.startup_s, gpus=gpus,

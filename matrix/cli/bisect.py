@@ -30,8 +30,8 @@ from soakmatrix.matrix.bisect import MAX_ELEMENTS, Settings, bisect
 from soakmatrix.matrix.bisect.emit import write_regression_test
 from soakmatrix.matrix.bisect.history_exposure import HistoryExposure, calibration_saved, failing_hangs_wanted
 from soakmatrix.matrix.bisect.history_exposure import to_json as history_json
-from soakmatrix.matrix.bisect.journal import JournalError, JournalingOracle, ProbeJournal
-from soakmatrix.matrix.bisect.oracle_chunked import DEFAULT_MAX_SOAK_S, ChunkedOracle
+from soakmatrix.matrix.bisect.journal import JournalError, ProbeJournal, journaled
+from soakmatrix.matrix.bisect.oracle_chunked import DEFAULT_MAX_SOAK_S
 from soakmatrix.matrix.bisect.report import render_text, to_json
 from soakmatrix.matrix.bisect.setup import (
     alternatives_of,
@@ -293,10 +293,7 @@ def _flag_bisection(args: argparse.Namespace, matrix: Matrix, profile: Profile, 
         if journal is not None:
             journal.close()
         raise
-    if journal is not None:
-        oracle = JournalingOracle(oracle, journal)
-    if max_soak_s(args):   # outside the journal: every piece is an answered probe of its own
-        oracle = ChunkedOracle(oracle, max_soak_s(args))
+    oracle = journaled(oracle, journal, max_soak_s(args))
     if progress:
         progress(f"soakmatrix bisect: cell {pc.id} {pc.name}: {len(movable)} flag(s) differ from the baseline "
                  f"({', '.join(e.name for e in movable) or 'none'})"
