@@ -205,12 +205,17 @@ def _facf(args: tuple[Case, list[int]]) -> list[tuple[float, int]]:
 
 def floor(case: Case) -> float:
     from soakmatrix.matrix.build_bisect.bound import lower_bound
-    return lower_bound(case.n, case.mttf_s, STARTUP_S, CONFIDENCE).gpu_hours
+    return lower_bound(case.n, case.mttf_s, STARTUP_S, CONFIDENCE, background_mttf_s=_background(case)).gpu_hours
+
+
+def _background(case: Case) -> float | None:
+    """The flaky hang's MTTF in "+flaky" rows: the floor of that problem counts the probes it ends."""
+    return BACKGROUND_MTTF_S if case.background else None
 
 
 def _where_line(case: Case, mean: np.ndarray) -> str:
     from soakmatrix.matrix.build_bisect.bound import lower_bound
-    b = lower_bound(case.n, case.mttf_s, STARTUP_S, CONFIDENCE)
+    b = lower_bound(case.n, case.mttf_s, STARTUP_S, CONFIDENCE, background_mttf_s=_background(case))
     to_mttfs = 3600.0 / case.mttf_s
     return (f"{'':<4}in MTTFs: last bad build {mean[0]:.1f}, other bad {mean[1]:.1f}, last good {mean[2]:.1f}, "
             f"good below {mean[3]:.1f}, start-ups {mean[4]:.1f} | evidence floor {b.evidence_gpu_hours * to_mttfs:.1f} "

@@ -109,3 +109,28 @@ def test_no_run_beats_the_bound_on_average(n):
         spent.append(r.gpu_hours)
     floor = lower_bound(n, mttf, 600.0, 0.99).gpu_hours
     assert floor < np.mean(spent) < 3 * floor
+
+
+def test_a_background_hang_ends_probes_the_evidence_floor_counts():
+    # every build also hangs with another signature at MTTF 3 h: over the load the evidence needs,
+    # those hangs end beta (X + Y) probes, each a start-up more; the evidence itself is unchanged
+    plain = lower_bound(8, 7200.0, 600.0, 0.99)
+    flaky = lower_bound(8, 7200.0, 600.0, 0.99, background_mttf_s=3 * 3600.0)
+    beta = 7200.0 / (3 * 3600.0)
+    assert flaky.probes == pytest.approx(flaky.hang_mttfs + beta * (flaky.refute_mttfs + flaky.hang_mttfs))
+    assert flaky.evidence == plain.evidence and flaky.gpu_hours > plain.gpu_hours
+    rarer = lower_bound(8, 7200.0, 600.0, 0.99, background_mttf_s=10 * 3600.0)
+    assert plain.gpu_hours < rarer.gpu_hours < flaky.gpu_hours
+    # a background hang far rarer than the target's leaves the floor as it was (2c - 1 binds)
+    assert lower_bound(8, 600.0, 600.0, 0.99, background_mttf_s=3 * 3600.0).gpu_hours == pytest.approx(
+        lower_bound(8, 600.0, 600.0, 0.99).gpu_hours)
+    with pytest.raises(ValueError, match="background"):
+        lower_bound(8, 600.0, 600.0, 0.99, background_mttf_s=0.0)
+    spent = []
+    for seed in range(60):
+        cp = int(np.random.default_rng(seed).integers(1, 8))
+        r = bisect_builds([f"b{i}" for i in range(8)],
+                          VirtualBuildOracle(8, cp, 7200.0, seed=seed + 500, background_mttf_s=3 * 3600.0),
+                          BuildSettings(signature="shm_broadcast_timeout"))
+        spent.append(r.gpu_hours)
+    assert flaky.gpu_hours < np.mean(spent)

@@ -27,6 +27,16 @@ Garivier, JMLR 2016, Lemma 1) on the build axis:
 It minimises X(Y) + Y + (s / M) probes(Y) over Y >= 2c - 1, in MTTFs; the search costs it start-ups
 only.
 
+**With a background hang** (every build also hangs with another signature at MTTF B, independent of
+the change point: the benchmark's "+flaky"), the evidence is unchanged (those hangs have one law in
+W and W') but each of them ends a probe too. They come at beta = M / B per MTTF of load, so over the
+expected load, at least X + Y, they end beta (X + Y) probes on average (optional stopping: their count
+less beta x the load is a martingale in load time). A probe ends with a target hang, another
+signature's hang or its length, and build J - 1's last probe (needed with probability >= 2c - 1)
+ends with one of the last two, so probes >= max(Y + max(beta (X + Y), 2c - 1), I). The search floor
+is unchanged: a soak cut short by another hang tells what a soak of that length tells, for a
+start-up paid once, so its bits per MTTF are a mixture of what `search_rate` maximises.
+
 **The search floor.** With the change point uniform over the n - 1 builds after the good one,
 Fano's inequality asks for I >= log2(n - 1) - h(1 - c) - (1 - c) log2(n - 2) bits about J. A probe
 of build i tells about J only through "is build i bad" (B, with P(B) = p given what was seen): a
@@ -118,20 +128,25 @@ def search_rate(sigma: float) -> tuple[float, float, float]:
     return max(-best.fun, float(grid[i, j])), p, length
 
 
-def lower_bound(n: int, mttf_s: float, startup_s: float, confidence: float, gpus: int = 1) -> BuildBound:
+def lower_bound(n: int, mttf_s: float, startup_s: float, confidence: float, gpus: int = 1,
+                background_mttf_s: float | None = None) -> BuildBound:
     """The least expected GPU-hours to name the first bad build among `n` with probability
-    `confidence`, for a procedure that keeps that confidence at every change point and MTTF."""
+    `confidence`, for a procedure that keeps that confidence at every change point and MTTF; with
+    `background_mttf_s`, every build also hangs with another signature at that MTTF."""
     if n < 2:
         raise ValueError(f"need at least two builds, got {n}")
     if not 0.5 < confidence < 1:
         raise ValueError(f"confidence must be in (0.5, 1), got {confidence}")
     evidence = binary_divergence(confidence, 1.0 - confidence)
     bits = search_bits(n, confidence)
+    if background_mttf_s is not None and not background_mttf_s > 0:
+        raise ValueError(f"the background hang's MTTF must be > 0, got {background_mttf_s}")
     sigma = startup_s / mttf_s
+    beta = mttf_s / background_mttf_s if background_mttf_s else 0.0
     floor_y = 2.0 * confidence - 1.0
 
     def probes(y: float) -> float:
-        return max(y + 2.0 * confidence - 1.0, bits)
+        return max(y + max(beta * (refute_load(y, evidence) + y), 2.0 * confidence - 1.0), bits)
 
     def cost(y: float) -> float:
         return refute_load(y, evidence) + y + sigma * probes(y)
