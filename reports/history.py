@@ -370,11 +370,17 @@ class HistoryStore:
     # -- bisections -------------------------------------------------------------------------------
 
     def record_bisection(self, cell_id: str, report: dict, run_id: str | None = None) -> None:
-        """Store a bisection's JSON report (cell, signature, minimal_set, confidence, configs, verdicts, ...)."""
+        """Store a bisection's JSON report (cell, signature, minimal_set, confidence, configs, verdicts, ...).
+        The very report the cell's last one was is not stored twice: a finished bisection resumed from
+        its journal (`bisect --resume`) replays to it."""
+        text = json.dumps(report, sort_keys=True, default=str)
         with self._write() as db:
+            last = db.execute("SELECT report FROM bisections WHERE cell_id = ? ORDER BY id DESC LIMIT 1",
+                              (cell_id,)).fetchone()
+            if last is not None and last[0] == text:
+                return
             db.execute("INSERT INTO bisections (cell_id, run_id, signature, report, recorded_at) VALUES (?,?,?,?,?)",
-                       (cell_id, run_id, report.get("signature"), json.dumps(report, sort_keys=True, default=str),
-                        self._clock()))
+                       (cell_id, run_id, report.get("signature"), text, self._clock()))
 
     def bisections(self) -> list[dict]:
         """Every stored bisection report, oldest first, with `cell_id`, `run_id` and `recorded_at` added."""

@@ -97,6 +97,18 @@ def test_bisections_round_trip(tmp_path):
     assert got[0]["verdicts"] == report["verdicts"] and got[0]["configs"] == report["configs"]
 
 
+def test_the_same_bisection_report_twice_is_stored_once(tmp_path):
+    # `bisect --resume` of a finished bisection replays it to the very same report
+    report = {"cell": "abc", "signature": "shm_broadcast_timeout", "minimal": ["mtp"], "gpu_hours": 41.5}
+    with HistoryStore(tmp_path / "h.sqlite") as store:
+        store.record_bisection("abc", report)
+        store.record_bisection("abc", dict(report))
+        store.record_bisection("def", dict(report))                        # another cell's is its own
+        store.record_bisection("abc", {**report, "gpu_hours": 45.0})       # a bisection that went on
+        got = store.bisections()
+    assert [(b["cell_id"], b["gpu_hours"]) for b in got] == [("abc", 41.5), ("def", 41.5), ("abc", 45.0)]
+
+
 def test_unknown_run_is_a_clear_error(tmp_path):
     with HistoryStore(tmp_path / "h.sqlite") as store:
         with pytest.raises(KeyError, match="no run 'nope'"):
