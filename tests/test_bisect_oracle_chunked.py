@@ -10,7 +10,7 @@ from soakmatrix.matrix.bisect.journal import JournalingOracle, ProbeJournal
 from soakmatrix.matrix.bisect.oracle import Probe, ProbeResult
 from soakmatrix.matrix.bisect.oracle_chunked import ChunkedOracle
 from soakmatrix.matrix.bisect.report import to_json
-from soakmatrix.matrix.build_bisect.oracle import BuildProbe, BuildProbeResult, build_pieces
+from soakmatrix.matrix.build_bisect.oracle import BUILD_PIECES, BuildProbe, BuildProbeResult
 from tests.test_bisect import DeterministicOracle, elements, failing
 
 HOUR = 3600.0
@@ -69,7 +69,7 @@ def test_build_probes_are_cut_and_put_together_the_same_way():
 
     inner = Builds()
     probe = BuildProbe(3, "b3", 20 * HOUR)
-    (r,) = ChunkedOracle(inner, 8 * HOUR, build_pieces()).run([probe])
+    (r,) = ChunkedOracle(inner, 8 * HOUR, BUILD_PIECES).run([probe])
     assert [(p.index, p.soak_s / HOUR) for p in inner.asked] == [(3, 8), (3, 8), (3, 4)]
     assert r.probe == probe and r.outcome == "passed" and r.exposure_s == 20 * HOUR
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from .oracle import Probe, ProbeResult
+from .oracle_chunked import ChunkedOracle
 
 FORMAT = "soakmatrix bisect journal"
 VERSION = 1
@@ -205,8 +206,6 @@ def journaled(oracle: Any, journal: ProbeJournal | None, max_soak_s: float | Non
     """The oracle a CLI bisection asks: the journal (if any) around `oracle`, and around that the
     cut of long probes into pieces of `max_soak_s` (if any), so that every piece is an answered probe
     of its own in the journal."""
-    from .oracle_chunked import ChunkedOracle
-
     if journal is not None:
         oracle = JournalingOracle(oracle, journal, codec)
     if max_soak_s:

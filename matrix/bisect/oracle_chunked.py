@@ -10,7 +10,7 @@ inner oracle is a `journal.JournalingOracle`) and the next asks for the load sti
 first piece that does not pass ends the probe. Exposure and GPU-hours add up over the pieces, each
 piece's start-up included (the inner oracle accounts it): the price is one start-up per cap of
 load, about 1.4 % at a 12 h cap and a 10 min start-up. Used for flag probes (`Probe`, here) and build
-probes (`build_bisect.oracle.build_pieces()`): a `Pieces` says how a probe is cut and put together.
+probes (`build_bisect.oracle.BUILD_PIECES`): a `Pieces` says how a probe is cut and put together.
 """
 
 from __future__ import annotations

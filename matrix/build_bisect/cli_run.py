@@ -27,7 +27,7 @@ from . import history as hist
 from .algorithm import BAD_UNTESTABLE, FOUND, NOT_A_REGRESSION, NOT_REPRODUCED, RANGE
 from .journal import BUILD_CODEC
 from .matrix_builds import UnknownBuild, section_range, to_builds
-from .oracle import build_pieces
+from .oracle import BUILD_PIECES
 from .posterior import BuildEvidence
 from .report import render_text, to_json
 from .run import run_build_bisection
@@ -101,7 +101,7 @@ def run_for_cell(matrix: Matrix, pc: PlannedCell, profile: Profile, *, builds_ar
         if log is not None:
             log.close()
         raise
-    oracle = journaled(oracle, log, max_soak_s, BUILD_CODEC, build_pieces())
+    oracle = journaled(oracle, log, max_soak_s, BUILD_CODEC, BUILD_PIECES)
     try:
         result = run_build_bisection(names, oracle, confidence=confidence, budget_gpu_hours=budget_gpu_hours,
                                      signature=signature, startup_s=profile.startup_s, gpus=gpus,

@@ -23,6 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
+from soakmatrix.matrix.bisect.oracle_chunked import Pieces
+
 HANG = "hang"
 PASSED = "passed"
 UNTESTABLE = "untestable"
@@ -106,9 +108,6 @@ def _combine_pieces(probe: BuildProbe, pieces: list[BuildProbeResult]) -> BuildP
                             sum(p.gpu_hours for p in pieces), message, extra, crashed=last.crashed)
 
 
-def build_pieces():
-    """How a long build probe is soaked in pieces (`matrix/bisect/oracle_chunked.ChunkedOracle`)."""
-    from soakmatrix.matrix.bisect.oracle_chunked import Pieces
-
-    return Pieces(with_soak=lambda probe, load: BuildProbe(probe.index, probe.build, load),
-                  passed=lambda result: result.outcome == PASSED, combine=_combine_pieces)
+# how a long build probe is soaked in pieces (`matrix/bisect/oracle_chunked.ChunkedOracle`)
+BUILD_PIECES = Pieces(with_soak=lambda probe, load: BuildProbe(probe.index, probe.build, load),
+                      passed=lambda result: result.outcome == PASSED, combine=_combine_pieces)
