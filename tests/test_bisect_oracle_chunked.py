@@ -103,3 +103,58 @@ def test_a_driver_that_dies_mid_probe_resumes_at_the_piece_it_was_soaking(tmp_pa
         result = run(JournalingOracle(live, journal))
     assert live.probes == raw[dies_at:]             # the first piece of that probe was not soaked again
     assert to_json(result) == to_json(expected)
+
+
+class LosesItsNodeOnce:
+    """Build probes: builds from `change_point` hang at `hang_s` of load, the rest pass; the
+    `lost_at`-th piece asked (1-based) is a lost node (untestable) instead."""
+
+    def __init__(self, change_point, lost_at, hang_s=1800.0):
+        self.cp, self.lost_at, self.hang_s, self.asked = change_point, lost_at, hang_s, []
+
+    def run(self, probes):
+        out = []
+        for p in probes:
+            self.asked.append(p)
+            if len(self.asked) == self.lost_at:
+                out.append(BuildProbeResult(p, "untestable", None, 0.0, STARTUP / HOUR, "the node was lost"))
+            elif p.index >= self.cp and self.hang_s < p.soak_s:
+                out.append(BuildProbeResult(p, "hang", "shm_broadcast_timeout", self.hang_s,
+                                            (STARTUP + self.hang_s) / HOUR))
+            else:
+                out.append(BuildProbeResult(p, "passed", None, p.soak_s, (STARTUP + p.soak_s) / HOUR))
+        return out
+
+
+def test_a_build_piece_that_cannot_run_after_pieces_passed_is_a_pass_of_what_was_soaked():
+    inner = LosesItsNodeOnce(change_point=9, lost_at=3)
+    probe = BuildProbe(2, "b2", 30 * HOUR)
+    (r,) = ChunkedOracle(inner, 12 * HOUR, BUILD_PIECES).run([probe])
+    # two pieces of 12 h soaked the build: it installed and ran, so it is not untestable
+    assert r.probe == probe and r.outcome == "passed" and r.exposure_s == 24 * HOUR
+    assert r.gpu_hours == pytest.approx(3 * STARTUP / HOUR + 24)    # the lost piece's start-up is paid
+    assert r.extra["interrupted"] == "the node was lost" and "the node was lost" in r.message
+    # the first piece itself not running still makes the probe untestable, as a probe in one piece
+    inner = LosesItsNodeOnce(change_point=9, lost_at=1)
+    (r,) = ChunkedOracle(inner, 12 * HOUR, BUILD_PIECES).run([probe])
+    assert r.outcome == "untestable" and r.exposure_s == 0.0
+
+
+def test_a_lost_node_in_the_refuting_soak_leaves_the_answer_a_build_not_a_range():
+    from soakmatrix.matrix.build_bisect import FOUND, BuildSettings, bisect_builds
+
+    names = [f"b{i}" for i in range(16)]
+    cut = 2 * HOUR        # the end game's refuting soak of the last good build runs longer: it is cut
+    whole = LosesItsNodeOnce(change_point=9, lost_at=0)
+    expected = bisect_builds(names, ChunkedOracle(whole, cut, BUILD_PIECES), BuildSettings())
+    assert expected.status == FOUND and expected.first_bad == 9
+    # lose the node on the second piece of the last good build's first cut probe
+    second = next(i for i in range(1, len(whole.asked)) if whole.asked[i].index == 8
+                  and whole.asked[i - 1].index == 8 and whole.asked[i - 1].soak_s == cut)
+    lossy = LosesItsNodeOnce(change_point=9, lost_at=second + 1)
+    r = bisect_builds(names, ChunkedOracle(lossy, cut, BUILD_PIECES), BuildSettings())
+    assert r.status == FOUND and r.first_bad == 9 and r.last_good == 8 and not r.untestable
+    assert r.posterior >= 0.99
+    # what the lost node cost is its piece's start-up: the piece that passed before it is not soaked again
+    assert r.gpu_hours == pytest.approx(expected.gpu_hours + STARTUP / HOUR)
+    assert r.evidence[8].exposure_s == pytest.approx(expected.evidence[8].exposure_s)

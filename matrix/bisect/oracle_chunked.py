@@ -11,6 +11,11 @@ first piece that does not pass ends the probe. Exposure and GPU-hours add up ove
 piece's start-up included (the inner oracle accounts it): the price is one start-up per cap of
 load, about 1.4 % at a 12 h cap and a 10 min start-up. Used for flag probes (`Probe`, here) and build
 probes (`build_bisect.oracle.BUILD_PIECES`): a `Pieces` says how a probe is cut and put together.
+
+A piece that cannot run (a lost node, a failed restart) after others passed: a build probe is then a
+pass of the load soaked (the build bisection reads a pass of any length, and the build installed and
+ran, so it is not untestable); a flag probe stays that error and is retried whole, because the flag
+bisection reads a pass as the verdict of the soak it asked for.
 """
 
 from __future__ import annotations

@@ -102,10 +102,22 @@ def _combine_pieces(probe: BuildProbe, pieces: list[BuildProbeResult]) -> BuildP
     last = pieces[-1]
     if len(pieces) == 1 and last.probe == probe:
         return last
+    gpu_hours = sum(p.gpu_hours for p in pieces)
+    if last.outcome == UNTESTABLE and len(pieces) > 1:
+        # The pieces before it installed, started and soaked this build: it is testable, and their load
+        # is evidence. A lost node or a failed restart later is no reason to call the build untestable
+        # (the answer would become a range around a build that was soaked for hours): the probe is a
+        # pass of the load that was soaked, and the bisection decides again what to soak next.
+        soaked = sum(p.exposure_s for p in pieces[:-1])
+        extra = {**dict(last.extra), "soaked_in_pieces": len(pieces) - 1, "interrupted": last.message}
+        return BuildProbeResult(probe, PASSED, None, soaked, gpu_hours,
+                                f"no hang in {soaked:.0f}s over {len(pieces) - 1} pieces; the next piece "
+                                f"could not run ({last.message or 'untestable'}): a pass of {soaked:.0f}s",
+                                extra)
     extra = {**dict(last.extra), "soaked_in_pieces": len(pieces)} if len(pieces) > 1 else dict(last.extra)
     message = last.message + (f" (soaked in {len(pieces)} pieces)" if len(pieces) > 1 else "")
     return BuildProbeResult(probe, last.outcome, last.signature, sum(p.exposure_s for p in pieces),
-                            sum(p.gpu_hours for p in pieces), message, extra, crashed=last.crashed)
+                            gpu_hours, message, extra, crashed=last.crashed)
 
 
 # how a long build probe is soaked in pieces (`matrix/bisect/oracle_chunked.ChunkedOracle`)
