@@ -13,6 +13,7 @@ import base64
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -22,6 +23,7 @@ import pytest
 from conftest import REPO
 
 from soakmatrix.matrix.contracts.outcomes import EXIT_USAGE, Outcome
+from soakmatrix.matrix.schedule.cluster import KEEP_RUNTIME_ENVS_ENV
 from soakmatrix.reports.history import HistoryStore
 
 CLI = [sys.executable, "-m", "soakmatrix.matrix.cli"]
@@ -64,8 +66,10 @@ def test_a_pip_build_soaks_in_rays_virtualenv_and_one_ray_cannot_install_is_a_co
     matrix = tmp_path / "matrix.yaml"
     matrix.write_text(MATRIX.format(wheel=wheel, missing=tmp_path / "missing-1.0-py3-none-any.whl"))
     out = tmp_path / "out"
-    # Ray tries a failed setup 3 times by default (RUNTIME_ENV_RETRY_TIMES); once says the same here
-    env = {**os.environ, "RUNTIME_ENV_RETRY_TIMES": "1"}
+    # Ray tries a failed setup 3 times by default (RUNTIME_ENV_RETRY_TIMES); once says the same here.
+    # The build's virtualenv is kept after the run (it goes with the cluster otherwise: test_cluster.py)
+    # so this test can look inside it; the test removes it itself.
+    env = {**os.environ, "RUNTIME_ENV_RETRY_TIMES": "1", KEEP_RUNTIME_ENVS_ENV: "1"}
     proc = subprocess.run([*CLI, "run", str(matrix), "--out", str(out)], capture_output=True, text=True,
                           timeout=540, cwd=REPO, env=env)
     assert proc.returncode == EXIT_USAGE, proc.stderr[-3000:]
@@ -78,13 +82,17 @@ def test_a_pip_build_soaks_in_rays_virtualenv_and_one_ray_cannot_install_is_a_co
     # the soak job ran in the virtualenv Ray made for the build, not in this interpreter
     assert marked.python and Path(marked.python) != Path(sys.executable)
     assert "runtime_resources" in marked.python and "pip" in Path(marked.python).parts
-    (job_result,) = out.glob("**/cells/*/result.json")           # the job's own record says so too
-    assert json.loads(job_result.read_text())["python"] == marked.python
-    site = subprocess.run([marked.python, "-c", "import soakmarker, sys; print(soakmarker.WHERE)"],
-                          capture_output=True, text=True, timeout=60)
-    assert site.stdout.strip() == "a pip build"      # the wheel is installed there, and only there
-    mine = subprocess.run([sys.executable, "-c", "import soakmarker"], capture_output=True, timeout=60)
-    assert mine.returncode != 0
+    runtime_resources = next(p for p in Path(marked.python).parents if p.name == "runtime_resources")
+    try:
+        (job_result,) = out.glob("**/cells/*/result.json")           # the job's own record says so too
+        assert json.loads(job_result.read_text())["python"] == marked.python
+        site = subprocess.run([marked.python, "-c", "import soakmarker, sys; print(soakmarker.WHERE)"],
+                              capture_output=True, text=True, timeout=60)
+        assert site.stdout.strip() == "a pip build"      # the wheel is installed there, and only there
+        mine = subprocess.run([sys.executable, "-c", "import soakmarker"], capture_output=True, timeout=60)
+        assert mine.returncode != 0
+    finally:
+        shutil.rmtree(runtime_resources, ignore_errors=True)   # a clone of this environment: GBs with vLLM
 
     missing = results["missing"]
     assert missing.outcome is Outcome.CONFIG_ERROR and missing.exposure_s == 0

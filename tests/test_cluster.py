@@ -5,7 +5,8 @@ import os
 import psutil
 import pytest
 
-from soakmatrix.matrix.schedule.cluster import NodeShape, address_from, check_reachable, gcs_endpoint, sim_fleet
+from soakmatrix.matrix.schedule.cluster import (NodeShape, address_from, check_reachable, gcs_endpoint, session_dir,
+                                                sim_fleet)
 from soakmatrix.matrix.spec import GpuType
 
 
@@ -62,9 +63,15 @@ def test_local_sim_cluster_advertises_fake_gpu_types_and_stops_cleanly():
         assert sorted((n.gpus, tuple(n.accelerators)) for n in nodes) == [
             (1.0, ("GeForce-RTX-5090",)), (8.0, ("H200",))]
         assert ray_processes_of(os.getpid())
+        session = session_dir()
+        # what a runtime_env leaves there: a pip build's virtualenv is a clone of this environment
+        (session / "runtime_resources" / "pip" / "env").mkdir(parents=True, exist_ok=True)
     assert not ray.is_initialized()
     psutil.wait_procs(ray_processes_of(os.getpid()), timeout=30)
     assert ray_processes_of(os.getpid()) == []
+    # the cluster's runtime_env resources are gone with it; Ray's own logs of the session stay
+    assert not (session / "runtime_resources").exists()
+    assert (session / "logs").is_dir()
 
 
 def test_a_failed_local_start_is_cleaned_up_and_retried(monkeypatch):

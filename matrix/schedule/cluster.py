@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Mapping, TypeVar
 
 from soakmatrix.matrix.spec import GpuType
@@ -18,6 +20,7 @@ from soakmatrix.matrix.spec import GpuType
 from .placement import ACCELERATOR_PREFIX
 
 ADDRESS_ENV = "RAY_ADDRESS"
+KEEP_RUNTIME_ENVS_ENV = "SOAKMATRIX_KEEP_RUNTIME_ENVS"
 T = TypeVar("T")
 
 
@@ -119,8 +122,42 @@ def connect(address: str | None, *, backend: str, gpus: Mapping[str, GpuType],
         # "local" always starts a fresh cluster: a bare init() would join whatever Ray already runs here
         loopback_only()
         ray.init(address="local", **quiet)
-        return ClusterHandle("local Ray (this machine's GPUs)", ray.shutdown)
+        session = session_dir()
+        return ClusterHandle("local Ray (this machine's GPUs)", lambda: _shutdown_local(ray.shutdown, session))
     return start_local(sim_fleet(gpus))
+
+
+def session_dir() -> Path | None:
+    """The Ray session folder of the cluster this process is connected to (None when unknown)."""
+    try:
+        import ray._private.worker as worker
+
+        node = worker.global_worker.node
+        return Path(node.get_session_dir_path()) if node is not None else None
+    except Exception:  # noqa: BLE001 - a private API: without it nothing is removed, nothing breaks
+        return None
+
+
+def drop_runtime_resources(session: Path | None) -> None:
+    """Remove what Ray set up for the runtime_envs of a cluster this process started and stopped.
+
+    A `pip:` build is a virtualenv that clones the driver's environment (3.5 GB beside vLLM's CPU
+    build), and Ray never deletes a session's folder: a machine that runs the nightly on a local
+    cluster, or the tests, filled its disk that way. The cluster is gone, so nothing can use them; the
+    session's logs (small) stay for whoever debugs it. `SOAKMATRIX_KEEP_RUNTIME_ENVS=1` keeps them too
+    (to look inside a build's environment after the run).
+    """
+    if os.environ.get(KEEP_RUNTIME_ENVS_ENV, "") not in ("", "0"):
+        return
+    if session is not None and session.name.startswith("session_"):
+        shutil.rmtree(session / "runtime_resources", ignore_errors=True)
+
+
+def _shutdown_local(stop: Callable[[], None], session: Path | None) -> None:
+    try:
+        stop()
+    finally:
+        drop_runtime_resources(session)
 
 
 def start_local(shapes: list[NodeShape], attempts: int = 3) -> ClusterHandle:
@@ -169,9 +206,14 @@ def _start_local_once(shapes: list[NodeShape]) -> ClusterHandle:
         cluster.shutdown()
         raise
 
+    session = session_dir()
+
     def shutdown() -> None:
-        ray.shutdown()
-        cluster.shutdown()
+        def stop() -> None:
+            ray.shutdown()
+            cluster.shutdown()
+
+        _shutdown_local(stop, session)
 
     labels = ", ".join(f"{s.num_gpus} x {next(iter(s.resources), '?').removeprefix(ACCELERATOR_PREFIX)}"
                        for s in shapes)
