@@ -101,12 +101,25 @@ def render_finding(data: DashboardData, finding: Any) -> str:
         roles=role_sections(finding.example), log=[line[:LINE_CHARS] for line in finding.example.log_tail[-40:]])
 
 
+def amount_text(x: float) -> str:
+    """A headline number: whole from 10 on, else two significant digits, so that a smoke run's 0.14
+    GPU-hours does not read 0 beside its hours under load."""
+    if x == 0:
+        return "0"
+    if abs(x) >= 10:
+        return f"{x:.0f}"
+    if abs(x) >= 1:
+        return f"{x:.1f}"
+    return "<0.01" if abs(x) < 0.01 else f"{x:.2g}"
+
+
 def _env() -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=True,
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
     env.filters["duration"] = lambda s: "" if s is None else format_duration(s)
     env.filters["when"] = when_text
     env.filters["flags"] = flags_text
+    env.filters["amount"] = amount_text
     return env
 
 

@@ -362,3 +362,26 @@ def test_one_noisy_cell_cannot_bloat_the_page(tmp_path):
     noisy_size = build_dashboard(tmp_path / "h.sqlite", tmp_path / "noisy").stat().st_size
     quiet_size = build_dashboard(quiet, tmp_path / "quiet").stat().st_size
     assert noisy_size - quiet_size < 200_000
+
+
+def test_headline_numbers_keep_two_significant_digits_below_ten():
+    from soakmatrix.reports.dashboard import amount_text
+    assert [amount_text(x) for x in (0.0, 0.004, 0.1412, 2.46, 12.4, 1234.6)] == \
+        ["0", "<0.01", "0.14", "2.5", "12", "1235"]
+
+
+def test_a_short_run_shows_its_gpu_hours_not_zero(tmp_path):
+    cell = Cell.make("org/m", "H200", {"mtp": 1}, "steady")
+    with HistoryStore(tmp_path / "history.sqlite") as store:
+        run = store.start_run(matrix="m.yaml", profile="smoke")
+        store.planned(run, [{"id": cell.id, "name": cell.name, "model": "org/m", "gpu": "H200",
+                             "flags": cell.flag_dict, "workload": "steady"}])
+        store.record(run, CellResult(cell_id=cell.id, cell_name=cell.name, outcome="passed", model="org/m",
+                                     gpu_type="H200", workload="steady", flags=cell.flag_dict, gpu_count=1,
+                                     engine="sim", started_at=T0, ended_at=T0 + 500, exposure_s=420.0))
+        store.finish_run(run, "passed")
+    text = build_dashboard(tmp_path / "history.sqlite", tmp_path / "site").read_text()
+    gpu_card = re.search(r'<div class="n">([^<]*)</div><div class="l">GPU-hours</div>', text)
+    load_card = re.search(r'<div class="n">([^<]*)</div><div class="l">hours under load</div>', text)
+    assert load_card and load_card.group(1) == "0.12"          # 420 s of load
+    assert gpu_card and gpu_card.group(1) == "0.14"            # 500 s on one GPU, not "0"
