@@ -115,8 +115,13 @@ def bisection_view(report: Mapping[str, Any]) -> dict[str, Any]:
     if report.get("kind") == "builds":
         return _build_bisection_view(report, cell_id, cell_name)
     minimal = report.get("minimal_set")
+    names, flags = report.get("minimal"), report.get("minimal_flags")
+    if minimal is None and isinstance(names, (list, tuple)) and isinstance(flags, Mapping):
+        # to_json's minimal_flags is the whole minimal config (the baseline's values of every other
+        # flag too); the set is the flags `minimal` names, at their values there
+        minimal = {n: flags[n] for n in names if n in flags} if names else {}
     if minimal is None:
-        minimal = report.get("minimal_flags") or report.get("minimal")
+        minimal = flags or names
     if isinstance(minimal, Mapping):
         minimal_text = ",".join(f"{k}={format_value(v)}" for k, v in sorted(minimal.items()))
     elif isinstance(minimal, (list, tuple)):

@@ -94,11 +94,12 @@ def make_store(path: Path, nights: int = 4) -> tuple[Path, dict[str, Cell]]:
                         {"flags": {"mtp": 0, "tp": 8}, "hangs": 0, "exposure_s": 21600.0, "mttf_s": None, "ci": [7200.0, None]}],
             "verdicts": {"mtp": "needed: MTP off never hung in 6 h", "tp": "needed: tp=4 never hung",
                          "flashinfer_autotune": "modifier <x8>: " + HOSTILE}})
-        # as `soakmatrix bisect --json` spells it (matrix/bisect/report.py's to_json)
+        # as `soakmatrix bisect --json` spells it (matrix/bisect/report.py's to_json): minimal_flags
+        # is the whole minimal config, the set is the flags `minimal` names
         flaky = cells["PHPH"]
         store.record_bisection(flaky.id, {
             "status": "found", "signature": "shm_broadcast_timeout", "confidence": 0.95, "posterior": 0.991,
-            "cell": {"id": flaky.id, "name": flaky.name}, "minimal": ["mtp"], "minimal_flags": {"mtp": 1},
+            "cell": {"id": flaky.id, "name": flaky.name}, "minimal": ["mtp"], "minimal_flags": {"mtp": 1, "tp": 4},
             "certified_soak_s": 10800.0, "gpu_hours": 12.25, "probes": 9,
             "failing": {"hangs": 2, "exposure_s": 5000.0, "mttf_s": 2500.0, "low_s": 700.0, "high_s": 20000.0, "confidence": 0.95},
             "verdicts": [{"flag": "mtp", "kind": "needed", "text": "mtp=0 never hung in 9 h", "ratio": None, "p_value": 0.001},
