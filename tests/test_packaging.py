@@ -24,7 +24,7 @@ def test_wheel_contains_every_module_under_its_import_name(tmp_path):
     assert not missing, f"modules missing from the wheel: {missing}"
     assert not any(n.startswith(("matrix/", "jobs/", "fixtures/", "reports/")) for n in names), \
         "a folder was packaged at the top level, where it would collide in users' environments"
-    for example in (REPO / "matrix" / "examples").rglob("*.yaml"):
+    for example in [*(REPO / "matrix" / "examples").rglob("*.yaml"), *(REPO / "matrix" / "examples").rglob("*.txt")]:
         assert f"soakmatrix/matrix/{example.relative_to(REPO / 'matrix').as_posix()}" in names
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     text = zipfile.ZipFile(wheel).read(entry_points).decode()
