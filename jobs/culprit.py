@@ -85,6 +85,7 @@ ENGINE_MODULE = re.compile(r"model_executor/|model_runner|/sched/|fault_plugin|/
 LOOP_FRAMES = re.compile(r"^(?:step|step_with_batch_queue|_process_engine_step|run_busy_loop|run_engine_core|"
                          r"run_with_fault_tolerance|worker_busy_loop|worker_main|run|_bootstrap|_bootstrap_inner|"
                          r"_main|spawn_main|<module>|_run_code|_run_module_as_main|thread_run|__enter__|__exit__)$")
+PROCESS_START = re.compile(r"(?:^|[/\\])multiprocessing[/\\]process\.py$")
 # Native frames that vary by build, load address and Python version, not by bug.
 NATIVE_NOISE = re.compile(r"^0x[0-9a-fA-F]+$|^(?:lib(?:c|pthread|python[\d.]*|m|dl|rt)|ld-linux[\w.-]*)(?:\.so.*)?$|"
                           r"\.(?:c|h|cc|cpp)(?::\d+)?$|^<frozen ")
@@ -241,10 +242,15 @@ def _frame_text(function: str, location: str) -> str:
 def normalised(frames: Iterable[tuple[str, str]]) -> list[str]:
     """`module:function` of each frame that may identify a bug: no line numbers, addresses or paths
     (only the file's stem, or the library's name without its version), no libc/libpython/CPython
-    internals, no engine loops."""
+    internals, no engine loops, and nothing outward of the process's start (`multiprocessing`'s
+    `_bootstrap`): in a forked worker those are the parent's frames at the fork, the same for every
+    worker and absent where the model runs in the engine core (TP 1), so a stuck step would be another
+    finding at every TP size."""
     out = []
     for function, location in frames:
         module = _module(location)
+        if PROCESS_START.search(module) and frame_name(function) == "_bootstrap":
+            break
         if NATIVE_NOISE.search(function) or (module and NATIVE_NOISE.search(module)):
             continue
         name = frame_name(function)

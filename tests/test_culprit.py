@@ -111,6 +111,21 @@ def test_normalised_frames_carry_no_lines_addresses_paths_or_loops():
     assert out == ["libcuda:cuEventSynchronize", "gpu_model_runner:_to_list"]
 
 
+def test_a_forked_workers_frames_end_at_its_process_start():
+    stuck = ("Event.wait (threading.py:629)", "sample_tokens_stuck (jobs/sim/executor.py:53)",
+             "execute_model (jobs/sim/executor.py:58)", "worker_busy_loop (jobs/sim/executor.py:73)")
+    in_engine_core = frames(*stuck, "Thread.run (threading.py:982)", "Thread._bootstrap (threading.py:1002)")
+    # a worker forked by the engine core: below its own start, py-spy shows the parent's stack at the fork
+    forked = frames(*stuck, "worker_main (jobs/sim/executor.py:88)",
+                    "BaseProcess.run (/usr/lib/python3.11/multiprocessing/process.py:108)",
+                    "BaseProcess._bootstrap (/usr/lib/python3.11/multiprocessing/process.py:314)",
+                    "Popen._launch (/usr/lib/python3.11/multiprocessing/popen_fork.py:71)",
+                    "Popen.__init__ (/usr/lib/python3.11/multiprocessing/popen_fork.py:19)",
+                    "Executor.__init__ (jobs/sim/executor.py:112)", "EngineCore.__init__ (jobs/sim/core.py:56)")
+    assert cp.normalised(forked) == cp.normalised(in_engine_core) == [
+        "threading:wait", "executor:sample_tokens_stuck", "executor:execute_model"]
+
+
 def test_the_fingerprint_is_the_culprits_and_survives_pids_lines_and_async_scheduling():
     text = dump("vllm_cpu_planted_scheduler.pyspy.txt")
     a = classify(clues_from_texts([text], verdict_kind="hang"))

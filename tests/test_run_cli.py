@@ -125,6 +125,10 @@ def test_demo_end_to_end_finds_the_planted_hangs(tmp_path):
         else:
             assert r.flags["mtp"] == 1 and r.flags["cudagraph_mode"] == "FULL_AND_PIECEWISE"
     assert all(r.outcome is Outcome.PASSED for r in results if r not in hangs)
+    # one planted bug, one finding: the shm broadcast hang's stuck step is the same at TP 1 (a thread
+    # of the engine core) and TP 2 (a worker process)
+    shm = [r for r in hangs if r.signature == "shm_broadcast_timeout"]
+    assert {r.flags["tp"] for r in shm} == {1, 2} and len({r.fingerprint for r in shm}) == 1
     assert (out / "dashboard" / "index.html").is_file()
     assert_gone(f"_{proc.pid}/")       # the local Ray cluster (its session is named after the driver)
     assert_gone(str(out))              # every simulated server

@@ -60,7 +60,9 @@ def execute_model(step: dict[str, Any], rank: int) -> None:
         time.sleep(step["step_s"])
 
 
-def runner_loop(inbox: Any, outbox: Any, rank: int) -> None:
+# vLLM's own names for a worker's loop and entry point (WorkerProc.worker_busy_loop, worker_main): a
+# hang's fingerprint leaves them out, so one stuck step is one finding at every TP size.
+def worker_busy_loop(inbox: Any, outbox: Any, rank: int) -> None:
     while True:
         try:
             step = inbox.recv()
@@ -75,7 +77,7 @@ def runner_loop(inbox: Any, outbox: Any, rank: int) -> None:
             return
 
 
-def _worker_main(inbox: Any, outbox: Any, rank: int, config: SimConfig, parent_pid: int) -> None:
+def worker_main(inbox: Any, outbox: Any, rank: int, config: SimConfig, parent_pid: int) -> None:
     set_process_title(f"VLLM::Worker_TP{rank}")
     die_with_parent(parent_pid)
     reset_child_signals()
@@ -83,7 +85,7 @@ def _worker_main(inbox: Any, outbox: Any, rank: int, config: SimConfig, parent_p
     vlog(logging.INFO, "parallel_state.py:1325",
          "rank %d in world size %d is assigned as DP rank 0, PP rank 0, TP rank %d, EP rank %d",
          rank, config.flags["tp"], rank, rank)
-    runner_loop(inbox, outbox, rank)
+    worker_busy_loop(inbox, outbox, rank)
     os._exit(0)
 
 
@@ -103,11 +105,11 @@ class Executor:
             writers.append(in_w)
             readers.append(out_r)
             if self.tp == 1:
-                t = threading.Thread(target=runner_loop, args=(in_r, out_w, rank), name="model-runner", daemon=True)
+                t = threading.Thread(target=worker_busy_loop, args=(in_r, out_w, rank), name="model-runner", daemon=True)
                 t.start()
                 self.threads.append(t)
             else:
-                p = ctx.Process(target=_worker_main, args=(in_r, out_w, rank, config, os.getpid()),
+                p = ctx.Process(target=worker_main, args=(in_r, out_w, rank, config, os.getpid()),
                                 name=f"Worker_TP{rank}", daemon=False)
                 p.start()
                 in_r.close()
