@@ -5,8 +5,8 @@ import os
 import psutil
 import pytest
 
-from soakmatrix.matrix.schedule.cluster import (NodeShape, address_from, check_reachable, gcs_endpoint, session_dir,
-                                                sim_fleet)
+from soakmatrix.matrix.schedule.cluster import (NodeShape, address_from, check_reachable, client_endpoint,
+                                                gcs_endpoint, session_dir, sim_fleet)
 from soakmatrix.matrix.spec import GpuType
 
 
@@ -20,9 +20,12 @@ def test_cli_address_wins_over_environment():
 def test_gcs_endpoint_and_an_unreachable_address_fails_fast():
     assert gcs_endpoint("10.0.0.1:6379") == ("10.0.0.1", 6379)
     assert gcs_endpoint("auto") is None and gcs_endpoint("ray://head:10001") is None
+    assert client_endpoint("ray://head:10001") == ("head", 10001) and client_endpoint("10.0.0.1:6379") is None
     from conftest import free_port
     with pytest.raises(ConnectionError, match="nothing answers"):
         check_reachable(f"127.0.0.1:{free_port()}", timeout_s=2)
+    with pytest.raises(ConnectionError, match="nothing answers at ray://127.0.0.1"):
+        check_reachable(f"ray://127.0.0.1:{free_port()}", timeout_s=2)
 
 
 def test_sim_fleet_one_node_per_ray_label_with_its_gpu_count():

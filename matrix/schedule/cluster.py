@@ -58,9 +58,17 @@ def gcs_endpoint(address: str) -> tuple[str, int] | None:
     return (host, int(port)) if port.isdigit() and host else None
 
 
+def client_endpoint(address: str) -> tuple[str, int] | None:
+    """(host, port) of a Ray Client address `ray://host:port`; None for anything else."""
+    if not address.startswith("ray://"):
+        return None
+    return gcs_endpoint(address[len("ray://"):].split("/", 1)[0])
+
+
 def check_reachable(address: str, timeout_s: float = 10.0) -> None:
-    """Fail fast on an address nothing listens on: Ray itself retries such a GCS for ever."""
-    endpoint = gcs_endpoint(address)
+    """Fail fast on an address nothing listens on: Ray itself retries such a GCS for ever, and a Ray
+    Client for 30 s before it says so."""
+    endpoint = gcs_endpoint(address) or client_endpoint(address)
     if endpoint is None:
         return
     import socket
