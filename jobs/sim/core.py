@@ -129,7 +129,7 @@ class EngineCore:
             fired = self.clock.advance(now - last, running)
             last = now
             if fired is not None and self.hung is None:
-                self._begin_hang(fired)
+                self._begin_hang(fired, running)
 
     @contextmanager
     def log_error_detail(self, sched: SchedulerOutput) -> Iterator[None]:
@@ -169,13 +169,15 @@ class EngineCore:
         }))
 
     # -- hangs
-    def _begin_hang(self, armed: ArmedHang) -> None:
+    def _begin_hang(self, armed: ArmedHang, running: int) -> None:
+        """`running`: the requests running while the hang's clock ran out (the step just taken may
+        have finished them since)."""
         self.hung = armed
         style = armed.hang.style
         record = {
             "hang_id": armed.hang.id, "style": style, "signature": STYLE_SIGNATURE[style],
             "began_at": time.time(), "engine_time_s": round(self.clock.exposure_s, 6),
-            "running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting),
+            "running": running, "waiting": len(self.scheduler.waiting),
             "mttf_s": armed.mttf_s, "fires_after_s": armed.fires_after_s, "accrued_s": round(armed.accrued_s, 6),
             "time_scale": self.config.time_scale, "pid": os.getpid(),
         }
