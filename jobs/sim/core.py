@@ -116,20 +116,25 @@ class EngineCore:
     def run(self) -> None:
         self.outbox.put(("ready", {"num_gpu_blocks": self.num_gpu_blocks, "pid": os.getpid()}))
         last = time.monotonic()
+        running = 0
         while True:
-            running = len(self.scheduler.running)
             if self.scheduler.has_work() or self.hung is not None:
                 self._drain(0)
             else:
                 deadline = self.clock.next_deadline(0)
                 self._drain(0.25 if deadline is None else min(0.25, max(0.001, deadline)))
-            if self.scheduler.has_work() or self.hung is not None:
-                self._step()
+            # The time since the last turn ran with the requests running then. A hang whose clock ran
+            # out begins before the next step, so that step (with the requests now running) is the
+            # one that sticks: begun after it, a step that finished every request left a hang with
+            # none of its own, and the gauges said 0 running.
             now = time.monotonic()
             fired = self.clock.advance(now - last, running)
             last = now
             if fired is not None and self.hung is None:
                 self._begin_hang(fired, running)
+            if self.scheduler.has_work() or self.hung is not None:
+                self._step()
+            running = len(self.scheduler.running)
 
     @contextmanager
     def log_error_detail(self, sched: SchedulerOutput) -> Iterator[None]:
