@@ -119,7 +119,7 @@ def bisection_view(report: Mapping[str, Any]) -> dict[str, Any]:
     if minimal is None and isinstance(names, (list, tuple)) and isinstance(flags, Mapping):
         # to_json's minimal_flags is the whole minimal config (the baseline's values of every other
         # flag too); the set is the flags `minimal` names, at their values there
-        minimal = {n: flags[n] for n in names if n in flags} if names else {}
+        minimal = {n: flags[n] for n in names if n in flags}
     if minimal is None:
         minimal = flags or names
     if isinstance(minimal, Mapping):

@@ -7,7 +7,6 @@ import shlex
 import subprocess
 import sys
 
-from soakmatrix.matrix.cells import Cell
 from soakmatrix.matrix.contracts.result import CellResult
 from soakmatrix.reports.history import HistoryStore
 from tests.conftest import REPO

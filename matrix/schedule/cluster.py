@@ -216,16 +216,14 @@ def _start_local_once(shapes: list[NodeShape]) -> ClusterHandle:
 
     session = session_dir()
 
-    def shutdown() -> None:
-        def stop() -> None:
-            ray.shutdown()
-            cluster.shutdown()
-
-        _shutdown_local(stop, session)
+    def stop() -> None:
+        ray.shutdown()
+        cluster.shutdown()
 
     labels = ", ".join(f"{s.num_gpus} x {next(iter(s.resources), '?').removeprefix(ACCELERATOR_PREFIX)}"
                        for s in shapes)
-    return ClusterHandle(f"local Ray cluster, {len(shapes)} node(s) with simulated GPUs: {labels}", shutdown)
+    return ClusterHandle(f"local Ray cluster, {len(shapes)} node(s) with simulated GPUs: {labels}",
+                         lambda: _shutdown_local(stop, session))
 
 
 def _own_children() -> set[int]:
