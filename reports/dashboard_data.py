@@ -220,6 +220,9 @@ def overview(data: DashboardData) -> dict:
                        CellStatus.NO_VERDICT)],
         "signatures": len(data.signatures),
         "exposure_h": sum(ob.exposure_s for ob in data.observations) / 3600.0,
+        # the simulated engine runs its clock faster than the wall (time_scale): its hours under load
+        # are engine hours, beside GPU-hours of wall time
+        "simulated_h": sum(ob.exposure_s for ob in data.observations if ob.engine == "sim") / 3600.0,
         "gpu_hours": sum(ob.gpu_hours for ob in data.observations),
     }
 

@@ -142,6 +142,7 @@ class RecordedResult:
     time_to_hang_s: float | None
     detector: str | None = None
     gpu_hours: float = 0.0
+    engine: str = ""            # "sim": its exposure is the simulated engine's clock, not wall time
 
 
 @dataclass(frozen=True)
@@ -335,9 +336,9 @@ class HistoryStore:
         with self._lock:
             rows = self._db.execute("""
                 SELECT s.run_id, s.cell_id, s.outcome, s.signature, s.exposure_s, s.time_to_hang_s,
-                       s.detector, s.gpu_hours
+                       s.detector, s.gpu_hours, COALESCE(json_extract(s.data, '$.engine'), '')
                 FROM results s JOIN runs r ON r.id = s.run_id ORDER BY r.seq, s.rowid""").fetchall()
-        return [RecordedResult(r[0], r[1], Outcome(r[2]), r[3], r[4], r[5], r[6], r[7]) for r in rows]
+        return [RecordedResult(r[0], r[1], Outcome(r[2]), r[3], r[4], r[5], r[6], r[7], r[8]) for r in rows]
 
     def fingerprinted(self) -> list[tuple[str, CellResult]]:
         """(run id, result) of every hang and crash with a fingerprint, in run order (reports.findings)."""
