@@ -371,17 +371,24 @@ def test_headline_numbers_keep_two_significant_digits_below_ten():
         ["0", "<0.01", "0.14", "2.5", "12", "1235"]
 
 
-def test_a_short_run_shows_its_gpu_hours_not_zero(tmp_path):
-    cell = Cell.make("org/m", "H200", {"mtp": 1}, "steady")
-    with HistoryStore(tmp_path / "history.sqlite") as store:
-        run = store.start_run(matrix="m.yaml", profile="smoke")
-        store.planned(run, [{"id": cell.id, "name": cell.name, "model": "org/m", "gpu": "H200",
-                             "flags": cell.flag_dict, "workload": "steady"}])
-        store.record(run, CellResult(cell_id=cell.id, cell_name=cell.name, outcome="passed", model="org/m",
-                                     gpu_type="H200", workload="steady", flags=cell.flag_dict, gpu_count=1,
-                                     engine="sim", started_at=T0, ended_at=T0 + 500, exposure_s=420.0))
+def _store_passes(path, passes, profile="nightly"):
+    """A store with one run of passed cells: (engine, GPU type, seconds of wall, seconds of load) each."""
+    with HistoryStore(path) as store:
+        run = store.start_run(matrix="m.yaml", profile=profile)
+        for engine, gpu, wall, load in passes:
+            cell = Cell.make("org/m", gpu, {"mtp": 1}, "steady")
+            store.planned(run, [{"id": cell.id, "name": cell.name, "model": "org/m", "gpu": gpu,
+                                 "flags": cell.flag_dict, "workload": "steady"}])
+            store.record(run, CellResult(cell_id=cell.id, cell_name=cell.name, outcome="passed", model="org/m",
+                                         gpu_type=gpu, workload="steady", flags=cell.flag_dict, gpu_count=1,
+                                         engine=engine, started_at=T0, ended_at=T0 + wall, exposure_s=load))
         store.finish_run(run, "passed")
-    text = build_dashboard(tmp_path / "history.sqlite", tmp_path / "site").read_text()
+    return path
+
+
+def test_a_short_run_shows_its_gpu_hours_not_zero(tmp_path):
+    store = _store_passes(tmp_path / "history.sqlite", [("sim", "H200", 500.0, 420.0)], profile="smoke")
+    text = build_dashboard(store, tmp_path / "site").read_text()
     gpu_card = re.search(r'<div class="n">([^<]*)</div><div class="l">GPU-hours</div>', text)
     load_card = re.search(r'<div class="n">([^<]*)</div><div class="l">hours under load</div>', text)
     assert load_card and load_card.group(1) == "0.12"          # 420 s of load
@@ -391,27 +398,10 @@ def test_a_short_run_shows_its_gpu_hours_not_zero(tmp_path):
 
 
 def test_hours_under_load_say_how_much_was_simulated(tmp_path):
-    with HistoryStore(tmp_path / "history.sqlite") as store:
-        run = store.start_run(matrix="m.yaml", profile="nightly")
-        for engine, gpu, load in (("sim", "H200", 3 * 3600.0), ("vllm", "H20", 9 * 3600.0)):
-            cell = Cell.make("org/m", gpu, {"mtp": 1}, "steady")
-            store.planned(run, [{"id": cell.id, "name": cell.name, "model": "org/m", "gpu": gpu,
-                                 "flags": cell.flag_dict, "workload": "steady"}])
-            store.record(run, CellResult(cell_id=cell.id, cell_name=cell.name, outcome="passed", model="org/m",
-                                         gpu_type=gpu, workload="steady", flags=cell.flag_dict, gpu_count=1,
-                                         engine=engine, started_at=T0, ended_at=T0 + load, exposure_s=load))
-        store.finish_run(run, "passed")
-    text = build_dashboard(tmp_path / "history.sqlite", tmp_path / "site").read_text()
+    mixed = _store_passes(tmp_path / "history.sqlite", [("sim", "H200", 3 * 3600.0, 3 * 3600.0),
+                                                       ("vllm", "H20", 9 * 3600.0, 9 * 3600.0)])
+    text = build_dashboard(mixed, tmp_path / "site").read_text()
     assert re.search(r'<div class="n">12</div><div class="l">hours under load</div>\s*<div class="sub">3.0\s+'
                      r"on the simulated engine's clock", text)
-    real = tmp_path / "real.sqlite"
-    with HistoryStore(real) as store:
-        run = store.start_run(matrix="m.yaml", profile="nightly")
-        cell = Cell.make("org/m", "H20", {"mtp": 1}, "steady")
-        store.planned(run, [{"id": cell.id, "name": cell.name, "model": "org/m", "gpu": "H20",
-                             "flags": cell.flag_dict, "workload": "steady"}])
-        store.record(run, CellResult(cell_id=cell.id, cell_name=cell.name, outcome="passed", model="org/m",
-                                     gpu_type="H20", workload="steady", flags=cell.flag_dict, gpu_count=1,
-                                     engine="vllm", started_at=T0, ended_at=T0 + 3600, exposure_s=3600.0))
-        store.finish_run(run, "passed")
+    real = _store_passes(tmp_path / "real.sqlite", [("vllm", "H20", 3600.0, 3600.0)])
     assert "simulated engine" not in build_dashboard(real, tmp_path / "real-site").read_text()
