@@ -51,6 +51,12 @@ its neighbour:
   (weak duality; any mu, nu gives a floor). Each inner minimum is read on grids and bounded on each
   interval by its worst corner, so the value is a floor whatever the grids; `spread_floor` takes
   the best over rho and nu.
+* The last change point (J = n - 1) has no neighbour above among the worlds (no build bad is not
+  one), so nothing asks Y >= 2c - 1 of it; below that its X is at least X(2c - 1), over 96 MTTFs at
+  0.99, so this never binds (nor in the neighbour floor, whose optimum Y is about 4).
+* The worlds include J' = 0 (the good build hangs too): the procedure must say "not a regression"
+  there, as `bisect --builds` does (issue 21 item 3). A procedure allowed to take the good build as
+  good would have one share fewer per change point and none to refute below J = 1.
 * With Q_J / J = (1 - c) / J, the evidence grows from d(c, 1 - c) to about d(c, 1 - c) + c ln J:
   refuting every change point below at once, on the same load, costs more the more there are. A
   procedure must tell J from each of them with a share of the budget, and does so with the load on
@@ -209,24 +215,31 @@ def _dual_values(n: int, sigma: float, confidence: float, bits: float, beta: flo
     probes = ylo + np.maximum(beta * (x + ylo), floor_y)
     least = np.min(x + ylo + (sigma - nu) * probes, axis=0)
     least = np.minimum(least, ys[-1] * (1.0 + sigma - nu))       # Y beyond the grid
+    # The last change point has no neighbour above among the worlds (every build good is not one),
+    # so nothing asks Y >= 2c - 1 of it: below that, X is at least its value at 2c - 1.
+    x_at_floor = np.maximum(np.maximum(floor_y * math.expm1(neighbour / floor_y),
+                                       (_DIVERGENCE_GRID - floor_y * gap) / rho), 0.0)
+    least_last = np.minimum(least, x_at_floor + (sigma - nu) * np.maximum(beta * x_at_floor, floor_y))
     # G(d) >= least[the grid point at or below d]: G rises with d
     need = _divergences(c, _SHARE_GRID)
     at = np.clip(np.searchsorted(_DIVERGENCE_GRID, need, side="right") - 1, 0, None)
-    phi = np.where(np.isinf(need), np.inf, least[at])             # G(d(c, u)) for u <= each grid share
     # A row's least cost rises with J (more change points below share its budget), so each J may be
-    # read at the start of its block: 1..24 one by one, then geometric blocks.
+    # read at the start of its block: 1..24 one by one, then geometric blocks, the last alone.
     starts = np.unique(np.concatenate([np.arange(1, min(rows, 24) + 1),
-                                       np.round(np.geomspace(24, max(rows, 24), 48))]).astype(int))
+                                       np.round(np.geomspace(24, max(rows, 24), 48)), [rows]]).astype(int))
     starts = starts[starts <= rows]
     weights = np.diff(np.append(starts, rows + 1)).astype(float)
+    envelope = np.where((starts == rows)[:, None], least_last[None, :], least[None, :])   # (rows, d)
+    # phi(J, u): G(d(c, u)) for every share at or above u
+    phi = np.where(np.isinf(need)[None, :], np.inf, envelope[:, at])
     js = starts.astype(float)[:, None, None]
     m = np.asarray(mus, dtype=float)[None, None, :]
     u = _SHARE_GRID[None, :, None]
     # Row J with Q = J u, u in [u_k, u_k+1]: G(d(c, u)) + mu Q >= phi(u_k+1) + mu J u_k; below the
     # grid, phi(u_0); above it, G(0) + mu J u_last.
-    inside = np.min(phi[None, 1:, None] + m * js * u[:, :-1, :], axis=1)
-    below = np.full_like(inside, phi[0])
-    above = least[0] + m[:, 0, :] * js[:, 0, :] * _SHARE_GRID[-1]
+    inside = np.min(phi[:, 1:, None] + m * js * u[:, :-1, :], axis=1)
+    below = np.broadcast_to(phi[:, :1], inside.shape)
+    above = envelope[:, :1] + m[:, 0, :] * js[:, 0, :] * _SHARE_GRID[-1]
     row = np.minimum(np.minimum(inside, below), above)            # (rows, mus)
     value = weights @ row / rows - m[0, 0, :] * (1.0 - c) + nu * bits
     best = int(np.argmax(value))
