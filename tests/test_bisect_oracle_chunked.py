@@ -158,3 +158,50 @@ def test_a_lost_node_in_the_refuting_soak_leaves_the_answer_a_build_not_a_range(
     # what the lost node cost is its piece's start-up: the piece that passed before it is not soaked again
     assert r.gpu_hours == pytest.approx(expected.gpu_hours + STARTUP / HOUR)
     assert r.evidence[8].exposure_s == pytest.approx(expected.evidence[8].exposure_s)
+
+
+def test_a_flag_piece_that_cannot_run_after_pieces_passed_says_how_much_load_passed():
+    class LosesTheSecondPiece(HangsAt):
+        def run(self, probes):
+            if len(self.asked) == 1:
+                self.asked.append(probes[0])
+                return [ProbeResult(probes[0], "infra_error", None, 0.0, STARTUP / HOUR, "the node was lost")]
+            return super().run(probes)
+
+    probe = Probe({"mtp": 1}, 30 * HOUR, "failing cell")
+    (r,) = ChunkedOracle(LosesTheSecondPiece(), 12 * HOUR).run([probe])
+    # still the error (the flag bisection retries it), with the 12 h its first piece soaked
+    assert r.probe == probe and r.outcome == "infra_error" and r.extra["passed_exposure_s"] == 12 * HOUR
+    assert r.gpu_hours == pytest.approx(2 * STARTUP / HOUR + 12)
+
+
+def test_the_load_of_pieces_that_passed_before_a_lost_node_counts_in_the_bisection():
+    cap = 1800.0
+    settings = Settings(confidence=0.95)
+
+    def run(oracle):
+        return bisect(failing(6), elements(6), ChunkedOracle(oracle, cap), settings, gpu_count=lambda f: 1)
+
+    whole = DeterministicOracle({"f2", "f4"})
+    expected = run(whole)
+    raw = whole.probes
+    # the node is lost on the second piece of the first cut probe of a config that never hangs (a
+    # necessity soak)
+    lost_at = next(i for i in range(1, len(raw)) if raw[i].flags == raw[i - 1].flags and raw[i - 1].soak_s == cap
+                   and not (raw[i].flags["f2"] and raw[i].flags["f4"]))
+    lost_flags = raw[lost_at].flags
+
+    class LosesItsNode(DeterministicOracle):
+        def run(self, probes):
+            if len(self.probes) == lost_at:
+                self.probes.append(probes[0])
+                return [ProbeResult(probes[0], "infra_error", None, 0.0, self.startup_s / HOUR, "the node was lost")]
+            return super().run(probes)
+
+    result = run(LosesItsNode({"f2", "f4"}))
+    assert result.status == "found" and sorted(result.minimal) == ["f2", "f4"]
+
+    (lost,) = [cs for cs in result.configs if cs.flags == lost_flags]
+    # the probe is an error to the step that asked for it; the piece that passed before the loss is
+    # load without a hang all the same (it was 0 before)
+    assert lost.errors == 1 and lost.hangs == 0 and lost.exposure_s >= cap

@@ -14,8 +14,11 @@ probes (`build_bisect.oracle.BUILD_PIECES`): a `Pieces` says how a probe is cut 
 
 A piece that cannot run (a lost node, a failed restart) after others passed: a build probe is then a
 pass of the load soaked (the build bisection reads a pass of any length, and the build installed and
-ran, so it is not untestable); a flag probe stays that error and is retried whole, because the flag
-bisection reads a pass as the verdict of the soak it asked for.
+ran, so it is not untestable); a flag probe stays that error for the step that asked for it (retried
+or given up, as any error), because the flag bisection reads a pass as the verdict of the soak it
+asked for, but it says how much load its passed pieces soaked without a hang
+(`extra["passed_exposure_s"]`), and the search counts that load in the config's exposure and
+posterior: the error costs GPU-hours, not the evidence.
 """
 
 from __future__ import annotations
@@ -77,6 +80,8 @@ def _combine_flag(probe: Probe, pieces: list[ProbeResult]) -> ProbeResult:
         return ProbeResult(probe, last.outcome, last.signature, last.exposure_s, last.gpu_hours, last.message,
                            last.extra)
     extra = {**dict(last.extra), "soaked_in_pieces": len(pieces)}
+    if last.outcome == "infra_error":
+        extra["passed_exposure_s"] = sum(p.exposure_s for p in pieces[:-1])
     return ProbeResult(probe, last.outcome, last.signature, sum(p.exposure_s for p in pieces),
                        sum(p.gpu_hours for p in pieces), f"{last.message} (soaked in {len(pieces)} pieces)", extra)
 

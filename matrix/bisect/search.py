@@ -126,6 +126,12 @@ class Search:
                 cs.errors += 1
                 if result.outcome == "config_error":
                     self.runnable[mask] = False
+                # pieces of a long probe that passed before one could not run: load without a hang
+                passed = float(result.extra.get("passed_exposure_s", 0.0))
+                if passed > 0:
+                    cs.exposure_s += passed
+                    if self.post is not None:
+                        self.post.observe(mask, 0, passed)
                 out.append((mask, result))
                 continue
             if self.signature is None and result.hung_with(None):
