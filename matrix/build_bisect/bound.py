@@ -61,9 +61,8 @@ its neighbour:
   refuting every change point below at once, on the same load, costs more the more there are. A
   procedure must tell J from each of them with a share of the budget, and does so with the load on
   the good builds between (the last good build's soak counts for all of them). n = 32, MTTF 38 min:
-  13.1 GPU-hours against the neighbour floor's 8.6 (X = 12-14 MTTFs of good-build load where the
-  neighbour floor asked 8.2); n = 8: 10.7 against 8.6; n = 2 (one change point): the neighbour
-  floor.
+  13.1 GPU-hours (20.7 MTTFs) against the neighbour floor's 8.6 (13.6); n = 8: 10.7 against 8.6;
+  n = 2 (one change point): the neighbour floor.
 
 **With a background hang** (every build also hangs with another signature at MTTF B, independent of
 the change point: the benchmark's "+flaky"), the evidence is unchanged (those hangs have one law in
@@ -107,8 +106,8 @@ from soakmatrix.matrix.bisect.bound import binary_divergence, refute_load
 @dataclass(frozen=True)
 class BuildBound:
     gpu_hours: float         # the least expected GPU-hours: the larger of the two floors
-    hang_mttfs: float        # Y: load on bad builds, in MTTFs (about that many hangs), and
-    refute_mttfs: float      # X: load on the last good build, at the neighbour floor's optimum
+    hang_mttfs: float        # Y: load on bad builds, in MTTFs (about that many hangs), and X: load
+    refute_mttfs: float      # on the last good build, both at the neighbour floor's optimum
     probes: float            # the least expected number of probes of the neighbour floor
     evidence: float          # d(c, 1 - c): the log-likelihood ratio against the neighbour below
     search_bits: float       # I: what Fano's inequality asks of the search
