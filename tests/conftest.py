@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import os
 import signal
 from pathlib import Path
@@ -49,6 +51,27 @@ def start_ray_cluster(head_node_args, nodes=None, attempts: int = 3):
             raise
 
     return retry_start(once, attempts, what="the test's Ray cluster")
+
+
+@contextlib.contextmanager
+def ray_client_cluster(h200: dict):
+    """A cluster whose head (no GPUs) runs the Ray Client server, with one H200 node (`h200`: its
+    add_node kwargs but the accelerator resource); yields the `ray://` address a driver outside the
+    cluster uses, and shuts the cluster down after. This process does not stay its driver."""
+    import ray
+
+    client = {}
+
+    def head_node_args():   # fresh ports for each attempt
+        client["port"] = free_port()
+        return {"num_cpus": 1, "num_gpus": 0, "ray_client_server_port": client["port"]}
+
+    cluster, _ = start_ray_cluster(head_node_args, {"h200": dict(h200, resources={"accelerator_type:H200": 1})})
+    ray.shutdown()
+    try:
+        yield f"ray://127.0.0.1:{client['port']}"
+    finally:
+        cluster.shutdown()
 
 
 @pytest.fixture

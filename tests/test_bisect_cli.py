@@ -127,27 +127,14 @@ def test_sim_engine_on_ray_gives_the_virtual_answer_through_a_sigterm_and_a_resu
 def test_a_ray_client_address_bisects_on_the_cluster(tmp_path):
     """`bisect --ray-address ray://host:port` (Ray Client, a laptop outside the cluster): every probe
     is a soak job placed on the cluster's H200 node, and the answer is the virtual one."""
-    import ray
+    from tests.conftest import ray_client_cluster
 
-    from tests.conftest import free_port, start_ray_cluster
-
-    port = {}
-
-    def head_node_args():
-        port["client"] = free_port()
-        return {"num_cpus": 1, "num_gpus": 0, "ray_client_server_port": port["client"]}
-
-    cluster, _ = start_ray_cluster(head_node_args, {"h200": dict(num_cpus=2, num_gpus=4,
-                                                                 resources={"accelerator_type:H200": 1})})
-    ray.shutdown()   # the CLI is the driver, through the cluster's Ray Client server
     out_dir = tmp_path / "out"
-    try:
+    with ray_client_cluster(dict(num_cpus=2, num_gpus=4)) as address:
         out = soakmatrix("bisect", str(DEMO), "--cell", FAILING, "--json", "--backend", "sim", "--no-shrink",
                          "--confidence", "0.9", "--parallel", "2", "--signature", "shm_broadcast_timeout",
                          "--mttf-cap", "40m", "--no-modifiers", "--out", str(out_dir),
-                         "--ray-address", f"ray://127.0.0.1:{port['client']}", timeout=1500)
-    finally:
-        cluster.shutdown()
+                         "--ray-address", address, timeout=1500)
     assert out.returncode == 1, out.stderr[-3000:]
     doc = json.loads(out.stdout)
     assert sorted(doc["minimal"]) == ["cudagraph_mode", "mtp"]

@@ -99,27 +99,14 @@ def cluster():
 def test_a_ray_client_address_runs_the_matrix_on_the_cluster(tmp_path):
     """`--ray-address ray://host:port` (Ray Client, the address a laptop outside the cluster uses):
     the cells are placed on the cluster's GPU node and every result comes back to the driver."""
-    import ray
+    from conftest import ray_client_cluster
 
-    from conftest import free_port, start_ray_cluster
-
-    port = {}
-
-    def head_node_args():
-        port["client"] = free_port()
-        return {"num_cpus": 1, "num_gpus": 0, "ray_client_server_port": port["client"]}
-
-    c, _ = start_ray_cluster(head_node_args, {"h200": dict(num_cpus=1, num_gpus=2,
-                                                           resources={"accelerator_type:H200": 1})})
-    ray.shutdown()   # the CLI is the driver, through the cluster's Ray Client server
     out = tmp_path / "out"
-    try:
+    with ray_client_cluster(dict(num_cpus=1, num_gpus=2)) as address:
         result = run_cli("run", str(write_matrix(tmp_path, "client")), "--out", str(out),
-                         "--ray-address", f"ray://127.0.0.1:{port['client']}", timeout=400)
-    finally:
-        c.shutdown()
+                         "--ray-address", address, timeout=400)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert f"on Ray cluster at ray://127.0.0.1:{port['client']}" in result.stderr
+    assert f"on Ray cluster at {address}" in result.stderr
     with store_of(out) as store:
         results = store.results(store.latest_run_id())
     assert len(results) == 8 and all(r.outcome is Outcome.PASSED and r.exposure_s > 0 for r in results)
