@@ -162,7 +162,7 @@ def execute(matrix: Matrix, profile: Profile, cells: Sequence[PlannedCell], args
 
 def _execute(matrix: Matrix, profile: Profile, cells: Sequence[PlannedCell], args: argparse.Namespace, kind: str,
              fail_fast: bool, keep_order: bool, stream: TextIO, stop_signals: StopSignals) -> int:
-    from soakmatrix.matrix.schedule.cluster import address_from, connect
+    from soakmatrix.matrix.schedule.cluster import CONNECT_ERRORS, address_from, cannot_reach, connect
     from soakmatrix.reports.history import HistoryStore, StoreError
 
     from .schedule import RayLauncher, cap_seconds, infra_result, run_cells, unplaceable
@@ -200,9 +200,8 @@ def _execute(matrix: Matrix, profile: Profile, cells: Sequence[PlannedCell], arg
         interrupted = stopped_early = False
         try:
             cluster = connect(address, backend=args.backend, gpus=matrix.gpus)
-        except (ConnectionError, RuntimeError, TimeoutError, ValueError) as exc:
-            print(f"soakmatrix {kind}: cannot reach Ray{' at ' + address if address else ''}: "
-                  f"{type(exc).__name__}: {exc}", file=stream)
+        except CONNECT_ERRORS as exc:
+            print(f"soakmatrix {kind}: {cannot_reach(address, exc)}", file=stream)
             return EXIT_INFRA   # no verdict; the run stays unfinished for --resume
         with cluster:
             stop_signals.install()   # again: ray.init put its own handlers in

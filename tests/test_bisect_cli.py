@@ -51,6 +51,17 @@ def test_virtual_bisect_of_the_demo_cell_finds_mtp_and_cudagraph(tmp_path):
     assert kw["gpu_type"] == "H200" and kw["hang_model"].endswith("demo.yaml")
 
 
+def test_a_cluster_nobody_answers_at_is_a_clear_exit_2_before_any_probe(tmp_path):
+    from tests.conftest import free_port
+
+    for address in (f"127.0.0.1:{free_port()}", f"ray://127.0.0.1:{free_port()}"):
+        out = soakmatrix("bisect", str(DEMO), "--cell", FAILING, "--backend", "sim", "--ray-address", address,
+                         "--out", str(tmp_path / "out"))
+        assert out.returncode == 2, out.stderr
+        assert f"soakmatrix bisect: cannot reach Ray at {address}: ConnectionError: nothing answers" in out.stderr
+        assert "--virtual needs no Ray" in out.stderr and "Traceback" not in out.stderr
+
+
 def test_text_table_by_cell_id():
     plan = json.loads(soakmatrix("plan", str(DEMO), "--json", "--no-validate").stdout)
     cell_id = next(c["id"] for c in plan["cells"] if c["name"] == FAILING)
@@ -135,7 +146,7 @@ def test_a_ray_client_address_bisects_on_the_cluster(tmp_path):
                          "--confidence", "0.9", "--parallel", "2", "--signature", "shm_broadcast_timeout",
                          "--mttf-cap", "40m", "--no-modifiers", "--out", str(out_dir),
                          "--ray-address", address, timeout=1500)
-    assert out.returncode == 1, out.stderr[-3000:]
+    assert out.returncode == 1, out.stderr[-3000:] + "\n" + address.server_logs()
     doc = json.loads(out.stdout)
     assert sorted(doc["minimal"]) == ["cudagraph_mode", "mtp"]
     assert doc["oracle"] == "soak (sim)"

@@ -6,7 +6,8 @@ import psutil
 import pytest
 
 from soakmatrix.matrix.schedule.cluster import (NodeShape, address_from, check_reachable, client_endpoint,
-                                                gcs_endpoint, session_dir, sim_fleet)
+                                                client_session_failed, gcs_endpoint, retry_client_session,
+                                                session_dir, sim_fleet)
 from soakmatrix.matrix.spec import GpuType
 
 
@@ -141,3 +142,47 @@ def test_the_tests_ray_clusters_retry_a_failed_start_after_shutting_it_down(monk
     with pytest.raises(RuntimeError, match="did not start in 2 attempts: .*timed out during startup"):
         start_ray_cluster({}, {"a": {"num_gpus": 1}}, attempts=2)
     assert len(made) == 2 and all(c.down for c in made)
+
+
+def _session_failure():
+    return ConnectionAbortedError("Initialization failure from server:\nRuntimeError: Starting Ray client "
+                                  "server failed. See ray_client_server_23000.err for detailed logs.")
+
+
+def test_a_failed_ray_client_session_start_is_asked_again_and_said():
+    calls, said, pauses = [], [], []
+
+    def init():
+        calls.append(1)
+        if len(calls) < 3:
+            raise _session_failure()
+        return "connected"
+
+    assert retry_client_session(init, "ray://head:10001", pause=pauses.append, say=said.append) == "connected"
+    assert len(calls) == 3 and len(said) == 2 and pauses == [2.0, 4.0]
+    assert "ray://head:10001" in said[0] and "attempt 1 of 3" in said[0]
+
+
+def test_a_session_start_that_keeps_failing_raises_its_own_error_after_the_last_attempt():
+    calls = []
+
+    def init():
+        calls.append(1)
+        raise _session_failure()
+
+    with pytest.raises(ConnectionAbortedError, match="ray_client_server_23000.err"):
+        retry_client_session(init, "ray://head:10001", attempts=3, pause=lambda s: None, say=lambda line: None)
+    assert len(calls) == 3
+
+
+def test_other_connection_errors_are_not_asked_again():
+    calls = []
+
+    def init():
+        calls.append(1)
+        raise ConnectionAbortedError("Version mismatch")   # not a failed session start
+
+    with pytest.raises(ConnectionAbortedError, match="Version mismatch"):
+        retry_client_session(init, "ray://head:10001", pause=lambda s: None, say=lambda line: None)
+    assert len(calls) == 1
+    assert not client_session_failed(ConnectionError("nothing answers")) and client_session_failed(_session_failure())

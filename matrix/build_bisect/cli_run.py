@@ -165,10 +165,13 @@ def _virtual_oracle(matrix: Matrix, pc: PlannedCell, profile: Profile, hang_mode
                                 gpus=gpus, seed=seed, registry=matrix.registry, ordinals=[b.ordinal for b in builds])
 
 
+RAY_HINT = "(--ray-address ADDRESS or RAY_ADDRESS, or leave both out for a local cluster; --virtual needs no Ray)"
+
+
 def _soak_oracle(matrix: Matrix, pc: PlannedCell, profile: Profile, builds, real: RealProbes,
                  hang_model_path: str | None, seed: int | None, progress: Callable[[str], None] | None):
     """Soak jobs on Ray, connected as `soakmatrix run` connects; the caller closes the handle."""
-    from soakmatrix.matrix.schedule.cluster import address_from, connect
+    from soakmatrix.matrix.schedule.cluster import CONNECT_ERRORS, address_from, cannot_reach, connect
     from soakmatrix.matrix.stop_signals import reinstall_active
 
     from .oracle_soak import BuildSoakOracle
@@ -176,10 +179,8 @@ def _soak_oracle(matrix: Matrix, pc: PlannedCell, profile: Profile, builds, real
     address = address_from(real.ray_address)
     try:
         cluster = connect(address, backend=real.backend, gpus=matrix.gpus)
-    except (ConnectionError, RuntimeError, TimeoutError, ValueError) as exc:
-        raise BuildUsage(f"cannot reach Ray{' at ' + address if address else ''}: {type(exc).__name__}: {exc} "
-                         "(--ray-address ADDRESS or RAY_ADDRESS, or leave both out for a local cluster; "
-                         "--virtual needs no Ray)") from None
+    except CONNECT_ERRORS as exc:
+        raise BuildUsage(f"{cannot_reach(address, exc)} {RAY_HINT}") from None
     reinstall_active()   # ray.init put its own SIGINT/SIGTERM handlers in: ours stop the probes cleanly
     oracle = BuildSoakOracle(matrix, profile, pc, builds, backend=real.backend, out_dir=real.out_dir,
                              hang_model=hang_model_path if real.backend == "sim" else None, seed=seed,

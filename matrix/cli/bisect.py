@@ -44,9 +44,10 @@ from soakmatrix.matrix.bisect.setup import (
     soak_oracle,
     virtual_oracle,
 )
-from soakmatrix.matrix.build_bisect.cli_run import BuildUsage, RealProbes, run_for_cell
+from soakmatrix.matrix.build_bisect.cli_run import RAY_HINT, BuildUsage, RealProbes, run_for_cell
 from soakmatrix.matrix.contracts.outcomes import EXIT_FOUND, EXIT_INFRA, EXIT_OK, EXIT_USAGE
 from soakmatrix.matrix.plan import PlannedCell, plan, planned_cell
+from soakmatrix.matrix.schedule.cluster import CONNECT_ERRORS, address_from, cannot_reach
 from soakmatrix.matrix.spec import Matrix, Profile, load_matrix
 from soakmatrix.matrix.spec_types import Build
 from soakmatrix.matrix.stop_signals import Stopped, StopSignals
@@ -60,7 +61,8 @@ HELP = ("Find the smallest set of flags (relative to the matrix baseline) that s
 EPILOG = """exit codes:
   0  not reproduced: the failing cell did not hang with the target signature (the report bounds its MTTF)
   1  found: a minimal set of flags that hangs (a hang, like `run`'s 1)
-  2  usage or configuration error (named option or file:line: key: message); nothing was run
+  2  usage or configuration error (named option or file:line: key: message), or no Ray cluster to
+     reach at --ray-address; nothing was run
   3  inconclusive: the probe or GPU-hour budget ran out before a verdict (for bisect, 3 is never an
      infrastructure error: its probes retry those; --resume with a larger --max-probes or
      --budget-gpu-hours continues)
@@ -285,8 +287,12 @@ def _flag_bisection(args: argparse.Namespace, matrix: Matrix, profile: Profile, 
         if args.virtual:
             oracle = virtual_oracle(matrix, pc, profile, hang_model_path, args.seed)
         else:
-            oracle, cluster = soak_oracle(matrix, pc, profile, backend=args.backend, ray_address=args.ray_address,
-                                          out_dir=str(journal_dir(args)), seed=args.seed)
+            try:
+                oracle, cluster = soak_oracle(matrix, pc, profile, backend=args.backend,
+                                              ray_address=args.ray_address, out_dir=str(journal_dir(args)),
+                                              seed=args.seed)
+            except CONNECT_ERRORS as exc:
+                raise _Usage(f"{cannot_reach(address_from(args.ray_address), exc)} {RAY_HINT}") from None
             if progress:
                 progress(f"soakmatrix bisect: on {cluster.description}")
     except BaseException:

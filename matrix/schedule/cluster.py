@@ -11,6 +11,8 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, TypeVar
@@ -79,6 +81,39 @@ def check_reachable(address: str, timeout_s: float = 10.0) -> None:
         raise ConnectionError(f"nothing answers at {address} ({exc.strerror or exc})") from exc
 
 
+CONNECT_ERRORS = (ConnectionError, RuntimeError, TimeoutError, ValueError)   # what `connect` raises for a cluster it cannot use
+CLIENT_SESSION_ATTEMPTS = 3
+
+
+def cannot_reach(address: str | None, exc: BaseException) -> str:
+    """What a command says when `connect` raised one of `CONNECT_ERRORS`."""
+    return f"cannot reach Ray{' at ' + address if address else ''}: {type(exc).__name__}: {exc}"
+
+
+def client_session_failed(exc: BaseException) -> bool:
+    """The Ray Client server answered but could not start this driver's session: it forks a server
+    per driver, and that start can fail once and succeed when asked again. Any other error (a refused
+    connection, a version mismatch) is not worth asking again."""
+    return isinstance(exc, ConnectionAbortedError) and "Initialization failure from server" in str(exc)
+
+
+def retry_client_session(init: Callable[[], T], address: str, attempts: int = CLIENT_SESSION_ATTEMPTS,
+                         pause: Callable[[float], None] = time.sleep,
+                         say: Callable[[str], None] = lambda line: print(line, file=sys.stderr)) -> T:
+    """`init()` (a Ray Client connection, which disconnects when it raises), asked again after a failed
+    session start, up to `attempts` times in all; the last failure is raised as it came."""
+    for attempt in range(1, attempts):
+        try:
+            return init()
+        except Exception as exc:  # noqa: BLE001 - `client_session_failed` decides
+            if not client_session_failed(exc):
+                raise
+            say(f"soakmatrix: the Ray Client server at {address} could not start a session "
+                f"(attempt {attempt} of {attempts}); asking again")
+            pause(2.0 * attempt)
+    return init()
+
+
 class ClusterHandle:
     """A connected Ray session; `close()` disconnects and stops what this process started."""
 
@@ -123,8 +158,15 @@ def connect(address: str | None, *, backend: str, gpus: Mapping[str, GpuType],
     quiet = {"log_to_driver": False, "logging_level": logging.WARNING, "include_dashboard": False}
     if address:
         check_reachable(address)
-        ray.init(address=address, runtime_env=dict(runtime_env) if runtime_env else None,
-                 log_to_driver=False, logging_level=logging.WARNING)
+
+        def init() -> None:
+            ray.init(address=address, runtime_env=dict(runtime_env) if runtime_env else None,
+                     log_to_driver=False, logging_level=logging.WARNING)
+
+        if client_endpoint(address):
+            retry_client_session(init, address)
+        else:
+            init()
         return ClusterHandle(f"Ray cluster at {address}", ray.shutdown)
     if backend != "sim":
         # "local" always starts a fresh cluster: a bare init() would join whatever Ray already runs here
