@@ -52,11 +52,27 @@ def start_ray_cluster(head_node_args, nodes=None, attempts: int = 3):
     return retry_start(once, attempts, what="the test's Ray cluster")
 
 
+class ClientCluster(str):
+    """The `ray://` address of a test cluster's Ray Client server, which can also tell what that
+    server logged (a failed client start names only a log file on the head node)."""
+
+    logs: Path
+
+    def server_logs(self, tail: int = 3000) -> str:
+        parts = []
+        for log in sorted(self.logs.glob("ray_client_server*")):
+            text = log.read_text(errors="replace").strip()
+            if text:
+                parts.append(f"--- {log.name} ---\n{text[-tail:]}")
+        return "\n".join(parts) or f"(no Ray Client server log in {self.logs})"
+
+
 @contextlib.contextmanager
 def ray_client_cluster(h200: dict):
     """A cluster whose head (no GPUs) runs the Ray Client server, with one H200 node (`h200`: its
     add_node kwargs but the accelerator resource); yields the `ray://` address a driver outside the
-    cluster uses, and shuts the cluster down after. This process does not stay its driver."""
+    cluster uses (a `ClientCluster`), and shuts the cluster down after. This process does not stay its
+    driver."""
     import ray
 
     client = {}
@@ -67,8 +83,10 @@ def ray_client_cluster(h200: dict):
 
     cluster, _ = start_ray_cluster(head_node_args, {"h200": dict(h200, resources={"accelerator_type:H200": 1})})
     ray.shutdown()
+    address = ClientCluster(f"ray://127.0.0.1:{client['port']}")
+    address.logs = Path(cluster.head_node.get_logs_dir_path())
     try:
-        yield f"ray://127.0.0.1:{client['port']}"
+        yield address
     finally:
         cluster.shutdown()
 

@@ -105,7 +105,7 @@ def test_a_ray_client_address_runs_the_matrix_on_the_cluster(tmp_path):
     with ray_client_cluster(dict(num_cpus=1, num_gpus=2)) as address:
         result = run_cli("run", str(write_matrix(tmp_path, "client")), "--out", str(out),
                          "--ray-address", address, timeout=400)
-    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.returncode == 0, result.stderr[-3000:] + "\n" + address.server_logs()
     assert f"on Ray cluster at {address}" in result.stderr
     with store_of(out) as store:
         results = store.results(store.latest_run_id())
