@@ -1,6 +1,9 @@
 """Getting a cluster: address precedence, the simulated fleet's shape, and a real local start/stop."""
 
 import os
+import subprocess
+import sys
+import textwrap
 
 import psutil
 import pytest
@@ -186,3 +189,36 @@ def test_other_connection_errors_are_not_asked_again():
         retry_client_session(init, "ray://head:10001", pause=lambda s: None, say=lambda line: None)
     assert len(calls) == 1
     assert not client_session_failed(ConnectionError("nothing answers")) and client_session_failed(_session_failure())
+
+
+@pytest.mark.slow
+def test_a_real_ray_client_session_that_fails_to_start_once_is_asked_again_and_connects():
+    """Against a real Ray Client server: the first session start fails as CI once saw it fail
+    ("Starting Ray client server failed"); `connect` says so, asks again and gets the cluster."""
+    from conftest import REPO, ray_client_cluster
+
+    driver = textwrap.dedent("""
+        import sys
+        import ray
+        import ray.util.client.worker as client_worker
+        from soakmatrix.matrix.schedule.cluster import connect
+
+        server_init, calls = client_worker.Worker._server_init, []
+
+        def fails_once(self, *args):
+            calls.append(1)
+            if len(calls) == 1:
+                raise ConnectionAbortedError("Initialization failure from server:\\nRuntimeError: Starting "
+                                             "Ray client server failed. See ray_client_server_23000.err")
+            return server_init(self, *args)
+
+        client_worker.Worker._server_init = fails_once
+        with connect(sys.argv[1], backend="sim", gpus={}):
+            print(len(calls), ray.cluster_resources().get("accelerator_type:H200"))
+    """)
+    with ray_client_cluster(dict(num_cpus=1, num_gpus=1)) as address:
+        out = subprocess.run([sys.executable, "-c", driver, address], capture_output=True, text=True, timeout=180,
+                             cwd=REPO)
+    assert out.returncode == 0, out.stderr[-3000:] + "\n" + address.server_logs()
+    assert out.stdout.split() == ["2", "1.0"]          # asked twice, then on the cluster (its H200 node)
+    assert f"the Ray Client server at {address} could not start a session (attempt 1 of 3)" in out.stderr
