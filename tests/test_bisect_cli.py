@@ -89,16 +89,20 @@ def test_a_cell_that_does_not_hang_is_not_reproduced():
     assert "not_reproduced" in out.stdout and "MTTF >" in out.stdout
 
 
+# The demo cell's bisection on the simulated engine through Ray: the demo cell plants two hangs, so
+# name the target and ask the cap's question without the modifier measurement (17-32 probes in
+# virtual time; the default question takes 60-115 here, because the other hang cuts every long
+# necessity soak short).
+SOAKED_DEMO_BISECTION = ("bisect", str(DEMO), "--cell", FAILING, "--json", "--backend", "sim", "--no-shrink",
+                         "--confidence", "0.9", "--parallel", "2", "--signature", "shm_broadcast_timeout",
+                         "--mttf-cap", "40m", "--no-modifiers")
+
+
 @pytest.mark.slow
 def test_sim_engine_on_ray_gives_the_virtual_answer_through_a_sigterm_and_a_resume(tmp_path):
     before = {p.pid for p in psutil.process_iter()}
-    # the demo cell plants two hangs: name the target, and ask the cap's question without the modifier
-    # measurement (17-32 probes in virtual time; the default question takes 60-115 here, because the
-    # other hang cuts every long necessity soak short)
     out_dir = tmp_path / "out"
-    args = [sys.executable, "-m", "soakmatrix.matrix.cli", "bisect", str(DEMO), "--cell", FAILING, "--json",
-            "--backend", "sim", "--no-shrink", "--confidence", "0.9", "--parallel", "2", "--signature",
-            "shm_broadcast_timeout", "--mttf-cap", "40m", "--no-modifiers", "--out", str(out_dir)]
+    args = [sys.executable, "-m", "soakmatrix.matrix.cli", *SOAKED_DEMO_BISECTION, "--out", str(out_dir)]
     journal = out_dir / "journal-flags.jsonl"
     # stopped (as CI runners and Kubernetes stop a job) once two rounds are answered
     first = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
@@ -142,10 +146,7 @@ def test_a_ray_client_address_bisects_on_the_cluster(tmp_path):
 
     out_dir = tmp_path / "out"
     with ray_client_cluster(dict(num_cpus=2, num_gpus=4)) as address:
-        out = soakmatrix("bisect", str(DEMO), "--cell", FAILING, "--json", "--backend", "sim", "--no-shrink",
-                         "--confidence", "0.9", "--parallel", "2", "--signature", "shm_broadcast_timeout",
-                         "--mttf-cap", "40m", "--no-modifiers", "--out", str(out_dir),
-                         "--ray-address", address, timeout=1500)
+        out = soakmatrix(*SOAKED_DEMO_BISECTION, "--out", str(out_dir), "--ray-address", address, timeout=1500)
     assert out.returncode == 1, out.stderr[-3000:] + "\n" + address.server_logs()
     doc = json.loads(out.stdout)
     assert sorted(doc["minimal"]) == ["cudagraph_mode", "mtp"]
