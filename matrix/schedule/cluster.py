@@ -81,7 +81,8 @@ def check_reachable(address: str, timeout_s: float = 10.0) -> None:
         raise ConnectionError(f"nothing answers at {address} ({exc.strerror or exc})") from exc
 
 
-CONNECT_ERRORS = (ConnectionError, RuntimeError, TimeoutError, ValueError)   # what `connect` raises for a cluster it cannot use
+# what `connect` raises for a cluster it cannot use (a command says `cannot_reach`, no traceback)
+CONNECT_ERRORS = (ConnectionError, RuntimeError, TimeoutError, ValueError)
 CLIENT_SESSION_ATTEMPTS = 3
 
 
