@@ -220,5 +220,10 @@ def test_a_real_ray_client_session_that_fails_to_start_once_is_asked_again_and_c
         out = subprocess.run([sys.executable, "-c", driver, address], capture_output=True, text=True, timeout=180,
                              cwd=REPO)
     assert out.returncode == 0, out.stderr[-3000:] + "\n" + address.server_logs()
-    assert out.stdout.split() == ["2", "1.0"]          # asked twice, then on the cluster (its H200 node)
-    assert f"the Ray Client server at {address} could not start a session (attempt 1 of 3)" in out.stderr
+    attempts, h200 = out.stdout.split()
+    # asked again after the planted failure, then on the cluster (its H200 node); Ray's own session
+    # start can fail too (a full test run here saw it, as CI had): then once more, and said each time
+    assert int(attempts) >= 2 and h200 == "1.0"
+    said = [f"could not start a session (attempt {i} of 3)" for i in range(1, int(attempts))]
+    assert all(f"the Ray Client server at {address} {line}" in out.stderr for line in said), out.stderr[-3000:]
+    assert f"(attempt {attempts} of 3)" not in out.stderr
