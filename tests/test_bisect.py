@@ -527,3 +527,57 @@ def test_a_necessity_soak_is_one_probe_once_the_reference_rate_is_fixed(monkeypa
     assert set(again.minimal) == {"f1", "f4"}
     assert len(removals_of_culprits(staged)) > 4
     assert again.gpu_hours > result.gpu_hours
+
+
+def test_a_group_that_did_not_clear_gives_up_its_likeliest_modifier_alone_else_halves():
+    # the set is {f0}; the group of the other five flags (the set alone) did not rule out an x8
+    # modifier among them. f3's removal from the failing cell hung once in 6 MTTFs against the
+    # cell's 12 in 12: f3 alone and the rest as one group (one level, not three of halves)
+    from soakmatrix.matrix.bisect.modifiers import _split
+    slow_without_f3 = _search_with({0b111111: (12, 12 * MTTF), 0b110111: (1, 6 * MTTF), 0b000001: (1, 8 * MTTF)},
+                                   n=6)
+    assert _split(slow_without_f3, 0b000001, [1, 2, 3, 4, 5], 0b000001) == [[3], [1, 2, 4, 5]]
+    # f3's removal as fast as the cell: nothing singles a flag out, so halves
+    as_fast = _search_with({0b111111: (12, 12 * MTTF), 0b110111: (6, 6 * MTTF), 0b000001: (1, 8 * MTTF)}, n=6)
+    assert _split(as_fast, 0b000001, [1, 2, 3, 4, 5], 0b000001) == [[1, 2, 3], [4, 5]]
+    # the group's own removal is what did not clear: it does not single out any of its flags
+    only_the_group = _search_with({0b111111: (12, 12 * MTTF), 0b000001: (0, 8 * MTTF)}, n=6)
+    assert _split(only_the_group, 0b000001, [1, 2, 3, 4, 5], 0b000001) == [[1, 2, 3], [4, 5]]
+
+
+def test_the_failing_cell_gets_its_last_hangs_only_when_a_group_does_not_clear():
+    # the modifier verdicts soak the failing cell to CELL_FIRST_HANGS, and to CELL_HANGS only once
+    # a group of flags outside the set fails to rule out an x8 modifier among them (the set alone
+    # carries the plain world's verdicts more cheaply: the floor's split is a third on the cell)
+    from soakmatrix.matrix.bisect.modifiers import CELL_FIRST_HANGS, CELL_HANGS
+
+    def cell_hangs(result, n):
+        return sum(r.hung_with(result.signature) for r in result.log if all(r.probe.flags[f"f{i}"] for i in range(n)))
+
+    plain = planted(10, ["f0"], MTTF)
+    counts = [cell_hangs(run_virtual(plain, 10, seed, Settings(confidence=0.99)), 10) for seed in range(8)]
+    assert all(c >= CELL_FIRST_HANGS for c in counts), counts
+    assert sum(c < CELL_HANGS for c in counts) >= 6, counts
+    # with an x8 modifier among the flags outside the set, a group with it does not clear (unless
+    # its own removal was already called: then no group holds it)
+    modified = planted(10, ["f0"], MTTF, modifiers=[Modifier({"f3": (False,)}, 8.0)])
+    counts = [cell_hangs(run_virtual(modified, 10, seed, Settings(confidence=0.99)), 10) for seed in range(8)]
+    assert sum(c >= CELL_HANGS for c in counts) >= 6, str(counts)
+
+
+def test_the_failing_cell_gets_another_hang_while_it_shortens_the_necessity_soaks_more_than_it_costs():
+    from soakmatrix.matrix.bisect.ablation import _another_reference_hang_pays, _pool
+    keep = 0b0111
+
+    def pays(cell_hangs: int, kept: int) -> bool:
+        search = _search_with({0b1111: (cell_hangs, cell_hangs * MTTF)})
+        H, E = _pool(search, kept)
+        level = search.alpha / bin(kept).count("1")
+        return _another_reference_hang_pays(search, kept, H, E, search.alpha / 12, (8.0, level, cell_hangs,
+                                                                                       cell_hangs * MTTF))
+    # three necessary flags on a rate from 8 hangs: one more hang saves each some 3 MTTFs of soak
+    assert pays(8, keep)
+    # on a rate from 40 hangs it saves each a few minutes: not worth an MTTF and a start-up
+    assert not pays(40, keep)
+    # one flag to rule out gains a third of what three gain
+    assert pays(8, 0b0001) and not pays(14, 0b0001) and pays(14, keep)

@@ -11,7 +11,9 @@ and ablation spends little else.
 By default (no cap) the necessity soaks also rule out "F x slower than the failing cell"
 (bound_default.py); the modifier verdicts' soaks (modifiers.py) run first, and the rate they are
 read against pools the failing cell with every removal that looks like it (reference_pool): about
-40 hangs instead of the failing cell's 8, so each necessary flag needs about 45 MTTFs, not 58.
+40 hangs instead of the failing cell's 8, so each necessary flag needs about 45 MTTFs, not 58;
+and the failing cell gets another hang while that shortens the necessity soaks still to run by more
+than the hang costs (an MTTF and a start-up: with three necessary flags, or a small pool, it pays).
 When ablation cannot decide, the posterior search (search.py) goes on from every probe so far.
 """
 
@@ -106,6 +108,9 @@ def ablation_search(search: Search) -> int | None:
             if h_ref < REFERENCE_HANGS and _reference(search):
                 continue
             factor = (s.rule_out_factor, search.alpha / max(bin(keep).count("1"), 1), h_ref, e_ref)
+            if _another_reference_hang_pays(search, keep, H, E, goal, factor):
+                _reference(search, int(search.stats_of(search.full).hangs) + 1)
+                continue
         dropped, todo = _unrefuted(search, keep & ~search.rate_added, keep, H, E, goal, factor)
         if dropped:
             keep &= ~dropped
@@ -214,15 +219,30 @@ def _unrefuted(search: Search, flags: int, keep: int, H: float, E: float, goal: 
     return dropped, sorted(todo, key=lambda t: t[1])
 
 
-def _reference(search: Search) -> bool:
-    """Top the failing cell up to REFERENCE_HANGS hangs, the rate the rule-out soaks are read
-    against (two calibration hangs leave its predictive so wide that each necessary flag would
-    need some 85 MTTFs; eight bring that to about 38). Returns whether it ran a probe."""
+def _another_reference_hang_pays(search: Search, keep: int, H: float, E: float, goal: float,
+                                 factor: tuple[float, float, float, float]) -> bool:
+    """Whether one more hang of the failing cell, in the rule-out's reference rate, would shorten
+    the necessity soaks still to run by more than it costs (an MTTF of load and a start-up): with
+    two or three necessary flags the reference rate is worth more hangs than with one."""
+    f, level, h_ref, e_ref = factor
+    if h_ref <= 0 or search.over_budget():
+        return False
+    mttf = e_ref / h_ref
+    _, now = _unrefuted(search, keep & ~search.rate_added, keep, H, E, goal, factor)
+    _, then = _unrefuted(search, keep & ~search.rate_added, keep, H, E, goal, (f, level, h_ref + 1, e_ref + mttf))
+    saving = sum(need for _, need in now) - sum(need for _, need in then)
+    return saving > mttf + search.s.startup_s
+
+
+def _reference(search: Search, hangs: int = REFERENCE_HANGS) -> bool:
+    """Top the failing cell up to `hangs` hangs, the rate the rule-out soaks are read against (two
+    calibration hangs leave its predictive so wide that each necessary flag would need some 85
+    MTTFs; eight bring that to about 38). Returns whether it ran a probe."""
     cell = search.stats_of(search.full)
-    if cell.hangs >= REFERENCE_HANGS or search.over_budget():
+    if cell.hangs >= hangs or search.over_budget():
         return False
     mttf = cell.exposure_s / max(cell.hangs, 1)
-    need = REFERENCE_HANGS - cell.hangs
+    need = hangs - cell.hangs
     search.run([(search.full, max(4.0 * mttf, search.s.startup_s), "calibration")] * max(1, min(search.s.parallel, need)))
     return True
 

@@ -20,7 +20,7 @@ from soakmatrix.matrix.contracts.durations import format_duration
 
 from .ablation import REFERENCE_HANGS
 from .model import Settings
-from .modifiers import CELL_HANGS
+from .modifiers import CELL_FIRST_HANGS
 
 LOADED = ("passed", "hang", "crash")
 
@@ -63,14 +63,15 @@ def history_exposure(observations: Iterable[Any], cell_id: str, signature: str |
 
 
 def failing_hangs_wanted(settings: Settings) -> int:
-    """How many hangs of the failing cell a bisection soaks it for: the calibration's; by default
-    (ablation, no cap) the reference the necessity soaks read the rate from; and the ones the
-    modifier verdicts compare each removal with."""
+    """How many hangs of the failing cell a bisection soaks it for at least: the calibration's; by
+    default (ablation, no cap) the reference the necessity soaks read the rate from; and the ones
+    the modifier verdicts' first group check compares with (CELL_FIRST_HANGS; up to CELL_HANGS
+    when a group does not clear, and more while they shorten the necessity soaks: not counted)."""
     wanted = settings.calibration_hangs
     if settings.ablation and settings.mttf_cap_s is None:
         wanted = max(wanted, REFERENCE_HANGS)
     if settings.measure_modifiers:
-        wanted = max(wanted, CELL_HANGS)
+        wanted = max(wanted, CELL_FIRST_HANGS)
     return wanted
 
 
@@ -96,7 +97,7 @@ def describe(history: HistoryExposure, saved_gpu_hours: float, wanted_hangs: int
     if history.hangs:
         left = max(wanted_hangs - history.hangs, 0)
         text += (f"; they spared ~{saved_gpu_hours:.1f} GPU-hours of soaking the failing cell "
-                 f"({min(history.hangs, wanted_hangs)} of the {wanted_hangs} hang(s) it is soaked for, at its MTTF, "
+                 f"({min(history.hangs, wanted_hangs)} of the {wanted_hangs} hang(s) it is soaked for at least, at its MTTF, "
                  f"start-up included"
                  + (f"; {left} more were soaked for)" if left else ")"))
     else:

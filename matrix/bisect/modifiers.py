@@ -11,14 +11,18 @@ tested exactly (a convolution), and the rate ratio gets the interval that invert
 Over the flags outside the set the verdicts are controlled family-wise (Holm): all of them
 irrelevant, they are called modifiers at most 1 - confidence of the time in total.
 
-`measure` soaks what the verdicts need: the failing cell to CELL_HANGS hangs; then the flags whose
-removal looks innocent so far (or that the ablation dropped with a group, never soaked alone)
+`measure` soaks what the verdicts need: the failing cell to CELL_FIRST_HANGS hangs; then the flags
+whose removal looks innocent so far (or that the ablation dropped with a group, never soaked alone)
 removed together (one group: once its hangs against the failing cell's rule out an x
 rule_out_factor modifier among them, they need no soaks of their own: 8 innocent flags cost the
-group's 3-5 hangs, not some 23 hangs of their own). A group that reaches GROUP_MTTFS of load, or
-whose hangs reject "as fast as the failing cell" first (a modifier is likely in it), is halved and
-each half checked the same way, down to single flags (an x8 modifier among 9 flags costs a few
-levels of groups, not 8 innocent flags' 4 hangs each). Then each flag left gets its removal soaked
+group's 3-5 hangs, not some 23 hangs of their own). Most often that group is the set alone, and
+most often it clears: the plain world's verdicts then cost some 8 + 5 hangs, not 12 + 4 (the
+floor's split of them is a third on the failing cell). A group that reaches GROUP_MTTFS of load, or
+whose hangs reject "as fast as the failing cell" first (a modifier is likely in it), first gets the
+failing cell to CELL_HANGS (the side every later comparison reads), then is split: its likeliest
+modifier alone and the rest when the removals without one of its flags look slower than the
+failing cell (PEEL_LEVEL), else in halves, and each part checked the same way, down to single flags
+(an x8 modifier among 9 flags costs a level or a few of groups, not 8 innocent flags' 4 hangs each). Then each flag left gets its removal soaked
 until it is called (Holm level), looks innocent (INNOCENT_HANGS hangs or more and a ratio under
 INNOCENT_RATIO), has MEASURE_HANGS hangs, or has soaked out to the necessity length; a flag is
 called early only at a third of its Holm share, so looking after every soak stays within budget.
@@ -42,13 +46,15 @@ if TYPE_CHECKING:
 MEASURE_HANGS = 10          # hangs of the failing cell and of a suspect's removal before a verdict without more
 INNOCENT_RATIO = 1.5       # a removal with INNOCENT_HANGS+ hangs and a ratio under this looks innocent: no more soaks
 INNOCENT_HANGS = 4         # 2: an 8x modifier's quick hangs looked innocent 9 % of the time; 3: 2 %
-CELL_HANGS = 12            # the failing cell's side of every comparison (more hangs there are cheap: 1 MTTF each)
+CELL_FIRST_HANGS = 8       # the failing cell's hangs before the first group check (6 and 12 tried: docs/bisect.md)
+CELL_HANGS = 12            # ... and once a group does not clear: the side of every comparison that follows
 GROUP_RATIO = 3.0          # a suspect joins the group removal while its own removal looks at most this much slower
 GROUP_MTTFS = 20.0         # the most load (failing-cell MTTFs) the group's removal gets to rule out a modifier
 GROUP_SLOW_LEVEL = 0.05    # ... unless its hangs reject "as fast as the failing cell" at this level first
 REFERENCE_LEVEL = 0.05     # a removal joins the failing cell's reference rate unless told apart at this level
 GROUP_RULE_OUT_SHARE = 3.0  # a group clears its flags at (1 - confidence) / this (6 tried: docs/bisect.md)
 SOAK_MTTFS = 2.0           # a modifier soak: at most this many failing-cell MTTFs (4 tried: docs/bisect.md)
+PEEL_LEVEL = 0.05          # a group that did not clear gives up the flag whose other removals look this slow
 RATIO_GRID = np.exp(np.linspace(math.log(1e-3), math.log(1e3), 481))
 
 
@@ -177,14 +183,13 @@ def measure(search: Search, minimal_mask: int, longest_s: float) -> None:
     if not suspects:
         return
     cell = search.stats_of(full)
-    while cell.hangs < CELL_HANGS and not search.over_budget():
-        mttf = cell.exposure_s / max(cell.hangs, 1)
-        search.run([(full, max(3.0 * mttf, search.s.startup_s), "modifiers")] * max(1, search.s.parallel))
+    _top_up_cell(search, CELL_FIRST_HANGS)
     _group_check(search, minimal_mask, longest_s)
     while not search.over_budget():
         suspects = _suspects(search, minimal_mask, longest_s)
         if not suspects:
             return
+        _top_up_cell(search, CELL_HANGS)
         batch = []
         for j in suspects[:max(1, search.s.parallel)]:
             target = full & ~(1 << j)
@@ -194,6 +199,14 @@ def measure(search: Search, minimal_mask: int, longest_s: float) -> None:
                        max(longest_s - cs.exposure_s, search.s.startup_s))
             batch.append((target, soak, "modifiers"))
         search.run(batch)
+
+
+def _top_up_cell(search: Search, hangs: int) -> None:
+    """Soak the failing cell until it has hung `hangs` times."""
+    cell = search.stats_of(search.full)
+    while cell.hangs < hangs and not search.over_budget():
+        mttf = cell.exposure_s / max(cell.hangs, 1)
+        search.run([(search.full, max(3.0 * mttf, search.s.startup_s), "modifiers")] * max(1, search.s.parallel))
 
 
 def _group_check(search: Search, minimal_mask: int, longest_s: float) -> None:
@@ -219,6 +232,7 @@ def _group_check(search: Search, minimal_mask: int, longest_s: float) -> None:
     cleared = _cleared(search, minimal_mask)
     group += [j for j in range(search.n) if cleared >> j & 1 and j not in group]
     pending = [group]
+    untils: dict[int, float] = {}
     while pending and not search.over_budget():
         group = pending.pop(0)
         if len(group) < 2:
@@ -228,14 +242,43 @@ def _group_check(search: Search, minimal_mask: int, longest_s: float) -> None:
             pending += halves(group)
             continue
         cs = search.stats_of(target)
-        until = cs.exposure_s + GROUP_MTTFS * mttf
+        until = untils.setdefault(target, cs.exposure_s + GROUP_MTTFS * mttf)
         while (not _rules_out(search, cs) and not _looks_slow(search, cs) and cs.exposure_s < until
                and not search.over_budget()):
             search.run([(target, max(min(SOAK_MTTFS * mttf, until - cs.exposure_s), search.s.startup_s), "modifiers")])
+        if not _rules_out(search, cs) and search.stats_of(search.full).hangs < CELL_HANGS:
+            # the group did not clear: the failing cell's side of every comparison first
+            _top_up_cell(search, CELL_HANGS)
+            pending.insert(0, group)
+            continue
         if not _rules_out(search, cs):
             # a modifier among them, likely: each half is a group of its own (a modifier among 9
             # flags costs some 3 levels of groups, not 8 innocent flags' 4 hangs each)
-            pending += halves(group)
+            pending += _split(search, minimal_mask, group, target)
+
+
+def _split(search: Search, minimal_mask: int, group: list[int], target: int) -> list[list[int]]:
+    """A group that did not clear, split: its likeliest modifier alone and the rest, when the
+    removals without that flag (other than the group's own) look slower than the failing cell at
+    PEEL_LEVEL; else in halves."""
+    cell = search.stats_of(search.full)
+    if cell.hangs == 0 or len(group) < 3:
+        return halves(group)
+    best, best_p = None, PEEL_LEVEL
+    for j in group:
+        h = e = 0.0
+        for m, cs in search.configs.items():
+            if m == target or m == search.full or m & (1 << j) or (m & minimal_mask) != minimal_mask:
+                continue
+            h, e = h + cs.hangs, e + cs.exposure_s
+        if e > 0:
+            rows = [(cell.hangs, cell.exposure_s, int(h), e)]
+            p = 1.0 - p_as_strong(rows, 1.0) + _point(rows)
+            if p <= best_p:
+                best, best_p = j, p
+    if best is not None:
+        return [[best], [j for j in group if j != best]]
+    return halves(group)
 
 
 def halves(group: list[int]) -> list[list[int]]:
