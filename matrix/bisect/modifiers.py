@@ -20,10 +20,10 @@ most often it clears: the plain world's verdicts then cost some 8 + 5 hangs, not
 floor's split of them is a third on the failing cell). A group that reaches GROUP_MTTFS of load, or
 whose hangs reject "as fast as the failing cell" first (a modifier is likely in it), first gets the
 failing cell to CELL_HANGS (the side every later comparison reads), then is split: its likeliest
-modifier alone and the rest when the removals without one of its flags look slower than the
-failing cell (PEEL_LEVEL), else in halves, and each part checked the same way, down to single flags
-(an x8 modifier among 9 flags costs a level or a few of groups, not 8 innocent flags' 4 hangs each). Then each flag left gets its removal soaked
-until it is called (Holm level), looks innocent (INNOCENT_HANGS hangs or more and a ratio under
+modifier alone and the rest (the flag whose other removals look slowest against the failing cell,
+at PEEL_LEVEL or below), else in halves, and each part checked the same way, down to single flags
+(an x8 modifier among 9 flags costs a level or a few of groups, not 8 innocent flags' 4 hangs
+each). Then each flag left gets its removal soaked until it is called (Holm level), looks innocent (INNOCENT_HANGS hangs or more and a ratio under
 INNOCENT_RATIO), has MEASURE_HANGS hangs, or has soaked out to the necessity length; a flag is
 called early only at a third of its Holm share, so looking after every soak stays within budget.
 By default the ablation runs `measure` before the necessity soaks: `reference_pool` hands them the
@@ -252,15 +252,17 @@ def _group_check(search: Search, minimal_mask: int, longest_s: float) -> None:
             pending.insert(0, group)
             continue
         if not _rules_out(search, cs):
-            # a modifier among them, likely: each half is a group of its own (a modifier among 9
-            # flags costs some 3 levels of groups, not 8 innocent flags' 4 hangs each)
+            # a modifier among them, likely: its likeliest one alone, or each half a group of its
+            # own (a modifier among 9 flags costs a level or a few of groups, not 8 innocent flags'
+            # 4 hangs each)
             pending += _split(search, minimal_mask, group, target)
 
 
 def _split(search: Search, minimal_mask: int, group: list[int], target: int) -> list[list[int]]:
-    """A group that did not clear, split: its likeliest modifier alone and the rest, when the
-    removals without that flag (other than the group's own) look slower than the failing cell at
-    PEEL_LEVEL; else in halves."""
+    """A group that did not clear, split: its likeliest modifier alone and the rest, else halves.
+    The likeliest is the flag whose removals other than the group's own (the ablation's, single
+    or in groups) look slowest against the failing cell, if at PEEL_LEVEL or below (a tie: the
+    later flag). Peeling only a flag that stands out alone hardly ever fired (docs/bisect.md)."""
     cell = search.stats_of(search.full)
     if cell.hangs == 0 or len(group) < 3:
         return halves(group)
