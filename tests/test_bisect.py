@@ -245,9 +245,10 @@ def test_parallel_batches_reach_the_same_answer_in_fewer_rounds():
         rounds[parallel] = oracle.batches
     assert set(rounds[1]) == {1}
     # the ablation, the necessity soaks of the two culprits and the rate check's soaks of the set
-    # alone all go out four at a time: far fewer rounds, not just a few batched ones
-    assert max(rounds[4]) == 4 and rounds[4].count(4) >= len(rounds[4]) // 2
-    assert len(rounds[4]) <= len(rounds[1]) // 2
+    # alone all go out four at a time: most probes in full batches, and far fewer rounds, not just
+    # a few batched ones
+    assert max(rounds[4]) == 4 and 4 * rounds[4].count(4) > sum(rounds[4]) / 2
+    assert len(rounds[4]) <= 2 * len(rounds[1]) / 3
 
 
 def test_too_many_elements_is_a_clear_error():
@@ -418,14 +419,15 @@ class EitherOracle(DeterministicOracle):
         self.triggers = triggers
 
 
-def test_ablation_removes_halves_then_halves_of_the_removals_that_did_not_hang():
+def test_ablation_removes_thirds_then_halves_of_the_removals_that_did_not_hang():
     oracle = DeterministicOracle({"f1", "f4"})
     result = bisect(failing(6), elements(6), oracle, Settings(confidence=0.99), gpu_count=lambda f: 1)
     assert [p.flags for p in oracle.probes[:2]] == [failing(6)] * 2          # calibration
-    removed = [[f for f, on in p.flags.items() if not on] for p in oracle.probes[2:12]]
-    # each half holds a culprit (no hang): split; [f2] and [f5] hang, so only f0 and f3 are left alone
-    assert removed == [["f0", "f1", "f2"], ["f3", "f4", "f5"], ["f0", "f1"], ["f2"], ["f3", "f4"], ["f5"],
-                       ["f0"], ["f1"], ["f3"], ["f4"]]
+    removed = [[f for f, on in p.flags.items() if not on] for p in oracle.probes[2:9]]
+    # thirds: [f2, f3] holds no culprit and hangs, the other two do not and are split in halves; the
+    # two culprits' removals are 7 soaks, not the 10 of halves first ([f0 f1 f2] and [f3 f4 f5] both
+    # holding a culprit)
+    assert removed == [["f0", "f1"], ["f2", "f3"], ["f4", "f5"], ["f0"], ["f1"], ["f4"], ["f5"]]
     assert result.status == "found" and set(result.minimal) == {"f1", "f4"}
     # a removal that hung settles its flag: only the culprits' removals are soaked again
     # a removal that hung settles its flag for the set; innocent removals are soaked again only for
@@ -438,10 +440,10 @@ def test_ablation_removes_halves_then_halves_of_the_removals_that_did_not_hang()
 def test_a_group_whose_removal_hangs_drops_all_its_flags_at_once(monkeypatch):
     oracle = DeterministicOracle({"f0"})
     result = bisect(failing(8), elements(8), oracle, Settings(confidence=0.99), gpu_count=lambda f: 1)
-    removed = [[f for f, on in p.flags.items() if not on] for p in oracle.probes[2:8]]
-    assert removed == [["f0", "f1", "f2", "f3"], ["f4", "f5", "f6", "f7"], ["f0", "f1"], ["f2", "f3"], ["f0"], ["f1"]]
+    removed = [[f for f, on in p.flags.items() if not on] for p in oracle.probes[2:9]]
+    assert removed == [["f0", "f1", "f2"], ["f3", "f4", "f5"], ["f6", "f7"], ["f0", "f1"], ["f2"], ["f0"], ["f1"]]
     assert result.status == "found" and result.minimal == ["f0"]
-    # without group ablation each flag is removed alone: 8 removals instead of 6
+    # without group ablation each flag is removed alone: 8 removals instead of 7
     monkeypatch.setattr("soakmatrix.matrix.bisect.ablation.GROUP_ABLATION", False)
     alone = DeterministicOracle({"f0"})
     assert bisect(failing(8), elements(8), alone, Settings(confidence=0.99), gpu_count=lambda f: 1).minimal == ["f0"]
@@ -476,7 +478,9 @@ def test_an_x8_modifier_stays_out_of_the_set_and_is_named_with_its_factor():
     assert len(named) >= 10
     for r in named:
         f4 = {v.element.name: v for v in r.verdicts}["f4"]
-        assert f4.ratio > 1 and f4.ratio_low <= 8.0 <= (f4.ratio_high or float("inf"))
+        # None: no hang without it in the configs that differ in f4 alone (the ratio is unbounded)
+        ratio = float("inf") if f4.ratio is None else f4.ratio
+        assert ratio > 1 and f4.ratio_low <= 8.0 <= (f4.ratio_high or float("inf"))
 
 
 def test_seed_002s_shape_at_the_default_settings():

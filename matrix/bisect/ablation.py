@@ -1,5 +1,5 @@
 """Ablation, the search's first way: the failing cell without each flag in turn (from 6 flags on,
-without halves of them first, then halves of the halves whose removal did not hang).
+without a third of them at a time first, then halves of the groups whose removal did not hang).
 
 A hang drops the flag, or the group's flags (the rest still holds the trigger, and the hang pools
 into the rate); a single flag's removal that does not hang keeps it. Baseline + the kept flags must
@@ -10,8 +10,8 @@ bound (bound.py): the evidence against "one flag fewer is enough" is the cost an
 and ablation spends little else.
 By default (no cap) the necessity soaks also rule out "F x slower than the failing cell"
 (bound_default.py); the modifier verdicts' soaks (modifiers.py) run first, and the rate they are
-read against pools the failing cell with every removal that looks like it (reference_pool): about
-40 hangs instead of the failing cell's 8, so each necessary flag needs about 45 MTTFs, not 58;
+read against pools the failing cell with every removal of flags not called modifiers
+(reference_pool): about 40 hangs instead of the failing cell's 8, so each necessary flag needs about 45 MTTFs, not 58;
 and the failing cell gets another hang while that shortens the necessity soaks still to run by more
 than the hang costs (an MTTF and a start-up: with three necessary flags, or a small pool, it pays).
 When ablation cannot decide, the posterior search (search.py) goes on from every probe so far.
@@ -38,6 +38,7 @@ NECESSITY_SPLIT = 3.0      # ablation keeps a flag once its absence rejects "as 
 CERTIFICATION_SOAKS = 2    # soaks of baseline + the kept flags before asking the rate check why it does not hang
 REFERENCE_HANGS = 8        # hangs of the failing cell the rule-out soaks read its rate from
 GROUP_ABLATION = True      # the first round removes halves, then halves of halves that did not hang ...
+FIRST_PARTS = 3            # the first round's groups (then halves of those that did not hang; 2 before)
 GROUP_ABLATION_FLAGS = 6   # ... from this many flags on (with 4 or 5, two culprits put one in each half too often)
 RESCUE_PROBES = 12         # the rate check's probes for a kept set that does not hang (else: two triggers)
 NECESSITY_IN_ONE_PIECE = True  # once the reference rate is fixed, a necessity soak is one probe, not stages
@@ -145,18 +146,21 @@ def ablation_search(search: Search) -> int | None:
 
 def _ablate_each(search: Search) -> int | None:
     """The first round: the failing cell without a group of flags, one soak each (ABLATION_STAGE_MTTFS
-    x the MTTF read so far, never longer than a config at the cap needs to show itself). A group
-    whose removal hangs drops all its flags at once (the rest still holds the trigger); one that
-    does not is split in two and each half's removal soaked, down to single flags (with one
-    culprit among 12 that is some 5 hangs instead of 11; the passes lack a culprit and count
-    toward its necessity soaks). With fewer than GROUP_ABLATION_FLAGS flags (or GROUP_ABLATION
+    x the MTTF read so far, never longer than a config at the cap needs to show itself). The flags
+    go in FIRST_PARTS groups first. A group whose removal hangs drops all its flags at once (the
+    rest still holds the trigger); one that does not is split in two and each half's removal
+    soaked, down to single flags (with one culprit among 12 that is some 5 hangs instead of 11; the
+    passes lack a culprit and count toward its necessity soaks). Thirds first, not halves: with
+    two or three culprits both halves nearly always hold one, and a pass of a group missing two
+    culprits counts for neither one's necessity; with one culprit, thirds cost about the same
+    (docs/bisect.md, fifth pass). With fewer than GROUP_ABLATION_FLAGS flags (or GROUP_ABLATION
     False) each flag is removed alone from the start.
     Returns the flags whose removal did not hang, or None if a flag's removal cannot run."""
     s = search.s
     keep = search.full
     longest = stats.soak_for_detection(search.post.cap, 1 - search.alpha / max(search.n, 1))
     everyone = list(range(search.n))
-    untested = halves(everyone) if GROUP_ABLATION and search.n >= GROUP_ABLATION_FLAGS else [[j] for j in everyone]
+    untested = _parts(everyone, FIRST_PARTS) if GROUP_ABLATION and search.n >= GROUP_ABLATION_FLAGS else [[j] for j in everyone]
     while untested and not search.over_budget():
         soak = max(min(_stage(search), longest), s.startup_s)
         batch, groups = [], []
@@ -176,6 +180,18 @@ def _ablate_each(search: Search) -> int | None:
             elif len(group) > 1:
                 untested += halves(group)
     return keep
+
+
+def _parts(flags: list[int], count: int) -> list[list[int]]:
+    """`flags` in `count` groups of sizes as equal as can be (the larger first)."""
+    count = max(1, min(count, len(flags)))
+    size, extra = divmod(len(flags), count)
+    out, at = [], 0
+    for i in range(count):
+        n = size + (1 if i < extra else 0)
+        out.append(flags[at:at + n])
+        at += n
+    return out
 
 
 def _certify(search: Search, keep: int, H: float, E: float) -> None:

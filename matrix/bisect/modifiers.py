@@ -309,12 +309,20 @@ def _point(rows: list[tuple[int, float, int, float]]) -> float:
 
 def _rules_out(search: Search, cs) -> bool:
     """The config's hangs against the failing cell's rule out "an x rule_out_factor modifier is
-    among the flags it lacks" at a third of 1 - confidence (looked at after every soak)."""
+    among the flags it lacks" at a third of 1 - confidence (looked at after every soak). The call
+    stands once made (search.cleared_groups): the level holds for the first crossing, and the
+    failing cell's later hangs (its top-up to CELL_HANGS) would otherwise take it back by chance
+    and send each flag of the group to soaks of its own."""
+    if cs.mask in search.cleared_groups:
+        return True
     cell = search.stats_of(search.full)
     if cs.hangs < 2 or cell.hangs == 0:
         return False
     p = p_as_strong([(cell.hangs, cell.exposure_s, cs.hangs, cs.exposure_s)], search.s.rule_out_factor)
-    return p <= (1.0 - search.s.confidence) / GROUP_RULE_OUT_SHARE
+    if p <= (1.0 - search.s.confidence) / GROUP_RULE_OUT_SHARE:
+        search.cleared_groups.add(cs.mask)
+        return True
+    return False
 
 
 def _cleared(search: Search, minimal_mask: int) -> int:

@@ -69,6 +69,7 @@ class Search:
         self.notes: list[str] = []
         self.gave_up = ""                           # why the ablation handed over to the posterior search
         self.rate_added = 0                         # flags the rate check added: their absence hangs, slowly
+        self.cleared_groups: set[int] = set()       # group removals that ruled out a modifier among their flags
         masks = range(1 << self.n)
         if gpu_count is default_gpu_count and not any(e.name == "tp" for e in self.elements):
             self.cost = np.full(1 << self.n, float(gpu_count(self.failing)))
