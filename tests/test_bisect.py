@@ -3,9 +3,13 @@ triggers, unrelated hangs of another signature. Pure and fast: no servers, virtu
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from soakmatrix.matrix.bisect import CAP_RISE, Element, Settings, bisect, default_cap, exposure_until, p_as_fast
+from soakmatrix.matrix.bisect import modifiers
+from soakmatrix.matrix.bisect.model import ConfigStats
 from soakmatrix.matrix.bisect.oracle import Probe, ProbeResult
 from soakmatrix.matrix.bisect.oracle_virtual import VirtualOracle
 from soakmatrix.matrix.bisect.ratecheck import ModifierModel, recheck_members
@@ -181,6 +185,27 @@ def test_innocent_flags_are_cleared_in_groups_and_a_group_with_a_modifier_is_hal
                  if len(off) == 1 and off[0] not in ("f0", "f3")}
         assert len(alone) <= 4, (seed, sorted(alone))
     assert called >= 10
+
+
+def test_a_group_that_ruled_out_a_modifier_stays_cleared_when_the_failing_cell_hangs_again():
+    # seed 0 of the test above, as it was: 8 innocent flags removed together hung 5 times in
+    # 18139 s against the failing cell's 8 in 26896 s, which rules out an x8 modifier among them
+    # at 0.01 / 3; the cell's top-up to 12 hangs (in 33131 s) read it faster, the call went back,
+    # and each of the 8 flags was soaked alone
+    cell = ConfigStats(0b1111111111, "failing cell", {}, hangs=8, exposure_s=26896.0)
+    group = ConfigStats(0b0000001001, "baseline +f0 +f3", {}, hangs=5, exposure_s=18139.0)
+
+    def search_with(cleared):
+        return SimpleNamespace(full=cell.mask, cleared_groups=cleared, stats_of=lambda m: cell if m == cell.mask else group,
+                               s=Settings(confidence=0.99))
+
+    search = search_with(set())
+    assert modifiers._rules_out(search, group)
+    cell.hangs, cell.exposure_s = 12, 33131.0
+    assert modifiers._rules_out(search, group)
+    assert modifiers._cleared(SimpleNamespace(**vars(search), configs={cell.mask: cell, group.mask: group}), 0b1) == 0b1111110110
+    # read afresh, the same numbers do not rule it out: the call stands because it was made
+    assert not modifiers._rules_out(search_with(set()), group)
 
 
 def test_two_independent_triggers_give_one_minimal_set_and_say_so():

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from .search import Search
 
 ABLATION_STAGE_MTTFS = 5.0  # an ablation soak: at most this many MTTFs read from every probe so far
+SINGLE_STAGE_MTTFS = 8.0   # ... and a flag's removal split out of a group whose removal did not hang
 SCREEN_LEVEL = 0.02        # a kept flag's absence is screened at this level before the rate check
 NECESSITY_SPLIT = 3.0      # ablation keeps a flag once its absence rejects "as fast" at alpha / (this x n)
 CERTIFICATION_SOAKS = 2    # soaks of baseline + the kept flags before asking the rate check why it does not hang
@@ -153,14 +154,16 @@ def _ablate_each(search: Search) -> int | None:
     passes lack a culprit and count toward its necessity soaks). Thirds first, not halves: with
     two or three culprits both halves nearly always hold one, and a pass of a group missing two
     culprits counts for neither one's necessity; with one culprit, thirds cost about the same
-    (docs/bisect.md, fifth pass). With fewer than GROUP_ABLATION_FLAGS flags (or GROUP_ABLATION
-    False) each flag is removed alone from the start.
+    (docs/bisect.md, fifth pass). A single flag split out of a group soaks SINGLE_STAGE_MTTFS.
+    With fewer than GROUP_ABLATION_FLAGS flags (or GROUP_ABLATION False) each flag is removed
+    alone from the start, ABLATION_STAGE_MTTFS each.
     Returns the flags whose removal did not hang, or None if a flag's removal cannot run."""
     s = search.s
     keep = search.full
     longest = stats.soak_for_detection(search.post.cap, 1 - search.alpha / max(search.n, 1))
     everyone = list(range(search.n))
-    untested = _parts(everyone, FIRST_PARTS) if GROUP_ABLATION and search.n >= GROUP_ABLATION_FLAGS else [[j] for j in everyone]
+    grouped = GROUP_ABLATION and search.n >= GROUP_ABLATION_FLAGS
+    untested = _parts(everyone, FIRST_PARTS) if grouped else [[j] for j in everyone]
     while untested and not search.over_budget():
         soak = max(min(_stage(search), longest), s.startup_s)
         batch, groups = [], []
@@ -172,7 +175,13 @@ def _ablate_each(search: Search) -> int | None:
                     return _give_up(search, f"the failing cell without {search.elements[group[0]].name} cannot run")
                 untested += halves(group)
                 continue
-            batch.append((target, soak, "search"))
+            if grouped and len(group) == 1:
+                # split out of a group whose removal did not hang, so likelier a culprit than a flag
+                # taken at random; a culprit's soak counts toward its necessity soak, and the longer
+                # it is, the more often that soak is its last (one start-up fewer)
+                batch.append((target, max(min(soak * SINGLE_STAGE_MTTFS / ABLATION_STAGE_MTTFS, longest), s.startup_s), "search"))
+            else:
+                batch.append((target, soak, "search"))
             groups.append(group)
         for group, (mask, result) in zip(groups, search.run(batch)):
             if result.hung_with(search.signature):
