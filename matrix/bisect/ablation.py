@@ -10,8 +10,8 @@ bound (bound.py): the evidence against "one flag fewer is enough" is the cost an
 and ablation spends little else.
 By default (no cap) the necessity soaks also rule out "F x slower than the failing cell"
 (bound_default.py); the modifier verdicts' soaks (modifiers.py) run first, and the rate they are
-read against pools the failing cell with every removal of flags not called modifiers
-(reference_pool): about 40 hangs instead of the failing cell's 8, so each necessary flag needs about 45 MTTFs, not 58;
+read against pools the failing cell with every removal that looks like it (reference_pool): about
+40 hangs instead of the failing cell's 8, so each necessary flag needs about 45 MTTFs, not 58;
 and the failing cell gets another hang while that shortens the necessity soaks still to run by more
 than the hang costs (an MTTF and a start-up: with three necessary flags, or a small pool, it pays).
 When ablation cannot decide, the posterior search (search.py) goes on from every probe so far.
@@ -38,9 +38,9 @@ SCREEN_LEVEL = 0.02        # a kept flag's absence is screened at this level bef
 NECESSITY_SPLIT = 3.0      # ablation keeps a flag once its absence rejects "as fast" at alpha / (this x n)
 CERTIFICATION_SOAKS = 2    # soaks of baseline + the kept flags before asking the rate check why it does not hang
 REFERENCE_HANGS = 8        # hangs of the failing cell the rule-out soaks read its rate from
-GROUP_ABLATION = True      # the first round removes halves, then halves of halves that did not hang ...
-FIRST_PARTS = 3            # the first round's groups (then halves of those that did not hang; 2 before)
+GROUP_ABLATION = True      # the first round removes groups, then halves of those that did not hang ...
 GROUP_ABLATION_FLAGS = 6   # ... from this many flags on (with 4 or 5, two culprits put one in each half too often)
+FIRST_PARTS = 3            # the first round's groups, thirds (halves before: docs/bisect.md, sixth pass)
 RESCUE_PROBES = 12         # the rate check's probes for a kept set that does not hang (else: two triggers)
 NECESSITY_IN_ONE_PIECE = True  # once the reference rate is fixed, a necessity soak is one probe, not stages
 
