@@ -190,14 +190,19 @@ def measure(search: Search, minimal_mask: int, longest_s: float) -> None:
         if not suspects:
             return
         _top_up_cell(search, CELL_HANGS)
+        # with fewer suspects than --parallel, the width is dealt out round-robin: copies of a
+        # removal are independent soaks whose exposure pools
+        width = max(1, search.s.parallel)
+        picked = suspects[:width]
         batch = []
-        for j in suspects[:max(1, search.s.parallel)]:
+        for i, j in enumerate(picked):
+            copies = len(range(i, width, len(picked)))
             target = full & ~(1 << j)
             cs = search.stats_of(target)
             mttf = cell.exposure_s / max(cell.hangs, 1)
             soak = min(max(SOAK_MTTFS * mttf, cs.exposure_s / max(cs.hangs, 1), search.s.startup_s),
-                       max(longest_s - cs.exposure_s, search.s.startup_s))
-            batch.append((target, soak, "modifiers"))
+                       max((longest_s - cs.exposure_s) / copies, search.s.startup_s))
+            batch += [(target, soak, "modifiers")] * copies
         search.run(batch)
 
 
@@ -243,9 +248,13 @@ def _group_check(search: Search, minimal_mask: int, longest_s: float) -> None:
             continue
         cs = search.stats_of(target)
         until = untils.setdefault(target, cs.exposure_s + GROUP_MTTFS * mttf)
+        # with --parallel N, N copies of the group's removal at once (their exposure pools; the
+        # rule-out is looked at after each round, so fewer looks, the same level)
+        copies = max(1, search.s.parallel)
         while (not _rules_out(search, cs) and not _looks_slow(search, cs) and cs.exposure_s < until
                and not search.over_budget()):
-            search.run([(target, max(min(SOAK_MTTFS * mttf, until - cs.exposure_s), search.s.startup_s), "modifiers")])
+            soak = max(min(SOAK_MTTFS * mttf, (until - cs.exposure_s) / copies), search.s.startup_s)
+            search.run([(target, soak, "modifiers")] * copies)
         if not _rules_out(search, cs) and search.stats_of(search.full).hangs < CELL_HANGS:
             # the group did not clear: the failing cell's side of every comparison first
             _top_up_cell(search, CELL_HANGS)
