@@ -22,6 +22,10 @@ often the row's x8 modifier was called one, `spur` how often another flag outsid
     python -m benchmarks.bench_bisect --quick    # 100 seeds per case
     python -m benchmarks.bench_bisect --shapes   # the seeds' own shapes (bench_bisect_shapes.py)
     python -m benchmarks.bench_bisect --quick --filter "n=12 k=1" --breakdown   # where the GPU-hours go
+    python -m benchmarks.bench_bisect --seeds 300 --filter "n=10 k=2 MTTF 38m" --parallel 1,2,4   # wall time
+
+With `--parallel`, each case runs at each width and the table gives GPU-hours and hours of wall
+time: a batch's probes soak side by side, so a round lasts as long as its longest probe.
 """
 
 from __future__ import annotations
@@ -121,6 +125,8 @@ class _CaseOracle:
 
     def __init__(self, case: Case, names: list[str], rng: np.random.Generator):
         self.case, self.names, self.rng = case, names, rng
+        self.wall_s = 0.0      # the batches one after another, each as long as its longest probe
+        self.rounds = 0
 
     def run(self, probes):
         from soakmatrix.matrix.bisect.oracle import ProbeResult
@@ -133,6 +139,8 @@ class _CaseOracle:
             exposure = t if hung else p.soak_s
             out.append(ProbeResult(p, "hang" if hung else "passed", "shm_broadcast_timeout" if hung else None,
                                    exposure, (STARTUP_S + exposure) / 3600.0))
+        self.wall_s += STARTUP_S + max((r.exposure_s for r in out), default=0.0)
+        self.rounds += 1
         return out
 
 
@@ -160,9 +168,10 @@ def config_kind(case: Case, on: frozenset[int]) -> str:
     return KINDS[6] if mod in off else KINDS[5]
 
 
-def _run_bisect(args: tuple[Case, list[int], bool]) -> list[tuple[float, int, int, int, int, int, dict]]:
+def _run_bisect(args: tuple) -> list[tuple[float, int, int, int, int, int, dict, float, int]]:
     from soakmatrix.matrix.bisect import Element, Settings, bisect
-    case, seeds, fixed_positions = args
+    case, seeds, fixed_positions, *width = args
+    width = width[0] if width else 1
     names = [f"f{i}" for i in range(case.n)]
     failing = {name: True for name in names}
     elements = [Element(name, True, False) for name in names]
@@ -173,7 +182,8 @@ def _run_bisect(args: tuple[Case, list[int], bool]) -> list[tuple[float, int, in
         # (the search breaks ties by position, so fixed positions flatter or punish it)
         planted = names if fixed_positions else [names[i] for i in rng.permutation(case.n)]
         oracle = _CaseOracle(case, planted, rng)
-        r = bisect(failing, elements, oracle, Settings(confidence=CONFIDENCE, startup_s=STARTUP_S, max_probes=400))
+        r = bisect(failing, elements, oracle, Settings(confidence=CONFIDENCE, startup_s=STARTUP_S, max_probes=400,
+                                                        parallel=width))
         got = {planted.index(x) for x in r.minimal}
         truths = case.answers(None)
         exact = r.status == "found" and got in truths
@@ -192,7 +202,8 @@ def _run_bisect(args: tuple[Case, list[int], bool]) -> list[tuple[float, int, in
             row[2] += res.exposure_s / case.mttf_s
             row[3] += res.gpu_hours
         kinds.update({f"role: {k}": [0.0, 0.0, 0.0, v] for k, v in r.gpu_hours_by_role.items()})
-        out.append((r.gpu_hours, int(exact), int(false_min), r.probes, hit, spurious, kinds))
+        out.append((r.gpu_hours, int(exact), int(false_min), r.probes, hit, spurious, kinds, oracle.wall_s / 3600.0,
+                    oracle.rounds))
     return out
 
 
@@ -274,6 +285,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--breakdown", action="store_true",
                         help="after each row, where its GPU-hours went: probes, hangs, load (MTTFs) and GPU-hours per "
                              "run by config kind, and GPU-hours by role")
+    parser.add_argument("--parallel", metavar="K,K,...",
+                        help="each case at these widths (--parallel K): GPU-hours and hours of wall time")
     parser.add_argument("--shapes", action="store_true",
                         help="the seeds' own shapes at the default settings (benchmarks/bench_bisect_shapes.py)")
     args = parser.parse_args(argv)
@@ -283,6 +296,14 @@ def main(argv: list[str] | None = None) -> int:
         run_shapes(seeds, args.workers, args.filter)
         return 0
     todo = [c for c in cases() if re.search(args.filter, c.name)]
+    if args.parallel:
+        try:
+            widths = [int(w) for w in args.parallel.split(",")]
+        except ValueError:
+            parser.error(f"--parallel: widths separated by commas, not {args.parallel!r}")
+        if not widths or min(widths) < 1:
+            parser.error(f"--parallel: widths of 1 or more, not {args.parallel!r}")
+        return _parallel_table(todo, widths, seeds, args)
     print(f"bisect benchmark: {seeds} seeds per case, planted flags at "
           f"{'the first' if args.fixed_positions else 'random'} positions, start-up {STARTUP_S / 60:.0f} min per probe, "
           f"TP 1, stated confidence {CONFIDENCE}; GPU-hours mean/p90; exact = returned exactly a true minimal "
@@ -322,6 +343,33 @@ def main(argv: list[str] | None = None) -> int:
                   f"{oat_exact.mean():>6.3f} | {dd_cost.mean():>6.2f} {dd_exact.mean():>6.3f}", flush=True)
             if args.breakdown:
                 _print_breakdown([r[6] for r in rows])
+    print(f"({time.time() - start:.0f} s)")
+    return 0
+
+
+def _parallel_table(todo: list[Case], widths: list[int], seeds: int, args: argparse.Namespace) -> int:
+    """Each case at each --parallel width: GPU-hours, wall hours, probes, exact, mod, spur."""
+    print(f"bisect with --parallel: {seeds} seeds per case and width, start-up {STARTUP_S / 60:.0f} min, TP 1, "
+          f"confidence {CONFIDENCE}; wall = the rounds one after another, each as long as its longest probe", flush=True)
+    header = (f"{'case':<28} {'width':>5} {'GPU-h':>7} {'wall h':>7} {'p90':>6} {'probes':>6} {'rounds':>6} "
+              f"{'exact':>6} {'mod':>5} {'spur':>5}")
+    print(header)
+    print("-" * len(header), flush=True)
+    start = time.time()
+    with ProcessPoolExecutor(max_workers=args.workers) as pool:
+        for case in todo:
+            for width in widths:
+                chunks = np.array_split(np.arange(seeds), args.workers * 4)
+                rows = [row for part in pool.map(_run_bisect, [(case, [int(s) for s in c], args.fixed_positions, width)
+                                                                 for c in chunks if len(c)])
+                        for row in part]
+                gh = np.array([r[0] for r in rows])
+                wall = np.array([r[7] for r in rows])
+                rounds = np.mean([r[8] for r in rows])
+                hit = f"{np.mean([r[4] for r in rows]):>5.3f}" if case.modifier else f"{'-':>5}"
+                print(f"{case.name:<28} {width:>5} {gh.mean():>7.2f} {wall.mean():>7.2f} {np.percentile(wall, 90):>6.1f} "
+                      f"{np.mean([r[3] for r in rows]):>6.1f} {rounds:>6.1f} {np.mean([r[1] for r in rows]):>6.3f} "
+                      f"{hit} {np.mean([r[5] for r in rows]):>5.3f}", flush=True)
     print(f"({time.time() - start:.0f} s)")
     return 0
 
