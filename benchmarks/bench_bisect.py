@@ -318,10 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     start = time.time()
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
         for case in todo:
-            chunks = np.array_split(np.arange(seeds), args.workers * 4)
-            rows = [row for part in pool.map(_run_bisect, [(case, [int(s) for s in c], args.fixed_positions)
-                                                             for c in chunks if len(c)])
-                    for row in part]
+            rows = _rows(pool, case, seeds, args)
             gh = np.array([r[0] for r in rows])
             exact = np.mean([r[1] for r in rows])
             false_min = np.mean([r[2] for r in rows])
@@ -347,6 +344,14 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _rows(pool: ProcessPoolExecutor, case: Case, seeds: int, args: argparse.Namespace, width: int = 1) -> list[tuple]:
+    """`_run_bisect`'s rows for seeds 0..seeds-1 of `case`, in chunks over the pool's workers."""
+    chunks = np.array_split(np.arange(seeds), args.workers * 4)
+    return [row for part in pool.map(_run_bisect, [(case, [int(s) for s in c], args.fixed_positions, width)
+                                                   for c in chunks if len(c)])
+            for row in part]
+
+
 def _parallel_table(todo: list[Case], widths: list[int], seeds: int, args: argparse.Namespace) -> int:
     """Each case at each --parallel width: GPU-hours, wall hours, probes, exact, mod, spur."""
     print(f"bisect with --parallel: {seeds} seeds per case and width, start-up {STARTUP_S / 60:.0f} min, TP 1, "
@@ -359,10 +364,7 @@ def _parallel_table(todo: list[Case], widths: list[int], seeds: int, args: argpa
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
         for case in todo:
             for width in widths:
-                chunks = np.array_split(np.arange(seeds), args.workers * 4)
-                rows = [row for part in pool.map(_run_bisect, [(case, [int(s) for s in c], args.fixed_positions, width)
-                                                                 for c in chunks if len(c)])
-                        for row in part]
+                rows = _rows(pool, case, seeds, args, width)
                 gh = np.array([r[0] for r in rows])
                 wall = np.array([r[7] for r in rows])
                 rounds = np.mean([r[8] for r in rows])
