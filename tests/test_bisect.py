@@ -276,6 +276,26 @@ def test_parallel_batches_reach_the_same_answer_in_fewer_rounds():
     assert len(rounds[4]) <= len(rounds[1]) // 2
 
 
+def test_with_parallel_4_every_modifier_verdict_soak_goes_out_four_at_a_time(monkeypatch):
+    # the failing cell's top-ups, each group removal and a lone suspect's removal: copies of one
+    # config soak side by side (their exposure pools), never one probe a round while 3 GPUs idle
+    widths: list[tuple[str, int]] = []
+    run = Search.run
+
+    def recording(self, batch):
+        widths.extend({(role, len(batch)) for _, _, role in batch})
+        return run(self, batch)
+
+    monkeypatch.setattr(Search, "run", recording)
+    for seed in range(3):
+        model = planted(8, ["f1", "f3"], modifiers=[Modifier({"f5": (False,)}, 8.0)])
+        oracle = VirtualOracle(model, seed=seed, registry=bool_flags(8), gpu_count=lambda f: 1)
+        result = bisect(failing(8), elements(8), oracle, Settings(confidence=0.95, parallel=4), gpu_count=lambda f: 1)
+        assert set(result.minimal) == {"f1", "f3"}
+    modifier_rounds = [n for role, n in widths if role == "modifiers"]
+    assert len(modifier_rounds) >= 6 and set(modifier_rounds) == {4}
+
+
 def test_too_many_elements_is_a_clear_error():
     with pytest.raises(ValueError, match="at most"):
         bisect(failing(17), elements(17), DeterministicOracle({"f0"}), gpu_count=lambda f: 1)
