@@ -168,10 +168,9 @@ def config_kind(case: Case, on: frozenset[int]) -> str:
     return KINDS[6] if mod in off else KINDS[5]
 
 
-def _run_bisect(args: tuple) -> list[tuple[float, int, int, int, int, int, dict, float, int]]:
+def _run_bisect(args: tuple[Case, list[int], bool, int]) -> list[tuple[float, int, int, int, int, int, dict, float, int]]:
     from soakmatrix.matrix.bisect import Element, Settings, bisect
-    case, seeds, fixed_positions, *width = args
-    width = width[0] if width else 1
+    case, seeds, fixed_positions, width = args
     names = [f"f{i}" for i in range(case.n)]
     failing = {name: True for name in names}
     elements = [Element(name, True, False) for name in names]
@@ -356,7 +355,7 @@ def _parallel_table(todo: list[Case], widths: list[int], seeds: int, args: argpa
     """Each case at each --parallel width: GPU-hours, wall hours, probes, exact, mod, spur."""
     print(f"bisect with --parallel: {seeds} seeds per case and width, start-up {STARTUP_S / 60:.0f} min, TP 1, "
           f"confidence {CONFIDENCE}; wall = the rounds one after another, each as long as its longest probe", flush=True)
-    header = (f"{'case':<28} {'width':>5} {'GPU-h':>7} {'wall h':>7} {'p90':>6} {'probes':>6} {'rounds':>6} "
+    header = (f"{'case':<28} {'width':>5} {'GPU-h':>7} {'wall h':>7} {'(p90)':>6} {'probes':>6} {'rounds':>6} "
               f"{'exact':>6} {'mod':>5} {'spur':>5}")
     print(header)
     print("-" * len(header), flush=True)
