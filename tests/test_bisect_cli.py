@@ -99,12 +99,18 @@ SOAKED_DEMO_BISECTION = ("bisect", str(DEMO), "--cell", FAILING, "--json", "--ba
 
 
 @pytest.mark.slow
-def test_sim_engine_on_ray_gives_the_virtual_answer_through_a_sigterm_and_a_resume(tmp_path):
+def test_sim_engine_on_ray_stopped_then_resumed_through_a_ray_client_address_gives_the_virtual_answer(tmp_path):
+    """The bisection starts on the default local cluster and is stopped (SIGTERM, as CI runners and
+    Kubernetes stop a job) once two rounds are answered; `--resume --ray-address ray://host:port`
+    (Ray Client, a laptop outside the cluster) finishes it on another cluster's H200 node: the
+    answered rounds are replayed, never soaked again, and the answer is the virtual one. (One
+    bisection for both paths: each alone took about 5 minutes of soaks.)"""
+    from tests.conftest import ray_client_cluster
+
     before = {p.pid for p in psutil.process_iter()}
     out_dir = tmp_path / "out"
     args = [sys.executable, "-m", "soakmatrix.matrix.cli", *SOAKED_DEMO_BISECTION, "--out", str(out_dir)]
     journal = out_dir / "journal-flags.jsonl"
-    # stopped (as CI runners and Kubernetes stop a job) once two rounds are answered
     first = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
     try:
         deadline = time.monotonic() + 900
@@ -123,37 +129,23 @@ def test_sim_engine_on_ray_gives_the_virtual_answer_through_a_sigterm_and_a_resu
     kept = {p: p.stat().st_mtime_ns for p in out_dir.glob("probe-*/cells/*/result.json")}
     assert answered >= 4 and len(kept) >= answered   # two rounds of two probes
 
-    out = soakmatrix(*args[3:], "--resume", timeout=1500)
-    assert out.returncode == 1, out.stderr[-3000:]
+    with ray_client_cluster(dict(num_cpus=2, num_gpus=4)) as address:
+        out = soakmatrix(*args[3:], "--resume", "--ray-address", address, timeout=1500)
+    assert out.returncode == 1, out.stderr[-3000:] + "\n" + address.server_logs()
     assert f"{answered} answered probe(s) replayed" in out.stderr
     doc = json.loads(out.stdout)
     assert sorted(doc["minimal"]) == ["cudagraph_mode", "mtp"]
     assert doc["oracle"] == "soak (sim)"
     # the answered rounds were not soaked again: their artifacts are as the first run left them
     assert all(p.stat().st_mtime_ns == mtime for p, mtime in kept.items())
+    results = list(out_dir.glob("probe-*/cells/*/result.json"))
+    assert len(results) >= doc["probes"] > len(kept), (len(results), doc["probes"], len(kept))
+    assert {json.loads(r.read_text())["gpu_type"] for r in results} == {"H200"}
     # nothing of either run is left: no process still mentions its output folder
     time.sleep(2)
     leftovers = [p for p in psutil.process_iter(["pid", "cmdline"])
                  if p.info["pid"] not in before and str(tmp_path) in " ".join(p.info["cmdline"] or [])]
     assert not leftovers
-
-
-@pytest.mark.slow
-def test_a_ray_client_address_bisects_on_the_cluster(tmp_path):
-    """`bisect --ray-address ray://host:port` (Ray Client, a laptop outside the cluster): every probe
-    is a soak job placed on the cluster's H200 node, and the answer is the virtual one."""
-    from tests.conftest import ray_client_cluster
-
-    out_dir = tmp_path / "out"
-    with ray_client_cluster(dict(num_cpus=2, num_gpus=4)) as address:
-        out = soakmatrix(*SOAKED_DEMO_BISECTION, "--out", str(out_dir), "--ray-address", address, timeout=1500)
-    assert out.returncode == 1, out.stderr[-3000:] + "\n" + address.server_logs()
-    doc = json.loads(out.stdout)
-    assert sorted(doc["minimal"]) == ["cudagraph_mode", "mtp"]
-    assert doc["oracle"] == "soak (sim)"
-    results = list(out_dir.glob("probe-*/cells/*/result.json"))
-    assert len(results) >= doc["probes"] > 4
-    assert {json.loads(r.read_text())["gpu_type"] for r in results} == {"H200"}
 
 
 @pytest.mark.slow
