@@ -11,6 +11,12 @@ from pathlib import Path
 # otherwise advertise the machine's network address (see soakmatrix.matrix.schedule.cluster.loopback_only).
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 
+# `make test` runs the suite on two pytest-xdist workers. What a test starts (a pytest of its own
+# with the soak plugin, a CLI) must not believe it is an xdist worker: the plugin splits GPUs by
+# these variables. The worker itself reads its identity from its workerinput, not from them.
+for _name in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID"):
+    os.environ.pop(_name, None)
+
 import pytest
 
 from soakmatrix.jobs.server_process import free_port   # tests import it from here too
@@ -109,3 +115,26 @@ def default_sigint():
     if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     yield
+
+
+# Under `-n 2 --dist loadgroup` (`make test`) the tests are handed out a module at a time (a module's
+# fixtures are set up once), and every module with a real-engine test goes to one group, first:
+# two `vllm serve` start-ups side by side on 2 cores would each take minutes, while one beside
+# simulated-engine tests takes about what it takes beside a benchmark (docs/vllm.md). The real
+# engine's group is the longest unit of work, so it starts first and the other worker drains the rest.
+REAL_ENGINE_GROUP = "real-engine"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    if not config.getoption("loadgroup", default=False):
+        return
+    real_engine = {item.module.__name__ for item in items if item.get_closest_marker("vllm")}
+
+    def group(item) -> str:
+        name = item.module.__name__
+        return REAL_ENGINE_GROUP if name in real_engine else name
+
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(group(item)))
+    items.sort(key=lambda item: group(item) != REAL_ENGINE_GROUP)   # stable: the rest keep their order

@@ -72,15 +72,27 @@ def junit_cases(path: Path) -> dict[str, dict]:
 
 
 def owned_engines() -> list[psutil.Process]:
-    """Processes started by the plugin anywhere on this machine (they carry the reaper's token)."""
+    """Processes started by the plugin on this machine (they carry the reaper's token, which starts
+    with the owning pytest's pid) for a pytest this test process started, or whose owner is gone (a
+    killed worker's orphans). Engines of a pytest another xdist worker of this suite started are
+    not this test's."""
     found = []
     for p in psutil.process_iter(["pid"]):
         try:
-            if OWNER_ENV in p.environ():
+            token = p.environ().get(OWNER_ENV)
+            if token is not None and _ours_or_orphaned(int(token.split("-")[0])):
                 found.append(p)
-        except (psutil.Error, OSError):
+        except (psutil.Error, OSError, ValueError):
             continue
     return found
+
+
+def _ours_or_orphaned(owner_pid: int) -> bool:
+    try:
+        owner = psutil.Process(owner_pid)
+        return owner_pid == os.getpid() or os.getpid() in {parent.pid for parent in owner.parents()}
+    except psutil.NoSuchProcess:
+        return True
 
 
 def with_children(procs: list[psutil.Process]) -> list[psutil.Process]:
