@@ -32,9 +32,9 @@ demo: install
 	  echo "JUnit: out/demo/junit.xml  dashboard: out/demo/dashboard/index.html  (exit $$code)"; \
 	  [ $$code -le 1 ]
 
-# two pytest-xdist workers, a module at a time, the real engine's modules first (tests/conftest.py);
-# TEST_WORKERS=0 runs the suite in this process, one test after another
-TEST_WORKERS ?= 2
+# TEST_WORKERS=2: two pytest-xdist workers, a module at a time, the real engine's modules first
+# (tests/conftest.py): 33 min instead of about 55, but not the default yet (README, "Tests")
+TEST_WORKERS ?= 0
 test: install-test install-vllm chromium
 	$(BIN)/python -m pytest $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --no-loadscope-reorder) $(PYTEST_ARGS)
 

@@ -4,6 +4,7 @@ failures as outcomes."""
 import getpass
 import json
 import os
+import shutil
 import stat
 import sys
 import tempfile
@@ -153,10 +154,18 @@ def test_each_server_gets_a_private_temp_dir_that_stop_removes(tmp_path, port):
     assert report.clean and not private.exists() and shared.is_dir()
 
 
+@pytest.fixture
+def short_dir():
+    """A folder whose path leaves room for a Unix socket's name (108 bytes in all): pytest's tmp_path
+    under an xdist worker (`.../popen-gw1/test_an_explicit_tmpdir_is_res0/`) does not."""
+    path = Path(tempfile.mkdtemp(prefix="sm-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
 @pytest.mark.slow
-def test_an_explicit_tmpdir_is_respected_and_kept(tmp_path, port):
-    mine = tmp_path / "mine"
-    mine.mkdir()
+def test_an_explicit_tmpdir_is_respected_and_kept(tmp_path, port, short_dir):
+    mine = short_dir
     server, seen, report = run_leaving_temp_files(tmp_path, port, {"TMPDIR": str(mine)})
     assert server.tmp_dir is None
     assert seen["tmp"] == seen["TMPDIR"] == str(mine)
@@ -169,9 +178,8 @@ def test_an_explicit_tmpdir_is_respected_and_kept(tmp_path, port):
 
 
 @pytest.mark.slow
-def test_an_explicit_rpc_base_path_wins_and_tmpdir_is_still_private(tmp_path, port):
-    rpc = tmp_path / "rpc"
-    rpc.mkdir()
+def test_an_explicit_rpc_base_path_wins_and_tmpdir_is_still_private(tmp_path, port, short_dir):
+    rpc = short_dir
     server, seen, _ = run_leaving_temp_files(tmp_path, port, {"VLLM_RPC_BASE_PATH": str(rpc)})
     assert seen["rpc"] == str(rpc) and seen["TMPDIR"] == str(server.tmp_dir)
     assert not server.tmp_dir.exists() and (rpc / "0b9e1c2a-5d4f-4e3b-9a8c-7f6e5d4c3b2a").exists()
