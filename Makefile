@@ -33,7 +33,7 @@ demo: install
 	  [ $$code -le 1 ]
 
 # TEST_WORKERS=2: two pytest-xdist workers, a module at a time, the real engine's modules first
-# (tests/conftest.py): 33 min instead of about 55, but not the default yet (README, "Tests")
+# (tests/conftest.py): 33 min instead of 55-65, but not the default yet (README, Known limits)
 TEST_WORKERS ?= 0
 test: install-test install-vllm chromium
 	$(BIN)/python -m pytest $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --no-loadscope-reorder) $(PYTEST_ARGS)
