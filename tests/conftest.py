@@ -32,17 +32,18 @@ def start_ray_cluster(head_node_args, nodes=None, attempts: int = 3):
     connected as its driver: (cluster, {name: node}). `head_node_args` is a dict or a function
     returning one (fresh ports per attempt). On a loaded machine a node can miss Ray's 30 s start-up
     window ("node timed out during startup"): the partial cluster is shut down and the start tried
-    again, as `soakmatrix.matrix.schedule.cluster.start_local` does."""
+    again, as `soakmatrix.matrix.schedule.cluster.start_local` does; its head's agent takes a free
+    port, as there (HEAD_PORTS)."""
     import ray
     from ray.cluster_utils import Cluster
 
-    from soakmatrix.matrix.schedule.cluster import retry_start
+    from soakmatrix.matrix.schedule.cluster import HEAD_PORTS, retry_start
 
     def once():
         cluster = None
         try:
             args = head_node_args() if callable(head_node_args) else head_node_args
-            cluster = Cluster(initialize_head=True, head_node_args=dict(args))
+            cluster = Cluster(initialize_head=True, head_node_args={**HEAD_PORTS, **args})
             added = {name: cluster.add_node(**kwargs) for name, kwargs in (nodes or {}).items()}
             ray.init(address=cluster.address, log_to_driver=False)
             cluster.wait_for_nodes()

@@ -1,9 +1,13 @@
 """Getting a cluster: address precedence, the simulated fleet's shape, and a real local start/stop."""
 
+import contextlib
+import json
 import os
+import socket
 import subprocess
 import sys
 import textwrap
+import time
 
 import psutil
 import pytest
@@ -64,11 +68,14 @@ def test_local_sim_cluster_advertises_fake_gpu_types_and_stops_cleanly():
     from soakmatrix.matrix.schedule.cluster import connect
 
     gpus = {"H200": GpuType("H200", 8, 141, "H200"), "RTX5090": GpuType("RTX5090", 1, 32, "GeForce-RTX-5090")}
-    with connect(None, backend="sim", gpus=gpus) as cluster:
+    with held_port(DEFAULT_AGENT_PORT), connect(None, backend="sim", gpus=gpus) as cluster:
         assert "simulated GPUs" in cluster.description
         nodes = [n for n in nodes_from_ray(ray.nodes()) if n.alive]
         assert sorted((n.gpus, tuple(n.accelerators)) for n in nodes) == [
             (1.0, ("GeForce-RTX-5090",)), (8.0, ("H200",))]
+        # another cluster on this machine holds the head agent's default port: every node's agent
+        # still serves HTTP, on a port of its own
+        assert len(agent_http_ports(ray, [n["NodeID"] for n in ray.nodes() if n["Alive"]])) == 2
         assert ray_processes_of(os.getpid())
         session = session_dir()
         # what a runtime_env leaves there: a pip build's virtualenv is a clone of this environment
@@ -79,6 +86,43 @@ def test_local_sim_cluster_advertises_fake_gpu_types_and_stops_cleanly():
     # the cluster's runtime_env resources are gone with it; Ray's own logs of the session stay
     assert not (session / "runtime_resources").exists()
     assert (session / "logs").is_dir()
+
+
+DEFAULT_AGENT_PORT = 52365   # ray_constants.DEFAULT_DASHBOARD_AGENT_LISTEN_PORT
+
+
+@contextlib.contextmanager
+def held_port(port: int):
+    """Listen on 127.0.0.1:`port`, as another Ray cluster's head agent would (if something already
+    does, it stays held by that)."""
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+            s.listen()
+        except OSError:
+            pass
+        yield
+
+
+def agent_http_ports(ray, node_ids: list[str], timeout_s: float = 60.0) -> list[int]:
+    """The HTTP port each node's dashboard agent published (it publishes only once it serves HTTP);
+    fails naming the nodes whose agent never did."""
+    from ray.experimental.internal_kv import _internal_kv_get
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        found = {}
+        for node_id in node_ids:
+            raw = _internal_kv_get(f"DASHBOARD_AGENT_ADDR_NODE_ID_PREFIX:{node_id}", namespace="dashboard")
+            if raw:
+                found[node_id] = json.loads(raw)[1]
+        if len(found) == len(node_ids) or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    missing = sorted(set(node_ids) - set(found))
+    assert not missing, f"no dashboard agent serving HTTP on node(s) {missing}"
+    assert all(port > 0 and port != DEFAULT_AGENT_PORT for port in found.values()), found
+    return list(found.values())
 
 
 def test_a_failed_local_start_is_cleaned_up_and_retried(monkeypatch):

@@ -211,6 +211,13 @@ def _shutdown_local(stop: Callable[[], None], session: Path | None) -> None:
         drop_runtime_resources(session)
 
 
+# A head node's dashboard agent listens on Ray's fixed 52365 unless told otherwise (worker nodes get
+# a free port): a second cluster on the same machine (two runs on one CI runner, two test workers) then
+# has an agent without HTTP, and a request meant for its node reaches the other cluster's agent. None
+# lets the agent bind a free port and publish it.
+HEAD_PORTS = {"dashboard_agent_listen_port": None}
+
+
 def start_local(shapes: list[NodeShape], attempts: int = 3) -> ClusterHandle:
     """A multi-node Ray cluster on this machine (`ray.cluster_utils.Cluster`), this process its driver.
 
@@ -246,7 +253,7 @@ def _start_local_once(shapes: list[NodeShape]) -> ClusterHandle:
     cluster = Cluster(initialize_head=False)
     try:
         cluster.add_node(num_cpus=head.num_cpus, num_gpus=head.num_gpus, resources=dict(head.resources),
-                         include_dashboard=False)
+                         include_dashboard=False, **HEAD_PORTS)
         for shape in rest:
             cluster.add_node(num_cpus=shape.num_cpus, num_gpus=shape.num_gpus, resources=dict(shape.resources))
         ray.init(address=cluster.address, log_to_driver=False, logging_level=logging.WARNING)
