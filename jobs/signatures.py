@@ -92,15 +92,22 @@ def log_tracebacks(lines: Sequence[str]) -> list[tuple[Frame, ...]]:
     current: list[Frame] = []
     for line in lines:
         m = _TRACEBACK_FRAME.match(_strip_log_prefix(line))
+        body = _LOG_PREFIX.sub("", line, count=1)
         if m:
             current.append(Frame(m.group("func"), f"{_short(m.group('file'))}:{m.group('line')}"))
-        elif line.lstrip().startswith(("Traceback", "The above exception", "During handling")) or not line.strip():
+        elif body.lstrip().startswith(("Traceback", "The above exception", "During handling")) or not body.strip():
             if current:
                 blocks.append(current)
             current = []
     if current:
         blocks.append(current)
     return [tuple(reversed(b)) for b in blocks]
+
+
+# What vLLM puts before each line a process prints: "(EngineCore_DP0 pid=123) ERROR 11-27 15:11:03
+# [core.py:866] ", or only the process. Without it off, one process's tracebacks (and the blank lines
+# between them) run into one block with the next process's.
+_LOG_PREFIX = re.compile(r"^\s*(?:\([^()]*pid=\d+\)\s?)?(?:[A-Z]+ \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[[^\]]*\] ?)?")
 
 
 def _strip_log_prefix(line: str) -> str:

@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from soakmatrix.jobs import signatures as sig
-from soakmatrix.jobs.signatures import Clues, classify, clues_from_texts, parse_stacks
+from soakmatrix.jobs.signatures import Clues, classify, clues_from_texts, log_tracebacks, parse_stacks
 
 INCIDENTS = Path(__file__).resolve().parent.parent / "fixtures" / "incidents"
 INDEX = yaml.safe_load((INCIDENTS / "index.yaml").read_text())["incidents"]
@@ -197,3 +197,51 @@ def test_users_extend_the_registry():
     dump = 'Thread 1 (active): "MainThread"\n    custom_all_reduce (ar.py:10)\n    forward (model.py:3)\n'
     assert classify(clues_from_texts([dump], verdict_kind="hang"), table).signature == "my_allreduce_stall"
     assert classify(clues_from_texts([dump], verdict_kind="hang")).signature == "silent_stall"
+
+
+# vLLM prefixes every line of a process's traceback, blank lines included; the API server's request
+# errors follow the engine's own (the simulated engine's log of a TP-1 shm hang whose engine died
+# before its stacks were taken).
+PREFIXED_TRACEBACKS = """\
+(EngineCore_DP0 pid=21571) INFO 11-27 15:11:03 [shm_broadcast.py:683] No available shared memory broadcast block found in 60 seconds.
+(EngineCore_DP0 pid=21571) ERROR 11-27 15:11:03 [core.py:866] EngineCore encountered a fatal error.
+(EngineCore_DP0 pid=21571) ERROR 11-27 15:11:03 [core.py:866] Traceback (most recent call last):
+(EngineCore_DP0 pid=21571) ERROR 11-27 15:11:03 [core.py:866]   File "/work/main/jobs/sim/executor.py", line 140, in sample_tokens
+(EngineCore_DP0 pid=21571) ERROR 11-27 15:11:03 [core.py:866]     return self.mq.dequeue(step_s, timeout, warning)
+(EngineCore_DP0 pid=21571) ERROR 11-27 15:11:03 [core.py:866]   File "/work/main/jobs/sim/shm_broadcast.py", line 43, in dequeue
+(EngineCore_DP0 pid=21571) ERROR 11-27 15:11:03 [core.py:866]     return self.acquire_read(expected_s, timeout_s, warning_interval_s)
+(EngineCore_DP0 pid=21571) ERROR 11-27 15:11:03 [core.py:866]   File "/work/main/jobs/sim/shm_broadcast.py", line 56, in acquire_read
+(EngineCore_DP0 pid=21571) ERROR 11-27 15:11:03 [core.py:866]     raise TimeoutError
+(EngineCore_DP0 pid=21571) ERROR 11-27 15:11:03 [core.py:866] TimeoutError
+(EngineCore_DP0 pid=21571) ERROR 11-27 15:11:03 [core.py:866] 
+(EngineCore_DP0 pid=21571) ERROR 11-27 15:11:03 [core.py:866] The above exception was the direct cause of the following exception:
+(EngineCore_DP0 pid=21571) ERROR 11-27 15:11:03 [core.py:866] 
+(EngineCore_DP0 pid=21571) ERROR 11-27 15:11:03 [core.py:866] Traceback (most recent call last):
+(EngineCore_DP0 pid=21571) ERROR 11-27 15:11:03 [core.py:866]   File "/work/main/jobs/sim/core.py", line 160, in _step
+(EngineCore_DP0 pid=21571) ERROR 11-27 15:11:03 [core.py:866]     self.executor.sample_tokens(step_s)
+(EngineCore_DP0 pid=21571) ERROR 11-27 15:11:03 [core.py:866]   File "/work/main/jobs/sim/executor.py", line 142, in sample_tokens
+(EngineCore_DP0 pid=21571) ERROR 11-27 15:11:03 [core.py:866]     raise TimeoutError("RPC call to sample_tokens timed out.") from exc
+(EngineCore_DP0 pid=21571) ERROR 11-27 15:11:03 [core.py:866] TimeoutError: RPC call to sample_tokens timed out.
+(APIServer pid=21459) ERROR 11-27 15:11:03 [async_llm.py:525] AsyncLLM output_handler failed.
+(APIServer pid=21459) ERROR 11-27 15:11:03 [async_llm.py:525] Traceback (most recent call last):
+(APIServer pid=21459) ERROR 11-27 15:11:03 [async_llm.py:525]   File "/work/main/jobs/sim/engine_client.py", line 149, in _mark_dead
+(APIServer pid=21459) ERROR 11-27 15:11:03 [async_llm.py:525]     raise EngineDeadError(DEAD_MESSAGE)
+(APIServer pid=21459) ERROR 11-27 15:11:03 [async_llm.py:525] vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue.
+(APIServer pid=21459) Error handling request from 127.0.0.1
+(APIServer pid=21459) Traceback (most recent call last):
+(APIServer pid=21459)   File "/work/main/jobs/sim/api.py", line 233, in _generate
+(APIServer pid=21459)     await resp.write(f"data: {_dumps(err)}\\n\\ndata: [DONE]\\n\\n".encode())
+(APIServer pid=21459)   File "/work/main/.venv/lib/python3.11/site-packages/aiohttp/http_writer.py", line 114, in _writelines
+(APIServer pid=21459)     raise ClientConnectionResetError("Cannot write to closing transport")
+(APIServer pid=21459) aiohttp.client_exceptions.ClientConnectionResetError: Cannot write to closing transport
+""".splitlines()
+
+
+def test_prefixed_tracebacks_stay_apart_and_the_stuck_frames_are_the_engines_not_a_client_reset():
+    blocks = log_tracebacks(PREFIXED_TRACEBACKS)
+    assert [[f.function for f in b] for b in blocks] == [
+        ["acquire_read", "dequeue", "sample_tokens"], ["sample_tokens", "_step"], ["_mark_dead"],
+        ["_writelines", "_generate"]]
+    c = classify(clues_from_texts([], PREFIXED_TRACEBACKS))
+    assert c.signature == "shm_broadcast_timeout"
+    assert c.stuck_frames[0].startswith("acquire_read (sim/shm_broadcast.py:56)"), c.stuck_frames
