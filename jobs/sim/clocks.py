@@ -45,6 +45,14 @@ class Clocks:
     def ring_warning_s(self) -> float:
         return max(0.01, self.ring_warning_nominal / self.time_scale)
 
+    # vLLM's engine lives 4 minutes after its first shm warning (60 s, then the 300 s RPC timeout):
+    # time for a soak job to see the stuck engine and take its stacks. Scaled by 150 that is 1.6 s,
+    # less than detection and py-spy take on a busy machine, and the job then found a dead engine
+    # (the same planted hang got a second fingerprint). The scaled engine keeps at least this long
+    # after its first warning, never longer than vLLM itself would.
+    EVIDENCE_WINDOW_S = 5.0
+
     @property
     def rpc_timeout_s(self) -> float:
-        return max(0.01, self.rpc_timeout_nominal / self.time_scale)
+        window = min(self.rpc_timeout_nominal, self.ring_warning_s + self.EVIDENCE_WINDOW_S)
+        return max(0.01, self.rpc_timeout_nominal / self.time_scale, window)
