@@ -213,8 +213,8 @@ def _shutdown_local(stop: Callable[[], None], session: Path | None) -> None:
 
 # A head node's dashboard agent listens on Ray's fixed 52365 unless told otherwise (worker nodes get
 # a free port): a second cluster on the same machine (two runs on one CI runner, two test workers) then
-# has an agent without HTTP, and a request meant for its node reaches the other cluster's agent. None
-# lets the agent bind a free port and publish it.
+# has a head agent without HTTP (no job or state API for that node). None lets the agent bind a free
+# port and publish it.
 HEAD_PORTS = {"dashboard_agent_listen_port": None}
 
 
