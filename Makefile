@@ -32,9 +32,10 @@ demo: install
 	  echo "JUnit: out/demo/junit.xml  dashboard: out/demo/dashboard/index.html  (exit $$code)"; \
 	  [ $$code -le 1 ]
 
-# TEST_WORKERS=2: two pytest-xdist workers, a module at a time, the real engine's modules first
-# (tests/conftest.py): 33 min instead of 55-65, but not the default yet (README, Known limits)
-TEST_WORKERS ?= 0
+# two pytest-xdist workers, a module at a time, the real engine's modules first, a test whose worker
+# died run once more (tests/xdist_suite.py): about 35 min on 2 cores; TEST_WORKERS=0 runs one test
+# after another (55-65 min)
+TEST_WORKERS ?= 2
 test: install-test install-vllm chromium
 	$(BIN)/python -m pytest $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --no-loadscope-reorder) $(PYTEST_ARGS)
 

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
-import re
 import signal
 from pathlib import Path
 
@@ -13,13 +11,18 @@ from pathlib import Path
 # otherwise advertise the machine's network address (see soakmatrix.matrix.schedule.cluster.loopback_only).
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 
-# `make test TEST_WORKERS=2` runs the suite on two pytest-xdist workers. What a test starts (a pytest of its own
+# `make test` runs the suite on two pytest-xdist workers. What a test starts (a pytest of its own
 # with the soak plugin, a CLI) must not believe it is an xdist worker: the plugin splits GPUs by
 # these variables. The worker itself reads its identity from its workerinput, not from them.
 for _name in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID"):
     os.environ.pop(_name, None)
 
 import pytest
+import xdist_suite
+# how the suite runs on xdist workers (units of work, the real engine's first, a test whose worker
+# died run again): tests/xdist_suite.py, whose hooks are this conftest's
+from xdist_suite import (pytest_handlecrashitem, pytest_report_teststatus,  # noqa: F401 - hooks
+                         pytest_terminal_summary, pytest_xdist_make_scheduler)
 
 from soakmatrix.jobs.server_process import free_port   # tests import it from here too
 
@@ -120,52 +123,7 @@ def default_sigint():
     yield
 
 
-# Under `-n 2` (`make test TEST_WORKERS=2`) the tests are handed out a module at a time (a module's fixtures are
-# set up once), and the modules with a real-engine test form one unit of work, handed out first:
-# two `vllm serve` start-ups side by side on 2 cores would each take minutes, while one beside
-# simulated-engine tests takes about what it takes beside a benchmark (docs/vllm.md). That unit is
-# the longest, so it starts first and the other worker drains the rest. (xdist's own `loadgroup`
-# renames node ids to group them, which pytest 9.2's structured node ids ignore: a scheduler that
-# names the scope is what works.)
-# The modules that start a Ray Client server share a unit too: each server hands its sessions ports
-# counted up from 23000, so two at once collide ("SpecificServer startup failed", seen under -n 2).
-REAL_ENGINE_GROUP = "real-engine"
-RAY_CLIENT_GROUP = "ray-client"
-REAL_ENGINE_MARK = re.compile(r"\bmark\.vllm\b")
-RAY_CLIENT_USE = re.compile(r"\bray_client_cluster\(")
-
-
-@functools.cache
-def modules_matching(pattern: re.Pattern) -> frozenset[str]:
-    """Test files (names) whose source matches: the same answer in the controller and each worker."""
-    return frozenset(path.name for path in Path(__file__).parent.glob("test_*.py") if pattern.search(path.read_text()))
-
-
-def real_engine_modules() -> frozenset[str]:
-    """Test files that mark a test `vllm`."""
-    return modules_matching(REAL_ENGINE_MARK)
-
-
-def work_unit(nodeid: str) -> str:
-    module = nodeid.split("::", 1)[0]
-    name = Path(module).name
-    if name in real_engine_modules():
-        return REAL_ENGINE_GROUP
-    return RAY_CLIENT_GROUP if name in modules_matching(RAY_CLIENT_USE) else module
-
-
-@pytest.hookimpl(optionalhook=True)   # without xdist (`-p no:xdist`) there is no such hook
-def pytest_xdist_make_scheduler(config, log):
-    from xdist.scheduler import LoadScopeScheduling
-
-    class ModulesRealEngineFirst(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            return work_unit(nodeid)
-
-    return ModulesRealEngineFirst(config, log)
-
-
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     if hasattr(config, "workerinput"):   # the order a worker reports is the order units are handed out
-        items.sort(key=lambda item: work_unit(item.nodeid) != REAL_ENGINE_GROUP)   # stable
+        xdist_suite.real_engine_first(items)

@@ -1,13 +1,16 @@
-"""How `make test TEST_WORKERS=2` hands the suite to two xdist workers (tests/conftest.py): every
-module with a real-engine test is in the one unit of work that runs alone on a worker, the modules
-that start Ray Client servers in another, and the other modules are units of their own."""
+"""How `make test` hands the suite to two xdist workers (tests/xdist_suite.py): every module with a
+real-engine test is in the one unit of work that runs alone on a worker, the modules that start Ray
+Client servers in another, and the other modules are units of their own; a test whose worker dies
+under it runs once more on a new worker."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
-from tests.conftest import RAY_CLIENT_GROUP, REAL_ENGINE_GROUP, REPO, real_engine_modules, work_unit
+from tests.conftest import REPO
+from tests.xdist_suite import RAY_CLIENT_GROUP, REAL_ENGINE_GROUP, real_engine_modules, work_unit
 
 
 def test_the_real_engine_unit_is_every_module_that_collects_a_vllm_test():
@@ -30,3 +33,71 @@ def test_units_are_modules_and_the_real_engine_modules_share_one():
 def test_the_modules_that_start_ray_client_servers_share_a_unit():
     assert work_unit("tests/test_run_cli.py::test_a") == work_unit("tests/test_bisect_cli.py::test_b") \
         == work_unit("tests/test_cluster.py::test_c") == RAY_CLIENT_GROUP
+
+
+DIES = '''
+import os
+from pathlib import Path
+
+
+def test_before():
+    pass
+
+
+def test_dies(tmp_path):
+    tries = Path(os.environ["TRIES_FILE"])
+    tries.write_text(tries.read_text() + "x" if tries.exists() else "x")
+    if os.environ["DIE"] == "always" or len(tries.read_text()) == 1:
+        os._exit(9)   # the worker process dies under the test, as a killed or crashed worker does
+
+
+def test_after():
+    pass
+'''
+
+OTHER = '''
+def test_one():
+    pass
+
+
+def test_two():
+    pass
+'''
+
+
+def run_two_workers(tmp_path, die: str) -> tuple[subprocess.CompletedProcess, int]:
+    """A suite of five tests on two xdist workers with this suite's hooks; one test kills its worker
+    the first time (`die="once"`) or every time (`"always"`). The output and the test's tries."""
+    (tmp_path / "conftest.py").write_text(
+        f"import sys\nsys.path.insert(0, {str(REPO / 'tests')!r})\n"
+        "from xdist_suite import (pytest_handlecrashitem, pytest_report_teststatus,  # noqa: F401\n"
+        "                         pytest_terminal_summary, pytest_xdist_make_scheduler)\n")
+    (tmp_path / "test_dies.py").write_text(DIES)
+    (tmp_path / "test_other.py").write_text(OTHER)
+    tries = tmp_path / "tries"
+    run = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "-p", "no:cacheprovider", "--rootdir",
+                          str(tmp_path), str(tmp_path)], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                         env={**os.environ, "TRIES_FILE": str(tries), "DIE": die})
+    return run, len(tries.read_text()) if tries.exists() else 0
+
+
+def test_a_test_whose_worker_died_runs_again_on_a_new_worker_and_its_pass_counts(tmp_path):
+    run, tries = run_two_workers(tmp_path, "once")
+    out = run.stdout
+    assert run.returncode == 0, out[-3000:]
+    assert tries == 2
+    assert "5 passed, 1 rerun" in out, out[-3000:]
+    assert "replacing crashed worker" in out
+    # the crash is not hidden: the summary says which test's worker died, and that it ran again
+    summary = out[out.index("tests run again after their worker died"):]
+    assert "test_dies.py::test_dies: worker 'gw" in summary and "crashed while running" in summary
+    assert "run again on a new worker" in summary
+
+
+def test_a_test_that_kills_its_worker_twice_fails(tmp_path):
+    run, tries = run_two_workers(tmp_path, "always")
+    out = run.stdout
+    assert run.returncode == 1, out[-3000:]
+    assert tries == 2                     # run once more, not for ever
+    assert "1 failed, 4 passed, 1 rerun" in out, out[-3000:]
+    assert "FAILED test_dies.py::test_dies" in out
