@@ -18,13 +18,14 @@ for _name in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_
     os.environ.pop(_name, None)
 
 import pytest
-import xdist_suite
-# how the suite runs on xdist workers (units of work, the real engine's first, a test whose worker
-# died run again): tests/xdist_suite.py, whose hooks are this conftest's
-from xdist_suite import (pytest_handlecrashitem, pytest_report_teststatus,  # noqa: F401 - hooks
-                         pytest_terminal_summary, pytest_xdist_make_scheduler)
 
 from soakmatrix.jobs.server_process import free_port   # tests import it from here too
+# how the suite runs on xdist workers (units of work, the real engine's first, a test whose worker
+# died run again): tests/xdist_suite.py, whose hooks are this conftest's (imported as tests.conftest
+# is, from the repository's root: a test's subprocess imports this file that way too)
+from tests import xdist_suite
+from tests.xdist_suite import (pytest_handlecrashitem, pytest_report_teststatus,  # noqa: F401 - hooks
+                               pytest_terminal_summary, pytest_xdist_make_scheduler)
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "matrix" / "examples"
