@@ -4,9 +4,11 @@ cells no node can host. Ray clusters live on this machine; every Ray and server 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -75,16 +77,25 @@ def cluster():
     ray = pytest.importorskip("ray")
 
     from conftest import free_port, start_ray_cluster
+    from ray._private.utils import write_ray_address
+
+    # A temp dir of its own, holding this cluster's address as `ray start --temp-dir` leaves it: a Ray
+    # job's driver is given the address its head finds in its temp dir (`ray_current_cluster`). In
+    # the shared /tmp/ray that is whichever cluster on this machine started last (seen under two
+    # workers: the job joined the real-engine tests' cluster); in a temp dir without it, any running
+    # cluster. Short: Ray's Unix sockets live under it.
+    temp_dir = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
 
     def head_node_args():   # fresh ports for each attempt
         DASHBOARD_PORT["port"] = free_port()
         return {"num_cpus": 1, "num_gpus": 0, "include_dashboard": True, "dashboard_host": "127.0.0.1",
-                "dashboard_port": DASHBOARD_PORT["port"],
+                "dashboard_port": DASHBOARD_PORT["port"], "temp_dir": temp_dir,
                 # the job agent's default port may belong to another Ray cluster on this machine
                 "dashboard_agent_listen_port": free_port()}
 
     c, _ = start_ray_cluster(head_node_args, {"h200": dict(num_cpus=1, num_gpus=2,
                                                            resources={"accelerator_type:H200": 1})})
+    write_ray_address(c.address, temp_dir)
     ray.shutdown()   # the CLI is the driver; the cluster stays up
     try:
         yield c.address
@@ -93,6 +104,7 @@ def cluster():
         from test_cluster import ray_processes_of
         psutil.wait_procs(ray_processes_of(os.getpid()), timeout=30)
         assert ray_processes_of(os.getpid()) == []
+        shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 @pytest.mark.slow
@@ -345,7 +357,7 @@ def test_ray_job_submit_example_runs_the_matrix_on_the_cluster(tmp_path, cluster
             break
         time.sleep(10)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
-    assert "on Ray cluster at" in result.stdout           # it joined the cluster, started none
+    assert f"on Ray cluster at {cluster}" in result.stdout   # it joined this cluster, started none
     with store_of(out) as store:
         results = store.results(store.latest_run_id())
     assert len(results) == 8 and all(r.outcome is Outcome.PASSED for r in results)
