@@ -15,8 +15,9 @@ terminated") has given no verdict on it: the test's own assertions never ran. As
 with an infrastructure error, the test is run once more, on the worker xdist starts in its place,
 and its first try is reported as `rerun` (with the crash, in a section of the summary of its own),
 not as a failure. A second crash of the same test is a failure: a test that kills its worker is
-not retried for ever. Seen once in the suite's first three runs on two workers: a worker died while
-its test started a local Ray cluster, without a segfault, an OOM kill or a line in Ray's logs.
+not retried for ever. Seen in 2 of the suite's first 7 runs on two workers, both in
+tests/test_schedule.py's `ray_cluster` fixture as it started a Ray head, without a segfault, an OOM
+kill or a line in Ray's logs (README, Known limits).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ REAL_ENGINE_GROUP = "real-engine"
 RAY_CLIENT_GROUP = "ray-client"
 REAL_ENGINE_MARK = re.compile(r"\bmark\.vllm\b")
 RAY_CLIENT_USE = re.compile(r"\bray_client_cluster\(")
-CRASH_RERUNS = 1           # runs more of a test whose worker died under it
+CRASH_RERUNS = 1           # more runs of a test whose worker died under it
 RERUN = "rerun"            # the first try's outcome (pytest-rerunfailures' word for the same)
 
 _crashes: dict[str, int] = {}   # node id -> its workers that died under it (the controller's count)
@@ -92,8 +93,8 @@ def pytest_xdist_make_scheduler(config, log):
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_handlecrashitem(crashitem: str, report: pytest.TestReport, sched) -> None:
-    """The first CRASH_RERUNS crashes under a test reschedule it and
-    report the try as `rerun`; after those, the crash stays the failure xdist reports."""
+    """The first CRASH_RERUNS crashes under a test reschedule it and report the try as `rerun`; after
+    those, the crash stays the failure xdist reports."""
     _crashes[crashitem] = _crashes.get(crashitem, 0) + 1
     if _crashes[crashitem] > CRASH_RERUNS:
         if give_up := getattr(sched, "give_up", None):
