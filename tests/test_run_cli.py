@@ -151,10 +151,14 @@ def test_demo_end_to_end_finds_the_planted_hangs(tmp_path):
     signatures = {r.signature for r in hangs}
     assert {"shm_broadcast_timeout", "event_sync_stall"} <= signatures
     for r in hangs:
+        # on a failure, what was found beside what the simulator says truly hung (if anything did)
+        planted = r.artifacts.get("sim_hangs")
+        truth = Path(planted).read_text() if planted and Path(planted).exists() else "no planted hang fired"
+        seen = f"{r.cell_name}: {r.signature} ({r.detector}: {r.message}); the simulator: {truth}"
         if r.signature == "event_sync_stall":
-            assert r.flags["async_scheduling"] is True and r.flags["tp"] == 2 and r.gpu_type == "H200"
+            assert r.flags["async_scheduling"] is True and r.flags["tp"] == 2 and r.gpu_type == "H200", seen
         else:
-            assert r.flags["mtp"] == 1 and r.flags["cudagraph_mode"] == "FULL_AND_PIECEWISE"
+            assert r.flags["mtp"] == 1 and r.flags["cudagraph_mode"] == "FULL_AND_PIECEWISE", seen
     assert all(r.outcome is Outcome.PASSED for r in results if r not in hangs)
     # one planted bug, one finding: the shm broadcast hang's stuck step is the same at TP 1 (a thread
     # of the engine core) and TP 2 (a worker process)
