@@ -7,8 +7,8 @@ engine's flags and its `gpu` (if any) lists the GPU type; it is armed with its e
 that mean, divided by the time scale. The draw's RNG is seeded by a namespace, the hang model's
 `seed`, the engine's seed, the hang's id and (where a side gives one) the engine's identity, so one
 engine with one command line always hangs at the same point of its load. Each side keeps its own
-namespace: their draws stay what they have always been. How exposure accrues (the simulator's loop
-time, the plugin's time between steps) is each side's own clock.
+namespace: their draws stay what they have always been. How exposure accrues (the simulator's loop time, the plugin's time between steps) is each
+side's own clock.
 
 Flags are taken as given: the simulator fills in defaults first, while the plugin reads what the
 real engine runs, where a flag its vLLM lacks is absent and so never matches.

@@ -5,8 +5,8 @@ Arming is shared with the fault plugin (`jobs/hang_arming.py`): each hang of the
 mean `Hang.effective_mttf_s(flags)` divided by the time scale, from an RNG seeded by the hang
 model's `seed`, the engine's `--seed`, the hang's id and the engine's flags and GPU type, so one
 command line always hangs at the same point of its load, and the cells of a matrix run, which share
-a `--seed`, each draw their own. What is the simulator's own is the clock: a hang's runs only while
-at least its `min_running` requests are running, and the first hang whose clock passes its draw fires.
+a `--seed`, each draw their own. What is the simulator's own is the clock: a hang's runs only while at least its
+`min_running` requests are running, and the first hang whose clock passes its draw fires.
 """
 
 from __future__ import annotations
