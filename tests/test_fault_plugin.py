@@ -25,6 +25,7 @@ import pytest
 from soakmatrix.fixtures import fault_plugin as fp
 from soakmatrix.jobs import hang_arming
 from soakmatrix.jobs.sim import hangs as sim_hangs
+from soakmatrix.matrix.contracts import flags as flagmod
 from soakmatrix.matrix.contracts.hangmodel import STYLE_SIGNATURE, load_hang_model
 
 REPO = Path(__file__).resolve().parent.parent
@@ -134,8 +135,11 @@ def test_the_plugin_and_the_simulated_engine_arm_alike(tmp_path):
             plugin = fp.arm(model, flags, gpu, tuple(STYLE_SIGNATURE), str(seed))
             assert [(a.hang.id, a.mttf_s) for a in plugin] == [(a.hang.id, a.mttf_s) for a in sim]
             assert [a.hang.id for a in sim] == (["a", "b", "c", "d"] if gpu else ["a", "b", "d"])
-            for namespace, armed in ((sim_hangs.RNG_NAMESPACE, sim), (fp.RNG_NAMESPACE, plugin)):
-                shared = hang_arming.arm(model, flags, gpu, seed, namespace)
+            # the simulator also keys its draws on the engine (cells of a run share a seed); the plugin
+            # keeps the draws the real-engine tests were written against
+            identity = sim_hangs.engine_identity(flagmod.resolve_defaults(flags), gpu)
+            for namespace, armed, ident in ((sim_hangs.RNG_NAMESPACE, sim, identity), (fp.RNG_NAMESPACE, plugin, "")):
+                shared = hang_arming.arm(model, flags, gpu, seed, namespace, identity=ident)
                 assert [a.fires_after_s for a in armed] == [a.fires_after_s for a in shared]
 
 

@@ -28,7 +28,7 @@ def demo_store(path) -> None:
     from soakmatrix.matrix.spec import load_matrix
 
     spec = load_matrix(REPO / "matrix" / "examples" / "demo.yaml")
-    cell = next(pc.cell for pc in plan(spec).cells if pc.cell.id == "f670753fcb21")
+    cell = next(pc.cell for pc in plan(spec).cells if pc.cell.id == "8bd3ec0fc86a")
     with HistoryStore(path) as store:
         run = store.start_run(matrix="matrix/examples/demo.yaml", profile="demo")
         store.planned(run, [{"id": cell.id, "name": cell.name, "model": cell.model, "gpu": cell.gpu,

@@ -56,6 +56,21 @@ def test_draw_is_deterministic_per_seed_and_scaled(model) -> None:
     assert a != draw_time_to_hang(hang, {"mtp": 1}, model.seed, 4)
     assert a != draw_time_to_hang(hang, {"mtp": 1}, model.seed + 1, 3)
     assert draw_time_to_hang(hang, {"mtp": 1}, model.seed, 3, time_scale=120) == pytest.approx(a / 120)
+    # the cells of one matrix run share `--seed`: each engine (flags, GPU type) draws its own
+    assert a != draw_time_to_hang(hang, {"mtp": 1, "tp": 2}, model.seed, 3)
+    assert a != draw_time_to_hang(hang, {"mtp": 1}, model.seed, 3, gpu="H200")
+    assert a == draw_time_to_hang(hang, {"mtp": 1, "tp": 1}, model.seed, 3)   # tp=1 is the default: same engine
+
+
+def test_cells_sharing_a_seed_hang_independently(model) -> None:
+    """Before, every cell of a run hung after the same exposure (one draw per seed and hang): a demo
+    whose one draw fell late showed the planted hang in no cell at all. Drawn per engine, the times
+    to hang of many engines with one seed are exponential with the MTTF, as across seeds."""
+    hang = model.hangs[0]
+    draws = [draw_time_to_hang(hang, {"mtp": 1, "max_num_seqs": 8 + i}, model.seed, 0) for i in range(N)]
+    assert len(set(draws)) == N
+    assert statistics.fmean(draws) == pytest.approx(2280, rel=TOLERANCE)
+    assert stats.kstest(draws, "expon", args=(0, 2280)).pvalue > 0.001
 
 
 def test_time_to_hang_is_exponential_with_the_mttf(model) -> None:

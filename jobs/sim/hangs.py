@@ -3,13 +3,15 @@
 Arming is shared with the fault plugin (`jobs/hang_arming.py`): each hang of the hang model whose
 `when` matches the engine's (default-filled) flags and GPU gets its own time to hang, drawn once with
 mean `Hang.effective_mttf_s(flags)` divided by the time scale, from an RNG seeded by the hang
-model's `seed`, the engine's `--seed` and the hang's id, so one command line always hangs at the same
-point of its load. What is the simulator's own is the clock: a hang's runs only while at least its
-`min_running` requests are running, and the first hang whose clock passes its draw fires.
+model's `seed`, the engine's `--seed`, the hang's id and the engine's flags and GPU type, so one
+command line always hangs at the same point of its load, and the cells of a matrix run, which share
+a `--seed`, each draw their own. What is the simulator's own is the clock: a hang's runs only while
+at least its `min_running` requests are running, and the first hang whose clock passes its draw fires.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
@@ -20,11 +22,17 @@ from soakmatrix.matrix.contracts.hangmodel import Hang, HangModel
 RNG_NAMESPACE = "soakmatrix-sim-hang"
 
 
+def engine_identity(full_flags: Mapping[str, object], gpu: str | None) -> str:
+    """What tells one engine from another beside its seed: its resolved flags and its GPU type."""
+    return json.dumps({"flags": dict(sorted(full_flags.items())), "gpu": gpu or None}, sort_keys=True, default=str)
+
+
 def draw_time_to_hang(hang: Hang, flags: Mapping[str, object], model_seed: int, seed: int,
-                      time_scale: float = 1.0) -> float:
+                      time_scale: float = 1.0, gpu: str | None = None) -> float:
     """Wall seconds of qualifying load before `hang` fires (exponential, mean MTTF / time_scale)."""
-    mttf = hang.effective_mttf_s(flagmod.resolve_defaults(flags))
-    return hang_arming.draw_exposure(RNG_NAMESPACE, model_seed, seed, hang.id, mttf, time_scale)
+    full = flagmod.resolve_defaults(flags)
+    return hang_arming.draw_exposure(RNG_NAMESPACE, model_seed, seed, hang.id, hang.effective_mttf_s(full),
+                                     time_scale, engine_identity(full, gpu))
 
 
 @dataclass
@@ -43,7 +51,8 @@ def arm(model: HangModel, flags: Mapping[str, object], gpu: str | None, seed: in
     """The hangs this engine carries; `build` (ordinal, name) for hang models keyed on the build."""
     full = flagmod.resolve_defaults(flags)
     return [ArmedHang(a.hang, a.mttf_s, a.fires_after_s)
-            for a in hang_arming.arm(model, full, gpu, seed, RNG_NAMESPACE, time_scale=time_scale, build=build)]
+            for a in hang_arming.arm(model, full, gpu, seed, RNG_NAMESPACE, time_scale=time_scale, build=build,
+                                     identity=engine_identity(full, gpu))]
 
 
 class HangClock:
