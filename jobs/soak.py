@@ -131,6 +131,7 @@ def _soak(spec: SoakSpec, engine: Engine, result: CellResult, stop: threading.Ev
         stats = load.stats.summary()
         result.tokens, result.requests = int(stats["tokens"]), int(stats["completed"])
         result.extra["load"] = stats
+        load_start = _first_request_sent(load, load_start, result)
         record_exposure(result, load_start, verdict, now, scale)
         result.extra["health"] = _health_summary(dog.health)
 
@@ -164,6 +165,18 @@ def _soak(spec: SoakSpec, engine: Engine, result: CellResult, stop: threading.Ev
             result.extra["leak"] = report.describe()
         if not result.log_tail:
             result.log_tail = server.log_tail(50)
+
+
+def _first_request_sent(load: LoadDriver, driver_started: float, result: CellResult) -> float:
+    """Where exposure starts: the first request sent, not the driver's start. Model discovery and
+    the driver's own start-up are not load; at the simulated engine's time scale a wall second of
+    them reads as minutes the engine survived, and a busy machine stretches them. Without a request
+    sent (discovery failed), the driver's start."""
+    sent = load.stats.started_at
+    if sent is None:
+        return driver_started
+    result.extra["load_start_delay_s"] = round(max(0.0, sent - driver_started), 3)
+    return max(sent, driver_started)
 
 
 def _detectors(options: SoakOptions) -> list[Detector]:

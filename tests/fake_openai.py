@@ -31,6 +31,7 @@ class Engine:
         self.step_s, self.slow_prefill_s, self.slow_prompt_words = step_s, slow_prefill_s, slow_prompt_words
         self.hang_after_s, self.hang_style, self.hang_record = hang_after_s, hang_style, hang_record
         self.warn_every_s = warn_every_s
+        self.models_delay_s = 0.0
         self.registry = CollectorRegistry()
         self.gen = Counter("vllm:generation_tokens", "generated", registry=self.registry)
         self.prompt = Counter("vllm:prompt_tokens", "prompt", registry=self.registry)
@@ -82,6 +83,7 @@ class Engine:
 
 def make_app(engine: Engine) -> web.Application:
     async def models(_: web.Request) -> web.Response:
+        await asyncio.sleep(engine.models_delay_s)
         return web.json_response({"object": "list", "data": [{"id": "fake-model", "object": "model"}]})
 
     async def health(_: web.Request) -> web.Response:
@@ -191,12 +193,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hang-record")
     p.add_argument("--startup-s", type=float, default=0.0)
     p.add_argument("--child", action="store_true")
+    p.add_argument("--models-delay-s", type=float, default=0.0)   # a slow model discovery
     args = p.parse_args(argv)   # a bad flag: argparse's usage error, exit code 2, like vLLM
     if args.child:
         subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
     time.sleep(args.startup_s)
     engine = Engine(args.step_s, args.slow_prefill_s, args.slow_prompt_words, args.hang_after_s,
                     args.hang_style, args.hang_record)
+    engine.models_delay_s = args.models_delay_s
     print(f"INFO fake server on 127.0.0.1:{args.port}", flush=True)
     web.run_app(make_app(engine), host="127.0.0.1", port=args.port, print=None)
     return 0

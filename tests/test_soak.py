@@ -97,6 +97,17 @@ def test_a_silent_hang_is_found_with_evidence_and_a_result_file(tmp_path):
     no_process_left(r)
 
 
+def test_exposure_and_time_to_hang_count_from_the_first_request_not_from_a_slow_model_discovery(tmp_path):
+    # discovery takes 3 s, then the engine hangs 3 s into its load: the 3 s before the first
+    # request are not time the engine survived (at the sim's time scale they would read as minutes)
+    r = run_cell(spec_for(tmp_path, soak_s=60), options=QUICK,
+                 engine=FakeEngine("--hang-after-s", "3", "--models-delay-s", "3"))
+    assert r.outcome == Outcome.HANG, r.message
+    assert 2.9 <= r.extra["load_start_delay_s"] < 6
+    assert 2 <= r.time_to_hang_s < 5 and abs(r.exposure_s - r.time_to_hang_s) < 0.1, r.to_dict()
+    no_process_left(r)
+
+
 def test_a_healthy_cell_passes(tmp_path, server_temp_dirs):
     r = run_cell(spec_for(tmp_path, soak_s=4), engine=FakeEngine(), options=QUICK)
     assert r.outcome == Outcome.PASSED and r.requests > 0 and r.signature is None
