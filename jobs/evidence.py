@@ -1,7 +1,7 @@
 """Evidence of a hang, captured before teardown, all under the cell's artifact folder.
 
-`py-spy dump --native` of every process in the server's tree (each with a timeout, killed if py-spy
-itself hangs), vLLM's own watchdog stack dumps (`VLLM_STACK_DUMP_*` in the artifact folder), a
+`py-spy dump --native` of every process in the server's tree, all at once (each with a timeout,
+killed if py-spy itself hangs), vLLM's own watchdog stack dumps (`VLLM_STACK_DUMP_*` in the artifact folder), a
 /metrics snapshot, the log tail, the scheduler dump lines vLLM prints on a fatal error, and GPU
 state (`jobs.gpu_state`: NVML or nvidia-smi; "no GPU: not measured" otherwise). When py-spy may not
 attach (no ptrace permission in a container), the notes say so and what to grant. Every step is bounded and none
@@ -16,6 +16,8 @@ import shutil
 import subprocess
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -125,33 +127,43 @@ def capture(server: Any, folder: str | Path, *, pyspy_timeout_s: float = 20.0, b
             scrape: Callable[[str, float], str] = scrape_text,
             gpu: Callable[[Sequence[int]], gpu_state_mod.GpuState] = gpu_state_mod.measure) -> Evidence:
     """Everything worth keeping about a stuck server (a RunningServer: .pid, .base_url, .log_text()).
-    `stop` (a threading.Event) cuts the stack dumps short when the cell is cancelled."""
+    `stop` (a threading.Event) skips the stack dumps when the cell is already cancelled."""
     t0 = time.monotonic()
     ev = Evidence(Path(folder))
     ev.folder.mkdir(parents=True, exist_ok=True)
 
-    # stacks first: they are what a hang looks like, and the least likely to survive teardown
+    # stacks first: they are what a hang looks like, and the least likely to survive teardown. Every
+    # process at once: the dumps show one moment of the tree, and an engine that dies soon after its
+    # hang (vLLM's RPC timeout) is caught before it does, not after the API server's dump
     dumps: list[str] = []
     problems: list[str] = []
     procs = list(tree(server.pid))
+    if stop is not None and stop.is_set():
+        ev.notes.append("cancelled: no process dumped")
+        procs = []
+    named: list[tuple[psutil.Process, str]] = []
     for proc in procs:
-        if time.monotonic() - t0 > budget_s:
-            ev.notes.append("evidence budget spent: some processes not dumped")
-            break
-        if stop is not None and stop.is_set():
-            ev.notes.append("cancelled: some processes not dumped")
-            break
         try:
-            name = " ".join(proc.cmdline()[:4]) or proc.name()
+            named.append((proc, " ".join(proc.cmdline()[:4]) or proc.name()))
         except psutil.Error:
             continue
-        text, problem = pyspy(proc.pid, pyspy_timeout_s)
-        if problem:
-            ev.notes.append(problem)
-            problems.append(problem)
-        if text:
-            header = text if text.startswith("Process ") else f"Process {proc.pid}: {name}\n{text}"
-            dumps.append(header)
+    if named:
+        pool = ThreadPoolExecutor(max_workers=min(8, len(named)), thread_name_prefix="py-spy")
+        futures = [pool.submit(pyspy, proc.pid, pyspy_timeout_s) for proc, _ in named]
+        done, _ = wait_futures(futures, timeout=max(0.0, budget_s - (time.monotonic() - t0)))
+        pool.shutdown(wait=False, cancel_futures=True)
+        if len(done) < len(futures):
+            ev.notes.append("evidence budget spent: some processes not dumped")
+        for (proc, name), future in zip(named, futures):
+            if future not in done:
+                continue
+            text, problem = future.result()
+            if problem:
+                ev.notes.append(problem)
+                problems.append(problem)
+            if text:
+                header = text if text.startswith("Process ") else f"Process {proc.pid}: {name}\n{text}"
+                dumps.append(header)
     denied = ptrace_problem(problems)
     if denied:
         ev.notes.insert(0, denied)

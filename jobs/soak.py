@@ -143,8 +143,10 @@ def _soak(spec: SoakSpec, engine: Engine, result: CellResult, stop: threading.Ev
             _attach_sim_record(result, folder)   # a simulated hang no detector saw shows up here
             return
         emit("verdict", {"detector": verdict.detector, "kind": verdict.kind, "message": verdict.message})
-        load.stop(timeout_s=5)
+        # the stacks before anything else: stopping the load can take seconds, and an engine may die
+        # of its own timeout meanwhile (vLLM's RPC timeout after an shm hang)
         ev = evidence_mod.capture(server, folder / "evidence", pyspy_timeout_s=options.pyspy_timeout_s, stop=stop)
+        load.stop(timeout_s=5)
         emit("evidence", {"artifacts": sorted(ev.artifacts), "seconds": round(ev.seconds, 1)})
         log_lines = server.log_text(4_000_000).splitlines()[-options.log_lines_for_classifier:]
         record_finding(result, verdict, ev, log_lines, server.poll(), load_start, scale,

@@ -110,3 +110,60 @@ def test_no_ptrace_permission_is_said_with_what_to_grant_and_gpu_state_is_kept(t
 def test_other_py_spy_failures_are_not_called_ptrace():
     assert evidence.ptrace_problem(["py-spy timed out after 20 s on pid 4"]) is None
     assert "(now " in evidence.ptrace_problem(["Permission denied (os error 13)"], scope_file="/nonexistent")
+
+
+def no_gpu(pids):
+    from soakmatrix.jobs.gpu_state import GpuState
+    return GpuState(False, note="no GPU: not measured")
+
+
+def _tree_of_three():
+    """A parent with two children (the shape of an API server, its engine core and a worker)."""
+    return subprocess.Popen(["bash", "-c", "sleep 30 & sleep 30 & wait"])
+
+
+def test_every_process_is_dumped_at_once_and_the_dumps_keep_the_trees_order(tmp_path):
+    # an engine that dies soon after its hang (vLLM's RPC timeout after an shm hang) must be dumped
+    # while it lives: one slow dump after another would reach it last
+    import threading
+    from soakmatrix.jobs.teardown import tree
+    proc = _tree_of_three()
+    started, lock = [], threading.Lock()
+
+    def slow(pid, timeout):
+        with lock:
+            started.append((pid, time.monotonic()))
+        time.sleep(1.0)
+        return f"Thread {pid} (idle): \"MainThread\"\n    wait (x.py:1)\n", None
+    try:
+        time.sleep(0.3)
+        order = [p.pid for p in tree(proc.pid)]
+        t0 = time.monotonic()
+        ev = evidence.capture(_Server(proc.pid, tmp_path), tmp_path / "ev", pyspy=slow,
+                              scrape=lambda url, t: "", gpu=no_gpu)
+        took = time.monotonic() - t0
+    finally:
+        proc.kill()
+        proc.wait()
+    assert len(order) == 3 and sorted(p for p, _ in started) == sorted(order)
+    assert max(t for _, t in started) - min(t for _, t in started) < 0.5, started
+    assert took < 2.5, took                                   # one dump's time, not three
+    assert [int(text.split()[1].rstrip(":")) for text in ev.stack_texts] == order
+
+
+def test_a_dump_past_the_evidence_budget_is_left_out_with_a_note(tmp_path):
+    proc = _tree_of_three()
+
+    def stuck_on_children(pid, timeout):
+        if pid != proc.pid:
+            time.sleep(3)
+        return "Thread 1 (idle): \"MainThread\"\n    wait (x.py:1)\n", None
+    try:
+        time.sleep(0.3)
+        ev = evidence.capture(_Server(proc.pid, tmp_path), tmp_path / "ev", pyspy=stuck_on_children, budget_s=1.0,
+                              scrape=lambda url, t: "", gpu=no_gpu)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert len(ev.stack_texts) == 1 and f"Process {proc.pid}:" in ev.stack_texts[0]
+    assert "evidence budget spent: some processes not dumped" in ev.notes
