@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -86,6 +87,68 @@ def test_local_sim_cluster_advertises_fake_gpu_types_and_stops_cleanly():
     # the cluster's runtime_env resources are gone with it; Ray's own logs of the session stay
     assert not (session / "runtime_resources").exists()
     assert (session / "logs").is_dir()
+
+
+@pytest.mark.slow
+def test_a_local_cluster_leaves_the_machines_ray_address_to_the_cluster_already_there(monkeypatch):
+    """A GPU machine that runs a `ray start` cluster keeps it findable (`ray.init(address="auto")`,
+    `ray job submit`) while a local soakmatrix cluster runs there and after it stopped."""
+    import shutil
+    import tempfile
+
+    import ray
+
+    from soakmatrix.matrix.schedule.cluster import connect, machine_address_file
+
+    # this machine's Ray temp dir, private to the test (short: Ray's Unix sockets live under it)
+    tmp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
+    monkeypatch.setenv("RAY_TMPDIR", tmp)
+    address_file = machine_address_file()
+    assert address_file == Path(tmp) / "ray" / "ray_current_cluster"
+    address_file.parent.mkdir()
+    address_file.write_text("10.0.0.9:6379")      # the `ray start` cluster's
+    gpus = {"H200": GpuType("H200", 2, 141, "H200")}
+    try:
+        with connect(None, backend="sim", gpus=gpus):
+            ours = ray.get_runtime_context().gcs_address
+            assert ours and ours != "10.0.0.9:6379"
+            assert address_file.read_text() == "10.0.0.9:6379"
+        assert address_file.read_text() == "10.0.0.9:6379"
+        # with no cluster there before, none is named after (nor while ours runs)
+        address_file.unlink()
+        with connect(None, backend="sim", gpus=gpus):
+            assert not address_file.exists()
+        assert not address_file.exists()
+    finally:
+        psutil.wait_procs(ray_processes_of(os.getpid()), timeout=30)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_the_address_file_gets_back_what_the_block_wrote_over_or_deleted(tmp_path):
+    from soakmatrix.matrix.schedule.cluster import address_left_alone
+
+    path = tmp_path / "ray_current_cluster"
+
+    def after(before: str | None, block: str | None, ours: str = "127.0.0.1:5000") -> str | None:
+        path.unlink(missing_ok=True)
+        if before is not None:
+            path.write_text(before)
+        with address_left_alone(path, lambda: ours):
+            if block is None:
+                path.unlink(missing_ok=True)       # Ray's shutdown deletes whatever is there
+            else:
+                path.write_text(block)
+        return path.read_text() if path.exists() else None
+
+    assert after("10.0.0.9:6379", "127.0.0.1:5000") == "10.0.0.9:6379"     # our head overwrote it
+    assert after("10.0.0.9:6379", None) == "10.0.0.9:6379"                 # our shutdown deleted it
+    assert after(None, "127.0.0.1:5000") is None                           # ours, where none was
+    assert after("10.0.0.9:6379", "10.0.0.7:6379") == "10.0.0.7:6379"     # another cluster started meanwhile
+    assert after(None, "10.0.0.7:6379") == "10.0.0.7:6379"
+    assert after("127.0.0.1:5000", None) is None                           # ours, left from before
+    assert not list(tmp_path.glob(".ray_current_cluster.*"))               # no spare file left
+    with address_left_alone(None, lambda: "127.0.0.1:5000"):               # a Ray without the API
+        pass
 
 
 DEFAULT_AGENT_PORT = 52365   # ray_constants.DEFAULT_DASHBOARD_AGENT_LISTEN_PORT

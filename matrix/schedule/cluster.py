@@ -8,6 +8,7 @@ fleet. With the real engine and no address, Ray starts on this machine and detec
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -251,9 +252,11 @@ def _start_local_once(shapes: list[NodeShape]) -> ClusterHandle:
     head, *rest = shapes
     loopback_only()
     cluster = Cluster(initialize_head=False)
+    address_file = machine_address_file()
     try:
-        cluster.add_node(num_cpus=head.num_cpus, num_gpus=head.num_gpus, resources=dict(head.resources),
-                         include_dashboard=False, **HEAD_PORTS)
+        with address_left_alone(address_file, lambda: cluster.address):
+            cluster.add_node(num_cpus=head.num_cpus, num_gpus=head.num_gpus, resources=dict(head.resources),
+                             include_dashboard=False, **HEAD_PORTS)
         for shape in rest:
             cluster.add_node(num_cpus=shape.num_cpus, num_gpus=shape.num_gpus, resources=dict(shape.resources))
         ray.init(address=cluster.address, log_to_driver=False, logging_level=logging.WARNING)
@@ -261,19 +264,82 @@ def _start_local_once(shapes: list[NodeShape]) -> ClusterHandle:
     except BaseException:
         if ray.is_initialized():
             ray.shutdown()
-        cluster.shutdown()
+        _shutdown_cluster(cluster, address_file)
         raise
 
     session = session_dir()
 
     def stop() -> None:
         ray.shutdown()
-        cluster.shutdown()
+        _shutdown_cluster(cluster, address_file)
 
     labels = ", ".join(f"{s.num_gpus} x {next(iter(s.resources), '?').removeprefix(ACCELERATOR_PREFIX)}"
                        for s in shapes)
     return ClusterHandle(f"local Ray cluster, {len(shapes)} node(s) with simulated GPUs: {labels}",
                          lambda: _shutdown_local(stop, session))
+
+
+def _shutdown_cluster(cluster: Any, address_file: Path | None) -> None:
+    ours = cluster.address    # None once the head is gone
+    with address_left_alone(address_file, lambda: ours):
+        cluster.shutdown()
+
+
+def machine_address_file() -> Path | None:
+    """The file in which `ray start` leaves its cluster's address for this machine
+    (`/tmp/ray/ray_current_cluster`, under `RAY_TMPDIR` when set); None where Ray has no such API."""
+    try:
+        from ray._common.utils import get_ray_address_file
+    except ImportError:   # a private API: without it the file is left as Ray leaves it
+        return None
+    return Path(get_ray_address_file(None))
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except OSError:
+        return None
+
+
+@contextlib.contextmanager
+def address_left_alone(path: Path | None, ours: Callable[[], str | None]):
+    """Undo what the block did to the machine's Ray address file, and only that.
+
+    `ray.cluster_utils` writes its head's address there when the head starts and deletes the file
+    when the cluster stops, whatever it then holds. On a GPU machine that also runs a `ray start`
+    cluster, `ray.init(address="auto")` and `ray job submit` would join our cluster while it runs
+    and find no cluster once it stopped. So the file is put back as it was before the block when it
+    now holds `ours()` (our cluster's address) or is gone; an address some other cluster wrote
+    meanwhile stays.
+    """
+    before = _read(path) if path is not None else None
+    # Ray's note that "ray.init() on this node will now connect to the new instance" is not true
+    ray_says = logging.getLogger("ray._private.utils")
+    level = ray_says.level
+    ray_says.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        ray_says.setLevel(level)
+        if path is not None:
+            _put_back(path, before, ours())
+
+
+def _put_back(path: Path, before: str | None, ours: str | None) -> None:
+    now = _read(path)
+    if now == before or (now is not None and now != ours):
+        return
+    if before is None or before == ours:
+        path.unlink(missing_ok=True)
+        return
+    # written whole or not at all: a `ray job submit` may read it at any moment
+    spare = path.with_name(f".{path.name}.{os.getpid()}")
+    try:
+        spare.write_text(before)
+        os.replace(spare, path)
+    except OSError:
+        spare.unlink(missing_ok=True)
 
 
 def _own_children() -> set[int]:
