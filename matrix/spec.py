@@ -48,6 +48,8 @@ class _Builder:
     def __init__(self, src: Source, registry: dict[str, Flag]):
         self.src = src
         self.registry = registry
+        # names declared with errors (already reported there): a reference to one is not "unknown"
+        self.invalid: dict[str, set[str]] = {"model": set(), "GPU type": set(), "workload": set()}
 
     def err(self, path: tuple, message: str) -> None:
         self.src.error(path, message)
@@ -138,6 +140,7 @@ class _Builder:
             model_path = spec.get("path")
             if not isinstance(model_path, str) or not model_path:
                 self.err(path + ("path",), "required: the model's path or hub id")
+                self.invalid["model"].add(str(name))
                 continue
             weights = spec.get("weights_gb")   # left out: unknown, and the memory constraint is skipped
             if weights is not None and (isinstance(weights, bool) or not isinstance(weights, (int, float))
@@ -184,6 +187,8 @@ class _Builder:
                 ok = False
             if ok:
                 out[str(name)] = GpuType(str(name), count, float(memory), label)
+            else:
+                self.invalid["GPU type"].add(str(name))
         return out
 
     def flag_value(self, name: Any, value: Any, path: tuple) -> bool:
@@ -267,6 +272,8 @@ class _Builder:
         return tuple(out)
 
     def known(self, value: Any, known: Mapping, path: tuple, what: str) -> bool:
+        if value not in known and str(value) in self.invalid.get(what, ()):
+            return False
         if value not in known:
             self.err(path, f"unknown {what} {value!r}; known: {', '.join(map(str, known)) or 'none'}")
             return False
@@ -284,6 +291,7 @@ class _Builder:
             kind = spec.get("kind", name if name in WORKLOAD_KINDS else None)
             if kind not in WORKLOAD_KINDS:
                 self.err(path + ("kind",), f"unknown workload kind {kind!r}; known: {', '.join(WORKLOAD_KINDS)}")
+                self.invalid["workload"].add(str(name))
                 continue
             schema = params_of(kind)
             params = {k: d for k, (_, d) in schema.items()}
@@ -302,6 +310,8 @@ class _Builder:
                 params[key] = v
             if ok:
                 out[str(name)] = Workload(str(name), kind, params)
+            else:
+                self.invalid["workload"].add(str(name))
         return out
 
     def builds(self, value: Any) -> dict[str, Build]:

@@ -104,6 +104,19 @@ def test_unknown_workload_param_and_kind():
     assert "unknown workload kind 'fuzz'" in found["workloads.v.kind"]
 
 
+def test_an_entry_with_errors_is_reported_where_it_is_declared_not_again_where_it_is_used():
+    """A workload or GPU type that did not load is not also "unknown" in the profile or exclude that
+    names it (the user would look for a typo that is not there); a name declared nowhere still is."""
+    text = (GOOD.replace("concurrency: 4", "concurrency: -3")
+            .replace("H200: {count: 8, memory_gb: 141}", "H200: {count: 0, memory_gb: 141}")
+            + "exclude:\n  - {gpu: H200, mtp: 1}\n  - {gpu: B200, mtp: 1}\n")
+    found = [(p.key, p.message) for p in problems(text)]
+    keys = [key for key, _ in found]
+    assert "workloads.w.concurrency" in keys and "gpus.H200.count" in keys
+    assert "profiles.p.workloads[0]" not in keys and "exclude[0].gpu" not in keys, found
+    assert any(key == "exclude[1].gpu" and "unknown GPU type 'B200'" in message for key, message in found)
+
+
 def test_custom_raw_args_flag_extends_the_registry():
     text = GOOD + textwrap.dedent("""\
         flags:
