@@ -11,8 +11,10 @@ from soakmatrix.matrix.bisect.bound import binary_divergence, lower_bound, refut
 from soakmatrix.matrix.bisect.bound_default import (
     default_floor,
     detect_information,
+    other_flags_split,
     plain_modifier_load,
     rule_out_load,
+    second_modifier_information,
     split_information,
 )
 from soakmatrix.matrix.bisect.oracle_virtual import VirtualOracle
@@ -129,6 +131,36 @@ def test_the_modifier_worlds_floor_beats_every_point_of_a_grid_that_meets_its_co
             cheapest = min(cheapest, k * x + y1 + z + sigma * y_eff + k * (2 * c - 1) * sigma)
     assert b.gpu_hours <= cheapest * mttf / 3600.0 + 1e-9
     assert b.gpu_hours == pytest.approx(cheapest * mttf / 3600.0, rel=0.02)
+
+
+@pytest.mark.parametrize("n,k,mttf", [(6, 1, 600.0), (10, 2, 2280.0), (12, 1, 600.0), (12, 3, 7200.0)])
+def test_the_modifier_floor_already_pays_for_the_other_flags_verdicts_and_the_set_alone(n, k, mttf):
+    """The modifier world's optimum loads, split over four configs, also carry the evidence against
+    "another flag is a modifier too" and "another flag, not u, is the modifier", and the set alone's
+    hang: the floor needs no more load for them. Checked here against a plain grid over the
+    alternative's free rate, not the module's own minimiser."""
+    c, f = 0.99, 8.0
+    b = default_floor(n, k, mttf, 600.0, c, f, modifier=True)
+    split = other_flags_split(b, n, k, c, f)
+    assert split is not None
+    both, only_u, only_v, neither = split
+    assert min(split) >= 0
+    assert both + only_u == pytest.approx(b.hang_mttfs) and only_v + neither == pytest.approx(b.slow_mttfs)
+
+    def kl(r, s):
+        return r * math.log(r / s) - r + s
+
+    rates = [math.exp(i / 500.0) for i in range(-6000, 3001)]
+    second = min(both * kl(1, x) + only_u * kl(1, x / f) + only_v * kl(1 / f, x / f) + neither * kl(1 / f, x / f ** 2)
+                 for x in rates)
+    swapped = min(both * kl(1, x) + only_u * kl(1, x / f) + only_v * kl(1 / f, x) + neither * kl(1 / f, x / f)
+                  for x in rates)
+    q = (1 - c) / (n - k - 1)
+    assert second >= binary_divergence(q, c) * (1 - 1e-6)
+    assert swapped >= binary_divergence(c, q) * (1 - 1e-6)
+    assert neither / f >= 2 * c - 1 and only_u >= 2 * c - 1        # expected hangs of the set alone, set + u
+    # a split that puts no load on the set plus u cannot carry the first (u's load must leave v out)
+    assert second_modifier_information(b.hang_mttfs, 0.0, only_v, neither, f) < binary_divergence(q, c)
 
 
 def test_the_default_floor_grows_with_what_is_asked():
