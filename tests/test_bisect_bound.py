@@ -133,12 +133,13 @@ def test_the_modifier_worlds_floor_beats_every_point_of_a_grid_that_meets_its_co
     assert b.gpu_hours == pytest.approx(cheapest * mttf / 3600.0, rel=0.02)
 
 
-@pytest.mark.parametrize("n,k,mttf", [(6, 1, 600.0), (10, 2, 2280.0), (12, 1, 600.0), (12, 3, 7200.0)])
+@pytest.mark.parametrize("n,k,mttf", [(n, k, m) for n in (6, 10, 12) for k in (1, 2, 3) for m in (600.0, 2280.0, 7200.0)])
 def test_the_modifier_floor_already_pays_for_the_other_flags_verdicts_and_the_set_alone(n, k, mttf):
-    """The modifier world's optimum loads, split over four configs, also carry the evidence against
-    "another flag is a modifier too" and "another flag, not u, is the modifier", and the set alone's
-    hang: the floor needs no more load for them. Checked here against a plain grid over the
-    alternative's free rate, not the module's own minimiser."""
+    """In every `+x8 mod` row of the benchmark, the modifier world's optimum loads, split over four
+    configs, also carry the evidence against "another flag is a modifier too" and "another flag,
+    not u, is the modifier", and the set alone's hang: the floor needs no more load for them.
+    Checked here against a plain grid over the alternative's free rate, not the module's own
+    minimiser."""
     c, f = 0.99, 8.0
     b = default_floor(n, k, mttf, 600.0, c, f, modifier=True)
     split = other_flags_split(b, n, k, c, f)
