@@ -60,6 +60,10 @@ def execute_model(step: dict[str, Any], rank: int) -> None:
         time.sleep(step["step_s"])
 
 
+READY = "READY"                 # a worker's first message: named, logging, in its loop
+WORKER_READY_TIMEOUT_S = 120.0  # generous: two busy cores fork TP workers slowly
+
+
 # vLLM's own names for a worker's loop and entry point (WorkerProc.worker_busy_loop, worker_main): a
 # hang's fingerprint leaves them out, so one stuck step is one finding at every TP size.
 def worker_busy_loop(inbox: Any, outbox: Any, rank: int) -> None:
@@ -85,6 +89,10 @@ def worker_main(inbox: Any, outbox: Any, rank: int, config: SimConfig, parent_pi
     vlog(logging.INFO, "parallel_state.py:1325",
          "rank %d in world size %d is assigned as DP rank 0, PP rank 0, TP rank %d, EP rank %d",
          rank, config.flags["tp"], rank, rank)
+    try:
+        outbox.send(READY)
+    except (BrokenPipeError, OSError):
+        os._exit(0)
     worker_busy_loop(inbox, outbox, rank)
     os._exit(0)
 
@@ -115,6 +123,12 @@ class Executor:
                 in_r.close()
                 out_w.close()
                 self.procs.append(p)
+        # as vLLM's MultiprocExecutor waits for each WorkerProc's READY: the engine (and /health) is up
+        # only once every worker has its name and its loop
+        for rank, (reader, proc) in enumerate(zip(readers, self.procs)):
+            if not reader.poll(WORKER_READY_TIMEOUT_S) or reader.recv() != READY:
+                raise RuntimeError(f"Worker_TP{rank} (pid {proc.pid}) did not become ready "
+                                   f"in {WORKER_READY_TIMEOUT_S:.0f} s")
         self.mq = MessageQueue(writers, readers, clocks.ring_warning_s, int(clocks.ring_warning_nominal))
         self.hang_rank: int | None = None
         self.crash_next = False
