@@ -214,28 +214,33 @@ def test_spec_decode_metrics_and_preemptions(tmp_path) -> None:
 
 def test_process_tree_like_vllm_and_sigterm_leaves_nothing(tmp_path) -> None:
     sp = SimProcess(["-tp", "4"], tmp_path / "tp.log").start()
-    names = sorted(p.name() for p in sp.tree[1:])
-    assert names == ["VLLM::EngineCore", "VLLM::Worker_TP0", "VLLM::Worker_TP1", "VLLM::Worker_TP2",
-                     "VLLM::Worker_TP3"]
-    core = next(p for p in sp.tree if p.name() == "VLLM::EngineCore")
-    assert core.ppid() == sp.proc.pid
-    assert all(p.cmdline()[0].startswith("VLLM::") for p in sp.tree[1:])
-    pgid = sp.proc.pid
-    assert all(os.getpgid(p.pid) == pgid for p in sp.tree)      # one process group, as the launcher expects
-    load(sp.url, concurrency=2, duration_s=0.5, max_tokens=8)
-    assert sp.stop() == 0
-    assert not sp.leftover
-    assert not [p for p in sp.tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    try:
+        names = sorted(p.name() for p in sp.tree[1:])
+        assert names == ["VLLM::EngineCore", "VLLM::Worker_TP0", "VLLM::Worker_TP1", "VLLM::Worker_TP2",
+                         "VLLM::Worker_TP3"]
+        core = next(p for p in sp.tree if p.name() == "VLLM::EngineCore")
+        assert core.ppid() == sp.proc.pid
+        assert all(p.cmdline()[0].startswith("VLLM::") for p in sp.tree[1:])
+        pgid = sp.proc.pid
+        assert all(os.getpgid(p.pid) == pgid for p in sp.tree)      # one process group, as the launcher expects
+        load(sp.url, concurrency=2, duration_s=0.5, max_tokens=8)
+        assert sp.stop() == 0
+        assert not sp.leftover
+        assert not [p for p in sp.tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    finally:
+        sp.stop()       # a failed check above leaves no server behind (a clean-clone run's did)
 
 
 def test_children_die_with_a_killed_api_server(tmp_path) -> None:
     sp = SimProcess(["-tp", "2"], tmp_path / "kill.log").start()
-    children = sp.tree[1:]
-    sp.proc.kill()
-    sp.proc.wait(timeout=5)
-    gone, alive = psutil.wait_procs(children, timeout=5)
-    assert not alive
-    sp.stop()
+    try:
+        children = sp.tree[1:]
+        sp.proc.kill()
+        sp.proc.wait(timeout=5)
+        gone, alive = psutil.wait_procs(children, timeout=5)
+        assert not alive
+    finally:
+        sp.stop()
 
 
 def test_port_in_use_fails_fast(server, tmp_path) -> None:
