@@ -630,3 +630,53 @@ def test_the_failing_cell_gets_another_hang_while_it_shortens_the_necessity_soak
     assert not pays(40, keep)
     # one flag to rule out gains a third of what three gain
     assert pays(8, 0b0001) and not pays(14, 0b0001) and pays(14, keep)
+
+
+def test_a_modifier_soak_runs_on_to_where_a_pass_would_decide():
+    # a group's removal soaks on to where, without a hang, it would look slower than the failing
+    # cell; a flag's removal on to where it would be called: a pass of that length decides, 97 % of
+    # it does not (one probe and one start-up, not one per SOAK_MTTFS piece)
+    cell_mask, set_alone, without_f3 = 0b111111, 0b000001, 0b110111
+    search = _search_with({cell_mask: (8, 8 * MTTF), set_alone: (1, 3 * MTTF)}, n=6)
+    group = search.stats_of(set_alone)
+    until = modifiers._until_slow(search, group)
+    assert until > 3 * MTTF + modifiers.SOAK_MTTFS * MTTF
+    group.exposure_s = until
+    assert modifiers._looks_slow(search, group)
+    group.exposure_s = 3 * MTTF + 0.97 * (until - 3 * MTTF)
+    assert not modifiers._looks_slow(search, group)
+
+    search = _search_with({cell_mask: (12, 12 * MTTF), without_f3: (1, 2 * MTTF)}, n=6)
+    longest = modifiers.measure_length(search)
+    until = modifiers._until_called(search, set_alone, 3, longest)
+    assert 2 * MTTF + modifiers.SOAK_MTTFS * MTTF < until < longest
+
+    def is_called(exposure_s):
+        search.stats_of(without_f3).exposure_s = exposure_s
+        return 3 not in modifiers._suspects(search, set_alone, longest)
+    assert is_called(until)
+    assert not is_called(2 * MTTF + 0.97 * (until - 2 * MTTF))
+
+
+def test_the_modifiers_removal_is_soaked_in_fewer_pieces(monkeypatch):
+    # the worst benchmark row's shape (one culprit among 12 flags, MTTF 10 min, an x8 modifier):
+    # the modifier's removal passes most 2-MTTF pieces, each with its own start-up; run on to where
+    # a pass decides, its verdict takes far fewer probes, and the verdicts are as often right
+    mttf = 600.0
+    model = planted(12, ["f0"], mttf, modifiers=[Modifier({"f5": (False,)}, 8.0)])
+
+    def run(to_decision: bool) -> tuple[int, int]:
+        monkeypatch.setattr(modifiers, "SOAK_TO_DECISION", to_decision)
+        probes = right = 0
+        for seed in range(16):
+            result = run_virtual(model, 12, seed, Settings(confidence=0.99))
+            probes += sum(1 for r in result.log
+                          if [f for f, on in r.probe.flags.items() if on is False] == ["f5"])
+            right += (result.minimal == ["f0"]
+                      and {v.element.name: v for v in result.verdicts}["f5"].kind == "modifier")
+        return probes, right
+
+    old_probes, old_right = run(False)
+    new_probes, new_right = run(True)
+    assert new_probes < 0.75 * old_probes, (new_probes, old_probes)
+    assert new_right >= old_right - 1 and new_right >= 13, (new_right, old_right)

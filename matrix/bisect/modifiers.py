@@ -1,15 +1,5 @@
-"""Modifier verdicts: does a flag outside the set change how often the hang comes, and by how much?
-
-A flag j outside the set is compared only between configs that differ in j alone (strata: the
-failing cell and the failing cell without j, the set alone and the set plus j, ...). Pooling every
-config with j against every config without it mixes in the other flags' effects: with seed 002's
-autotune (8x) left out of the set, the configs without an innocent flag include the slow set alone
-and those with it do not, and the innocent flag looked like a modifier in a fifth of the runs.
-Within a stratum the hangs split binomially by exposure under "no effect"; the strata's sum is
-tested exactly (a convolution), and the rate ratio gets the interval that inverts the same test.
-
-Over the flags outside the set the verdicts are controlled family-wise (Holm): all of them
-irrelevant, they are called modifiers at most 1 - confidence of the time in total.
+"""Modifier soaks: what to soak so that each flag outside the set gets its modifier verdict
+(modifier_stats.py reads the soaks and makes the calls).
 
 `measure` soaks what the verdicts need: the failing cell to CELL_FIRST_HANGS hangs; then the flags
 whose removal looks innocent so far (or that the ablation dropped with a group, never soaked alone)
@@ -23,9 +13,15 @@ failing cell to CELL_HANGS (the side every later comparison reads), then is spli
 modifier alone and the rest (the flag whose other removals look slowest against the failing cell,
 at PEEL_LEVEL or below), else in halves, and each part checked the same way, down to single flags
 (an x8 modifier among 9 flags costs a level or a few of groups, not 8 innocent flags' 4 hangs
-each). Then each flag left gets its removal soaked until it is called (Holm level), looks innocent (INNOCENT_HANGS hangs or more and a ratio under
-INNOCENT_RATIO), has MEASURE_HANGS hangs, or has soaked out to the necessity length; a flag is
-called early only at a third of its Holm share, so looking after every soak stays within budget.
+each). Then each flag left gets its removal soaked until it is called (Holm level), looks innocent
+(INNOCENT_HANGS hangs or more and a ratio under INNOCENT_RATIO), has MEASURE_HANGS hangs, or has
+soaked out to the necessity length; a flag is called early only at a third of its Holm share, so
+looking after every soak stays within budget.
+
+Each of these soaks runs on to where a pass would decide (SOAK_TO_DECISION): a group's removal to
+where, without a hang, it would look slower than the failing cell; a flag's removal to where it
+would be called. A hang ends the probe either way, so a fast config pays nothing for the longer
+soak, and a slow one (the modifier's removal) needs one start-up, not one per SOAK_MTTFS piece.
 By default the ablation runs `measure` before the necessity soaks: `reference_pool` hands them the
 hangs these soaks bought (the failing cell's, each innocent removal's and each innocent-looking
 group's) as the failing cell's rate.
@@ -34,11 +30,11 @@ group's) as the failing cell's rate.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import numpy as np
 from scipy import stats as st
+
+from .modifier_stats import comparisons, compare, p_as_strong, point_probability, strata_by_config
 
 if TYPE_CHECKING:
     from .search import Search
@@ -53,124 +49,10 @@ GROUP_MTTFS = 20.0         # the most load (failing-cell MTTFs) the group's remo
 GROUP_SLOW_LEVEL = 0.05    # ... unless its hangs reject "as fast as the failing cell" at this level first
 REFERENCE_LEVEL = 0.05     # a removal joins the failing cell's reference rate unless told apart at this level
 GROUP_RULE_OUT_SHARE = 3.0  # a group clears its flags at (1 - confidence) / this (6 tried: docs/bisect-history.md)
-SOAK_MTTFS = 2.0           # a modifier soak: at most this many failing-cell MTTFs (4 tried: docs/bisect-history.md)
+SOAK_MTTFS = 2.0           # a modifier soak: at least this many failing-cell MTTFs (4 tried: docs/bisect-history.md)
+SOAK_TO_DECISION = True    # ... and on to where a pass would decide (False: pieces of SOAK_MTTFS, as before)
+CALLED_STEPS = 12          # bisection steps of the search for where a flag's removal would be called
 PEEL_LEVEL = 0.05          # a group that did not clear gives up the flag whose other removals look this slow
-RATIO_GRID = np.exp(np.linspace(math.log(1e-3), math.log(1e3), 481))
-
-
-@dataclass(frozen=True)
-class Comparison:
-    """Rate with the flag / rate without it, in configs that differ in that flag alone."""
-
-    ratio: float                 # Mantel-Haenszel; inf when no hang without it, nan when no data
-    low: float
-    high: float
-    p_value: float               # two-sided exact, stratified
-    hangs_with: int
-    hangs_without: int
-    exposure_with: float
-    exposure_without: float
-
-
-def strata(search: Search, bit: int, within: int) -> list[tuple[int, float, int, float]]:
-    """(hangs, exposure) with and without `bit` for each pair of configs that contain `within`
-    and differ in `bit` alone, both soaked."""
-    out = []
-    for m, without in search.configs.items():
-        if m & bit or (m & within) != within or without.exposure_s <= 0:
-            continue
-        with_ = search.configs.get(m | bit)
-        if with_ is None or with_.exposure_s <= 0:
-            continue
-        out.append((with_.hangs, with_.exposure_s, without.hangs, without.exposure_s))
-    return out
-
-
-def _sum_pmf(ns: list[int], ps: np.ndarray) -> np.ndarray:
-    """P(sum of Binomial(n_s, p_s) = x) for x = 0..sum(n), rows of `ps` being ratio values."""
-    pmf = np.ones((ps.shape[0], 1))
-    for s, n in enumerate(ns):
-        k = np.arange(n + 1)
-        part = st.binom.pmf(k[None, :], n, ps[:, s:s + 1])
-        pmf = np.array([np.convolve(a, b) for a, b in zip(pmf, part)])
-    return pmf
-
-
-def compare(rows: list[tuple[int, float, int, float]], confidence: float, interval: bool = True) -> Comparison:
-    """The stratified exact comparison of the rate with and without a flag (`interval`: with the
-    ratio's interval, which inverts the test over a grid of ratios: the slow part)."""
-    ha = sum(r[0] for r in rows)
-    hb = sum(r[2] for r in rows)
-    ea = sum(r[1] for r in rows)
-    eb = sum(r[3] for r in rows)
-    ns = [r[0] + r[2] for r in rows if r[0] + r[2] > 0]
-    used = [r for r in rows if r[0] + r[2] > 0]
-    if not ns:
-        return Comparison(math.nan, 0.0, math.inf, 1.0, ha, hb, ea, eb)
-    num = sum(r[0] * r[3] / (r[1] + r[3]) for r in used)
-    den = sum(r[2] * r[1] / (r[1] + r[3]) for r in used)
-    ratio = num / den if den > 0 else math.inf
-    grid = np.concatenate([[1.0], RATIO_GRID]) if interval else np.array([1.0])
-    ea_s = np.array([r[1] for r in used])
-    eb_s = np.array([r[3] for r in used])
-    ps = grid[:, None] * ea_s[None, :] / (grid[:, None] * ea_s[None, :] + eb_s[None, :])
-    pmf = _sum_pmf(ns, ps)
-    upper = pmf[:, ha:].sum(axis=1)          # P(X >= observed | ratio)
-    lower = pmf[:, :ha + 1].sum(axis=1)      # P(X <= observed | ratio)
-    p_value = float(min(1.0, 2.0 * min(upper[0], lower[0])))
-    if not interval:
-        return Comparison(ratio, math.nan, math.nan, p_value, ha, hb, ea, eb)
-    a = (1.0 - confidence) / 2.0
-    inside = (upper[1:] > a) & (lower[1:] > a)
-    low = float(RATIO_GRID[inside].min()) if inside.any() else math.nan
-    high = float(RATIO_GRID[inside].max()) if inside.any() else math.nan
-    if inside.any() and inside[0]:
-        low = 0.0
-    if inside.any() and inside[-1]:
-        high = math.inf
-    return Comparison(ratio, low, high, p_value, ha, hb, ea, eb)
-
-
-def p_as_strong(rows: list[tuple[int, float, int, float]], factor: float) -> float:
-    """P(at most the observed hangs with the flag | rate with it = factor x without), stratified:
-    small when the flag (or group) cannot be an x factor modifier."""
-    used = [r for r in rows if r[0] + r[2] > 0]
-    if not used:
-        return 1.0
-    ps = np.array([[factor * r[1] / (factor * r[1] + r[3]) for r in used]])
-    pmf = _sum_pmf([r[0] + r[2] for r in used], ps)[0]
-    return float(pmf[:sum(r[0] for r in used) + 1].sum())
-
-
-def holm(p_values: list[float], alpha: float) -> list[bool]:
-    """Holm's step-down: which hypotheses are rejected, family-wise at `alpha`."""
-    order = sorted(range(len(p_values)), key=lambda i: p_values[i])
-    rejected = [False] * len(p_values)
-    m = len(p_values)
-    for rank, i in enumerate(order):
-        if p_values[i] > alpha / (m - rank):
-            break
-        rejected[i] = True
-    return rejected
-
-
-def comparisons(search: Search, minimal_mask: int, interval: bool = True) -> dict[int, Comparison]:
-    """Each flag outside the set: its stratified comparison within configs that hold the set."""
-    out = {}
-    for j in range(search.n):
-        bit = 1 << j
-        if minimal_mask & bit:
-            continue
-        out[j] = compare(strata(search, bit, minimal_mask), search.s.confidence, interval)
-    return out
-
-
-def called(search: Search, minimal_mask: int) -> dict[int, tuple[Comparison, bool]]:
-    """Each flag outside the set: its comparison and whether Holm calls it a modifier."""
-    comps = comparisons(search, minimal_mask)
-    keys = list(comps)
-    rejected = holm([comps[j].p_value for j in keys], 1.0 - search.s.confidence)
-    return {j: (comps[j], r) for j, r in zip(keys, rejected)}
 
 
 def measure(search: Search, minimal_mask: int, longest_s: float) -> None:
@@ -200,7 +82,8 @@ def measure(search: Search, minimal_mask: int, longest_s: float) -> None:
             target = full & ~(1 << j)
             cs = search.stats_of(target)
             mttf = cell.exposure_s / max(cell.hangs, 1)
-            soak = min(max(SOAK_MTTFS * mttf, cs.exposure_s / max(cs.hangs, 1), search.s.startup_s),
+            run_on = (_until_called(search, minimal_mask, j, longest_s) - cs.exposure_s) / copies
+            soak = min(max(SOAK_MTTFS * mttf, cs.exposure_s / max(cs.hangs, 1), run_on, search.s.startup_s),
                        max((longest_s - cs.exposure_s) / copies, search.s.startup_s))
             batch += [(target, soak, "modifiers")] * copies
         search.run(batch)
@@ -253,7 +136,8 @@ def _group_check(search: Search, minimal_mask: int, longest_s: float) -> None:
         copies = max(1, search.s.parallel)
         while (not _rules_out(search, cs) and not _looks_slow(search, cs) and cs.exposure_s < until
                and not search.over_budget()):
-            soak = max(min(SOAK_MTTFS * mttf, (until - cs.exposure_s) / copies), search.s.startup_s)
+            piece = max(SOAK_MTTFS * mttf, (_until_slow(search, cs) - cs.exposure_s) / copies)
+            soak = max(min(piece, (until - cs.exposure_s) / copies), search.s.startup_s)
             search.run([(target, soak, "modifiers")] * copies)
         if not _rules_out(search, cs) and search.stats_of(search.full).hangs < CELL_HANGS:
             # the group did not clear: the failing cell's side of every comparison first
@@ -284,7 +168,7 @@ def _split(search: Search, minimal_mask: int, group: list[int], target: int) -> 
             h, e = h + cs.hangs, e + cs.exposure_s
         if e > 0:
             rows = [(cell.hangs, cell.exposure_s, int(h), e)]
-            p = 1.0 - p_as_strong(rows, 1.0) + _point(rows)
+            p = 1.0 - p_as_strong(rows, 1.0) + point_probability(rows)
             if p <= best_p:
                 best, best_p = j, p
     if best is not None:
@@ -305,15 +189,62 @@ def _looks_slow(search: Search, cs) -> bool:
     if cell.hangs == 0 or cs.exposure_s <= 0:
         return False
     rows = [(cell.hangs, cell.exposure_s, cs.hangs, cs.exposure_s)]
-    upper = 1.0 - p_as_strong(rows, 1.0) + _point(rows)
+    upper = 1.0 - p_as_strong(rows, 1.0) + point_probability(rows)
     return upper <= GROUP_SLOW_LEVEL
 
 
-def _point(rows: list[tuple[int, float, int, float]]) -> float:
-    """P(exactly the observed hangs with the flag | no effect): p_as_strong's tail less this is
-    the tail above."""
-    h, e, h0, e0 = rows[0]
-    return float(st.binom.pmf(h, h + h0, e / (e + e0)))
+def _until_slow(search: Search, cs) -> float:
+    """The config's exposure at which, without another hang, it would look slow (_looks_slow); its
+    own exposure when SOAK_TO_DECISION is off, and inf while the failing cell has not hung."""
+    cell = search.stats_of(search.full)
+    if not SOAK_TO_DECISION:
+        return cs.exposure_s
+    if cell.hangs == 0:
+        return math.inf
+    # _looks_slow's tail, P(X >= the cell's hangs | Binomial(all hangs, the cell's share of the
+    # exposure)), is the Beta(cell hangs, config hangs + 1) cdf at that share: its quantile at the
+    # level is the share where the tail reaches it (a hair less, so that float rounding does not
+    # leave the pass a hair short)
+    share = float(st.beta.ppf(GROUP_SLOW_LEVEL, cell.hangs, cs.hangs + 1)) * (1.0 - 1e-9)
+    if share <= 0.0:
+        return math.inf
+    return max(cs.exposure_s, cell.exposure_s * (1.0 - share) / share)
+
+
+def _until_called(search: Search, minimal_mask: int, j: int, longest_s: float) -> float:
+    """The exposure of flag j's removal from the failing cell at which, without another hang, the
+    flag would be called early (_suspects' test and level), found to CALLED_STEPS bisection steps
+    (a hair long rather than short); `longest_s` when not even that would call it, and the removal's
+    own exposure when SOAK_TO_DECISION is off."""
+    bit = 1 << j
+    target = search.full & ~bit
+    cell = search.stats_of(search.full)
+    now = search.configs[target].exposure_s if target in search.configs else 0.0
+    if not SOAK_TO_DECISION or cell.exposure_s <= 0:
+        return now
+    rows = strata_by_config(search, bit, minimal_mask)
+    hangs = search.configs[target].hangs if target in search.configs else 0
+    level = _clear_level(search, minimal_mask)
+
+    def called_at(exposure_s: float) -> bool:
+        rows[target] = (cell.hangs, cell.exposure_s, hangs, exposure_s)
+        c = compare(list(rows.values()), search.s.confidence, interval=False)
+        return c.p_value <= level and (c.ratio >= 1 or hangs >= INNOCENT_HANGS)
+
+    low, high = now, max(longest_s, now)
+    if called_at(low) or not called_at(high):
+        return low if called_at(low) else high
+    for _ in range(CALLED_STEPS):
+        mid = (low + high) / 2.0
+        low, high = (low, mid) if called_at(mid) else (mid, high)
+    return high
+
+
+def _clear_level(search: Search, minimal_mask: int) -> float:
+    """The level at which a flag is called early: a third of its Holm share, so that looking after
+    every soak does not spend the family's error budget on the innocent flags."""
+    outside = search.n - bin(minimal_mask).count("1")
+    return (1.0 - search.s.confidence) / (3.0 * max(outside, 1))
 
 
 def _rules_out(search: Search, cs) -> bool:
@@ -350,9 +281,7 @@ def _cleared(search: Search, minimal_mask: int) -> int:
 def _suspects(search: Search, minimal_mask: int, longest_s: float) -> list[int]:
     """Flags outside the set whose verdict more soaking of their removal may still change."""
     comps = comparisons(search, minimal_mask, interval=False)
-    # a clear call stops a flag's soaks early; at a third of its Holm share, so that looking after
-    # every soak does not spend the family's error budget on the innocent flags
-    clear = (1.0 - search.s.confidence) / (3.0 * max(len(comps), 1))
+    clear = _clear_level(search, minimal_mask)
     out = []
     cleared = _cleared(search, minimal_mask)
     for j, c in comps.items():

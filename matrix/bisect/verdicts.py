@@ -15,7 +15,7 @@ from soakmatrix.matrix.contracts import stats
 from soakmatrix.matrix.contracts.durations import format_duration
 
 from .model import ConfigStats, Element, FlagVerdict, ValueProbe
-from .modifiers import called
+from .modifier_stats import called
 from .oracle import Probe
 
 if TYPE_CHECKING:

@@ -1,0 +1,156 @@
+"""The statistics of the modifier verdicts: does a flag outside the set change how often the hang
+comes, and by how much, read only between configs that differ in that flag alone.
+
+A flag j outside the set is compared only between configs that differ in j alone (strata: the
+failing cell and the failing cell without j, the set alone and the set plus j, ...). Pooling every
+config with j against every config without it mixes in the other flags' effects: with seed 002's
+autotune (8x) left out of the set, the configs without an innocent flag include the slow set alone
+and those with it do not, and the innocent flag looked like a modifier in a fifth of the runs.
+Within a stratum the hangs split binomially by exposure under "no effect"; the strata's sum is
+tested exactly (a convolution), and the rate ratio gets the interval that inverts the same test.
+Over the flags outside the set the verdicts are controlled family-wise (Holm): all of them
+irrelevant, they are called modifiers at most 1 - confidence of the time in total.
+
+What to soak for these verdicts is modifiers.py's; this module only reads the soaks.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+from scipy import stats as st
+
+if TYPE_CHECKING:
+    from .search import Search
+
+RATIO_GRID = np.exp(np.linspace(math.log(1e-3), math.log(1e3), 481))
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Rate with the flag / rate without it, in configs that differ in that flag alone."""
+
+    ratio: float                 # Mantel-Haenszel; inf when no hang without it, nan when no data
+    low: float
+    high: float
+    p_value: float               # two-sided exact, stratified
+    hangs_with: int
+    hangs_without: int
+    exposure_with: float
+    exposure_without: float
+
+
+def strata_by_config(search: Search, bit: int, within: int) -> dict[int, tuple[int, float, int, float]]:
+    """(hangs, exposure) with and without `bit` for each pair of configs that contain `within`
+    and differ in `bit` alone, both soaked; keyed by the config without `bit`."""
+    out = {}
+    for m, without in search.configs.items():
+        if m & bit or (m & within) != within or without.exposure_s <= 0:
+            continue
+        with_ = search.configs.get(m | bit)
+        if with_ is None or with_.exposure_s <= 0:
+            continue
+        out[m] = (with_.hangs, with_.exposure_s, without.hangs, without.exposure_s)
+    return out
+
+
+def strata(search: Search, bit: int, within: int) -> list[tuple[int, float, int, float]]:
+    """strata_by_config's rows, in the order the configs were first soaked."""
+    return list(strata_by_config(search, bit, within).values())
+
+
+def _sum_pmf(ns: list[int], ps: np.ndarray) -> np.ndarray:
+    """P(sum of Binomial(n_s, p_s) = x) for x = 0..sum(n), rows of `ps` being ratio values."""
+    pmf = np.ones((ps.shape[0], 1))
+    for s, n in enumerate(ns):
+        k = np.arange(n + 1)
+        part = st.binom.pmf(k[None, :], n, ps[:, s:s + 1])
+        pmf = np.array([np.convolve(a, b) for a, b in zip(pmf, part)])
+    return pmf
+
+
+def compare(rows: list[tuple[int, float, int, float]], confidence: float, interval: bool = True) -> Comparison:
+    """The stratified exact comparison of the rate with and without a flag (`interval`: with the
+    ratio's interval, which inverts the test over a grid of ratios: the slow part)."""
+    ha = sum(r[0] for r in rows)
+    hb = sum(r[2] for r in rows)
+    ea = sum(r[1] for r in rows)
+    eb = sum(r[3] for r in rows)
+    ns = [r[0] + r[2] for r in rows if r[0] + r[2] > 0]
+    used = [r for r in rows if r[0] + r[2] > 0]
+    if not ns:
+        return Comparison(math.nan, 0.0, math.inf, 1.0, ha, hb, ea, eb)
+    num = sum(r[0] * r[3] / (r[1] + r[3]) for r in used)
+    den = sum(r[2] * r[1] / (r[1] + r[3]) for r in used)
+    ratio = num / den if den > 0 else math.inf
+    grid = np.concatenate([[1.0], RATIO_GRID]) if interval else np.array([1.0])
+    ea_s = np.array([r[1] for r in used])
+    eb_s = np.array([r[3] for r in used])
+    ps = grid[:, None] * ea_s[None, :] / (grid[:, None] * ea_s[None, :] + eb_s[None, :])
+    pmf = _sum_pmf(ns, ps)
+    upper = pmf[:, ha:].sum(axis=1)          # P(X >= observed | ratio)
+    lower = pmf[:, :ha + 1].sum(axis=1)      # P(X <= observed | ratio)
+    p_value = float(min(1.0, 2.0 * min(upper[0], lower[0])))
+    if not interval:
+        return Comparison(ratio, math.nan, math.nan, p_value, ha, hb, ea, eb)
+    a = (1.0 - confidence) / 2.0
+    inside = (upper[1:] > a) & (lower[1:] > a)
+    low = float(RATIO_GRID[inside].min()) if inside.any() else math.nan
+    high = float(RATIO_GRID[inside].max()) if inside.any() else math.nan
+    if inside.any() and inside[0]:
+        low = 0.0
+    if inside.any() and inside[-1]:
+        high = math.inf
+    return Comparison(ratio, low, high, p_value, ha, hb, ea, eb)
+
+
+def p_as_strong(rows: list[tuple[int, float, int, float]], factor: float) -> float:
+    """P(at most the observed hangs with the flag | rate with it = factor x without), stratified:
+    small when the flag (or group) cannot be an x factor modifier."""
+    used = [r for r in rows if r[0] + r[2] > 0]
+    if not used:
+        return 1.0
+    ps = np.array([[factor * r[1] / (factor * r[1] + r[3]) for r in used]])
+    pmf = _sum_pmf([r[0] + r[2] for r in used], ps)[0]
+    return float(pmf[:sum(r[0] for r in used) + 1].sum())
+
+
+def holm(p_values: list[float], alpha: float) -> list[bool]:
+    """Holm's step-down: which hypotheses are rejected, family-wise at `alpha`."""
+    order = sorted(range(len(p_values)), key=lambda i: p_values[i])
+    rejected = [False] * len(p_values)
+    m = len(p_values)
+    for rank, i in enumerate(order):
+        if p_values[i] > alpha / (m - rank):
+            break
+        rejected[i] = True
+    return rejected
+
+
+def comparisons(search: Search, minimal_mask: int, interval: bool = True) -> dict[int, Comparison]:
+    """Each flag outside the set: its stratified comparison within configs that hold the set."""
+    out = {}
+    for j in range(search.n):
+        bit = 1 << j
+        if minimal_mask & bit:
+            continue
+        out[j] = compare(strata(search, bit, minimal_mask), search.s.confidence, interval)
+    return out
+
+
+def called(search: Search, minimal_mask: int) -> dict[int, tuple[Comparison, bool]]:
+    """Each flag outside the set: its comparison and whether Holm calls it a modifier."""
+    comps = comparisons(search, minimal_mask)
+    keys = list(comps)
+    rejected = holm([comps[j].p_value for j in keys], 1.0 - search.s.confidence)
+    return {j: (comps[j], r) for j, r in zip(keys, rejected)}
+
+
+def point_probability(rows: list[tuple[int, float, int, float]]) -> float:
+    """P(exactly the observed hangs with the flag | no effect), one stratum: p_as_strong's tail at
+    factor 1 less this is the tail above."""
+    h, e, h0, e0 = rows[0]
+    return float(st.binom.pmf(h, h + h0, e / (e + e0)))
