@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
+import time
 from pathlib import Path
 
 # Every Ray cluster a test starts (in this process or a CLI it runs) stays on 127.0.0.1: Ray would
@@ -31,13 +33,14 @@ REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "matrix" / "examples"
 
 
-def start_ray_cluster(head_node_args, nodes=None, attempts: int = 3):
+def start_ray_cluster(head_node_args, nodes=None, attempts: int = 3, ready=None):
     """A `ray.cluster_utils.Cluster` (head plus `nodes`: name -> add_node kwargs) with this process
     connected as its driver: (cluster, {name: node}). `head_node_args` is a dict or a function
     returning one (fresh ports per attempt). On a loaded machine a node can miss Ray's 30 s start-up
     window ("node timed out during startup"): the partial cluster is shut down and the start tried
     again, as `soakmatrix.matrix.schedule.cluster.start_local` does; its head's agent takes a free
-    port, as there (HEAD_PORTS)."""
+    port, as there (HEAD_PORTS). `ready(cluster)` raises when a started cluster is not yet usable
+    after all (then it is shut down and started again too)."""
     import ray
     from ray.cluster_utils import Cluster
 
@@ -51,6 +54,8 @@ def start_ray_cluster(head_node_args, nodes=None, attempts: int = 3):
             added = {name: cluster.add_node(**kwargs) for name, kwargs in (nodes or {}).items()}
             ray.init(address=cluster.address, log_to_driver=False)
             cluster.wait_for_nodes()
+            if ready is not None:
+                ready(cluster)
             return cluster, added
         except BaseException:
             try:
@@ -80,6 +85,25 @@ class ClientCluster(str):
         return "\n".join(parts) or f"(no Ray Client server log in {self.logs})"
 
 
+def wait_for_client_server(port: int, logs: Path, timeout_s: float = 90.0) -> None:
+    """Until the head's Ray Client server listens on `port`. Ray starts that server as a process of
+    its own, which on a loaded machine can die at its start ("Timed out waiting for node info") and
+    leave nothing at the port; then (its log says so, or the port stays shut) this raises, and the
+    cluster is started again."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=2.0).close()
+            return
+        except OSError:
+            died = [log.name for log in logs.glob("ray_client_server*.err")
+                    if "Traceback" in log.read_text(errors="replace")]
+            if died or time.monotonic() > deadline:
+                raise RuntimeError(f"the Ray Client server on port {port} "
+                                   + (f"died at its start ({', '.join(died)})" if died else f"did not listen in {timeout_s:.0f} s"))
+            time.sleep(0.5)
+
+
 @contextlib.contextmanager
 def ray_client_cluster(h200: dict):
     """A cluster whose head (no GPUs) runs the Ray Client server, with one H200 node (`h200`: its
@@ -94,7 +118,11 @@ def ray_client_cluster(h200: dict):
         client["port"] = free_port()
         return {"num_cpus": 1, "num_gpus": 0, "ray_client_server_port": client["port"]}
 
-    cluster, _ = start_ray_cluster(head_node_args, {"h200": dict(h200, resources={"accelerator_type:H200": 1})})
+    def client_server_listens(cluster) -> None:
+        wait_for_client_server(client["port"], Path(cluster.head_node.get_logs_dir_path()))
+
+    cluster, _ = start_ray_cluster(head_node_args, {"h200": dict(h200, resources={"accelerator_type:H200": 1})},
+                                   ready=client_server_listens)
     ray.shutdown()
     address = ClientCluster(f"ray://127.0.0.1:{client['port']}")
     address.logs = Path(cluster.head_node.get_logs_dir_path())

@@ -298,6 +298,25 @@ def test_other_connection_errors_are_not_asked_again():
     assert not client_session_failed(ConnectionError("nothing answers")) and client_session_failed(_session_failure())
 
 
+def test_the_test_clusters_ray_client_server_that_died_at_its_start_is_told_at_once(tmp_path):
+    # Ray's head starts its Ray Client server apart; on a loaded machine it can die at its start and
+    # leave nothing at its port (a clean-clone run saw "Timed out waiting for node info"): the tests'
+    # cluster then starts again instead of handing out a dead address
+    from conftest import free_port, wait_for_client_server
+
+    (tmp_path / "ray_client_server.err").write_text(
+        "INFO server.py:913 -- Starting Ray Client server on 127.0.0.1\nTraceback (most recent call last):\n"
+        "RuntimeError: Timed out waiting for node info for node_id=1878.\n")
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match="died at its start"):
+        wait_for_client_server(free_port(), tmp_path)
+    assert time.monotonic() - started < 5
+    with pytest.raises(RuntimeError, match="did not listen in 1 s"):
+        wait_for_client_server(free_port(), tmp_path / "no-logs", timeout_s=1.0)
+    with socket.create_server(("127.0.0.1", 0)) as listening:
+        wait_for_client_server(listening.getsockname()[1], tmp_path)
+
+
 @pytest.mark.slow
 def test_a_real_ray_client_session_that_fails_to_start_once_is_asked_again_and_connects():
     """Against a real Ray Client server: the first session start fails as CI once saw it fail
