@@ -167,8 +167,7 @@ def _split(search: Search, minimal_mask: int, group: list[int], target: int) -> 
                 continue
             h, e = h + cs.hangs, e + cs.exposure_s
         if e > 0:
-            rows = [(cell.hangs, cell.exposure_s, int(h), e)]
-            p = 1.0 - p_as_strong(rows, 1.0) + point_probability(rows)
+            p = _slower_tail(cell.hangs, cell.exposure_s, int(h), e)
             if p <= best_p:
                 best, best_p = j, p
     if best is not None:
@@ -188,9 +187,14 @@ def _looks_slow(search: Search, cs) -> bool:
     cell = search.stats_of(search.full)
     if cell.hangs == 0 or cs.exposure_s <= 0:
         return False
-    rows = [(cell.hangs, cell.exposure_s, cs.hangs, cs.exposure_s)]
-    upper = 1.0 - p_as_strong(rows, 1.0) + point_probability(rows)
-    return upper <= GROUP_SLOW_LEVEL
+    return _slower_tail(cell.hangs, cell.exposure_s, cs.hangs, cs.exposure_s) <= GROUP_SLOW_LEVEL
+
+
+def _slower_tail(cell_hangs: int, cell_exposure_s: float, hangs: float, exposure_s: float) -> float:
+    """P(the failing cell takes at least the hangs it took of both | both as fast), one-sided: small
+    when the other config is slower than the failing cell (_until_slow inverts it)."""
+    rows = [(cell_hangs, cell_exposure_s, hangs, exposure_s)]
+    return 1.0 - p_as_strong(rows, 1.0) + point_probability(rows)
 
 
 def _until_slow(search: Search, cs) -> float:
@@ -201,7 +205,7 @@ def _until_slow(search: Search, cs) -> float:
         return cs.exposure_s
     if cell.hangs == 0:
         return math.inf
-    # _looks_slow's tail, P(X >= the cell's hangs | Binomial(all hangs, the cell's share of the
+    # _slower_tail, P(X >= the cell's hangs | Binomial(all hangs, the cell's share of the
     # exposure)), is the Beta(cell hangs, config hangs + 1) cdf at that share: its quantile at the
     # level is the share where the tail reaches it (a hair less, so that float rounding does not
     # leave the pass a hair short)
@@ -229,15 +233,24 @@ def _until_called(search: Search, minimal_mask: int, j: int, longest_s: float) -
     def called_at(exposure_s: float) -> bool:
         rows[target] = (cell.hangs, cell.exposure_s, hangs, exposure_s)
         c = compare(list(rows.values()), search.s.confidence, interval=False)
-        return c.p_value <= level and (c.ratio >= 1 or hangs >= INNOCENT_HANGS)
+        return _called_early(c, hangs, level)
 
     low, high = now, max(longest_s, now)
-    if called_at(low) or not called_at(high):
-        return low if called_at(low) else high
+    if called_at(low):
+        return low
+    if not called_at(high):
+        return high
     for _ in range(CALLED_STEPS):
         mid = (low + high) / 2.0
         low, high = (low, mid) if called_at(mid) else (mid, high)
     return high
+
+
+def _called_early(c, removal_hangs: int, level: float) -> bool:
+    """A flag's comparison calls it before its soaks are done: at `level`, and either slower
+    without it or on INNOCENT_HANGS+ hangs of its removal (a removal that hung once, quickly, is no
+    call that the flag slows the hang)."""
+    return c.p_value <= level and (c.ratio >= 1 or removal_hangs >= INNOCENT_HANGS)
 
 
 def _clear_level(search: Search, minimal_mask: int) -> float:
@@ -294,8 +307,7 @@ def _suspects(search: Search, minimal_mask: int, longest_s: float) -> list[int]:
         if cs is None:
             out.append(j)      # dropped with a group (ablation), not yet soaked alone
             continue
-        if c.p_value <= clear and (c.ratio >= 1 or cs.hangs >= INNOCENT_HANGS):
-            # (a removal that hung once, quickly, is no call that the flag slows the hang)
+        if _called_early(c, cs.hangs, clear):
             continue
         if cs.hangs >= MEASURE_HANGS or cs.exposure_s >= longest_s:
             continue
