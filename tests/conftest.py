@@ -152,6 +152,14 @@ def default_sigint():
     yield
 
 
+def pytest_configure(config):
+    """What the suite says while it runs long, and its limits (tests/suite_watch.py): a plugin of its own,
+    as its hooks share names with xdist_suite's."""
+    from tests import suite_watch
+    if not config.pluginmanager.is_registered(suite_watch):
+        config.pluginmanager.register(suite_watch, "soakmatrix-suite-watch")
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     if hasattr(config, "workerinput"):   # the order a worker reports is the order units are handed out

@@ -94,9 +94,9 @@ def pytest_xdist_make_scheduler(config, log):
 @pytest.hookimpl(optionalhook=True)
 def pytest_handlecrashitem(crashitem: str, report: pytest.TestReport, sched) -> None:
     """The first CRASH_RERUNS crashes under a test reschedule it and report the try as `rerun`; after
-    those, the crash stays the failure xdist reports."""
+    those, the crash stays the failure xdist reports. A test that hung past its timeout is not run again."""
     _crashes[crashitem] = _crashes.get(crashitem, 0) + 1
-    if _crashes[crashitem] > CRASH_RERUNS:
+    if _crashes[crashitem] > CRASH_RERUNS or getattr(report, "stopped_past_timeout", False):   # tests/suite_watch.py
         if give_up := getattr(sched, "give_up", None):
             give_up(crashitem)
         return
