@@ -4,7 +4,8 @@ CI gives `make test` 90 minutes and keeps only the tail of what it printed. A ru
 ends as "Terminated" with nothing said about which test hung or where (stop 41: 872 of 880 reports,
 then silence until CI's limit). So the suite watches itself, and says it in its own output:
 
-- **What is running.** Every REPORT_EVERY_S the controller prints which tests run and for how long.
+- **What is running.** Every REPORT_EVERY_S the controller prints which tests run and for how long,
+  the load, and the processes that used the most CPU since (a process a test left behind shows there).
 - **A test past its timeout.** pytest-timeout's signal stops a test at its timeout, but only when
   Python gets to run: a test blocked in C (a lock, a socket in a library's own thread), or whose
   teardown blocks again after the signal, is never stopped. Each test arms a backstop of its own
@@ -33,6 +34,7 @@ import threading
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 DEADLINE_S = float(os.environ.get("SOAKMATRIX_SUITE_DEADLINE_S", 78 * 60))   # CI: 90 min, install included
@@ -65,6 +67,8 @@ def _say(line: str) -> None:
         return
     capture = _config.pluginmanager.get_plugin("capturemanager")   # without workers a test's output is captured
     with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
+        if reporter._tw.width_of_current_line:   # not after the progress dots of the line being written
+            reporter._tw.line()
         reporter.write_line(line)
         reporter._tw.flush()
 
@@ -152,17 +156,39 @@ def running_now(now: float) -> list[str]:
     return [f"{nodeid} ({(now - start) / 60:.1f} min)" for nodeid, start in sorted(_running.items(), key=lambda x: x[1])]
 
 
+def _cpu_seconds() -> dict[int, tuple[float, str]]:
+    """Each process's CPU seconds so far and a short name for it."""
+    seen = {}
+    for process in psutil.process_iter(["cpu_times", "cmdline", "name"]):
+        times, cmdline = process.info["cpu_times"], process.info["cmdline"]
+        if times is None:
+            continue
+        name = " ".join(" ".join(cmdline).split())[:80] if cmdline else (process.info["name"] or "?")
+        seen[process.pid] = (times.user + times.system, name)
+    return seen
+
+
+def busiest(before: dict[int, tuple[float, str]], after: dict[int, tuple[float, str]], count: int = 3) -> list[str]:
+    """The processes that used the most CPU between two snapshots: a leftover engine spinning on a
+    core slows every later test, and is what to look for when the suite runs long."""
+    used = [(seconds - before.get(pid, (0.0, ""))[0], pid, name) for pid, (seconds, name) in after.items()]
+    return [f"{name} (pid {pid}, {cpu:.0f} s)" for cpu, pid, name in sorted(used, reverse=True)[:count] if cpu >= 1]
+
+
 def _watch() -> None:
     next_report = _started + REPORT_EVERY_S if REPORT_EVERY_S > 0 else float("inf")
     deadline = _started + DEADLINE_S if DEADLINE_S > 0 else float("inf")
+    last_cpu = _cpu_seconds()
     while True:
         now = time.monotonic()
         if now >= deadline:
             _at_deadline(now)
             return
         if now >= next_report:
-            running = running_now(now)
-            _say(f"[suite {(now - _started) / 60:.0f} min] running: {', '.join(running) or 'nothing'}")
+            running, cpu = running_now(now), _cpu_seconds()
+            _say(f"[suite {(now - _started) / 60:.0f} min] running: {', '.join(running) or 'nothing'}; "
+                 f"load {os.getloadavg()[0]:.1f}; busiest since the last report: {', '.join(busiest(last_cpu, cpu)) or '-'}")
+            last_cpu = cpu
             next_report += REPORT_EVERY_S
         time.sleep(max(0.05, min(next_report, deadline) - time.monotonic()))
 

@@ -86,7 +86,7 @@ def test_at_the_deadline_the_run_says_what_still_runs_with_the_workers_stacks_an
     out = run.stdout
     assert run.returncode == 2, out[-3000:]                   # pytest's "interrupted": CI fails, with a summary
     assert took < 40, out[-3000:]
-    assert "[suite 0 min] running: test_suite.py::test_sleeps_long (0.0 min)" in out
+    assert "[suite 0 min] running: test_suite.py::test_sleeps_long (0.0 min); load " in out
     deadline = out[out.index("the suite's deadline (0 min, SOAKMATRIX_SUITE_DEADLINE_S) passed; still running:"):]
     assert "  test_suite.py::test_sleeps_long (0.1 min)" in deadline
     assert "stacks of worker gw" in deadline and "in test_sleeps_long" in deadline
@@ -101,3 +101,13 @@ def test_without_workers_the_deadline_prints_the_runs_own_stacks(tmp_path):
     deadline = out[out.index("passed; still running:"):]
     assert "test_suite.py::test_sleeps_long" in deadline
     assert "stacks of worker main" in deadline and "in test_sleeps_long" in deadline
+
+
+def test_the_busiest_processes_are_those_that_used_the_most_cpu_between_two_reports():
+    from tests.suite_watch import busiest
+
+    before = {1: (100.0, "ray::IDLE"), 2: (5.0, "vllm serve m"), 3: (50.0, "python -m pytest")}
+    after = {1: (101.5, "ray::IDLE"), 2: (605.0, "vllm serve m"), 3: (80.0, "python -m pytest"), 4: (0.2, "sleep 9")}
+    assert busiest(before, after) == ["vllm serve m (pid 2, 600 s)", "python -m pytest (pid 3, 30 s)",
+                                      "ray::IDLE (pid 1, 2 s)"]
+    assert busiest(before, after, count=1) == ["vllm serve m (pid 2, 600 s)"]
