@@ -101,3 +101,26 @@ def test_a_test_that_kills_its_worker_twice_fails(tmp_path):
     assert tries == 2                     # run once more, not for ever
     assert "1 failed, 4 passed, 1 rerun" in out, out[-3000:]
     assert "FAILED test_dies.py::test_dies" in out
+
+
+def test_a_worker_that_dies_after_finishing_modules_leaves_no_test_unrun(tmp_path):
+    # The dead worker had finished several modules before it died. Were those handed out again (as
+    # xdist's LoadScope does), a worker would get no test, no report would come back to hand out
+    # the next module, and the run would wait for ever with 8 tests unrun (a clean-clone run; CI)
+    (tmp_path / "conftest.py").write_text(
+        f"import sys\nsys.path.insert(0, {str(REPO / 'tests')!r})\n"
+        "from xdist_suite import (pytest_handlecrashitem, pytest_report_teststatus,  # noqa: F401\n"
+        "                         pytest_terminal_summary, pytest_xdist_make_scheduler)\n")
+    for module in range(30):
+        tests = [f"def test_{t}():\n    time.sleep(0.05)\n" for t in range(4)]
+        if module == 12:
+            tests[1] = ("def test_1():\n    tries = Path(os.environ['TRIES_FILE'])\n"
+                        "    tries.write_text(tries.read_text() + 'x' if tries.exists() else 'x')\n"
+                        "    if len(tries.read_text()) == 1:\n        os._exit(9)\n")
+        (tmp_path / f"test_m{module:02d}.py").write_text("import os\nimport time\nfrom pathlib import Path\n\n\n"
+                                                        + "\n\n".join(tests))
+    run = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "--no-loadscope-reorder", "-p", "no:cacheprovider",
+                          "--rootdir", str(tmp_path), str(tmp_path)], capture_output=True, text=True, timeout=120,
+                         cwd=tmp_path, env={**os.environ, "TRIES_FILE": str(tmp_path / "tries")})
+    assert run.returncode == 0, run.stdout[-3000:]
+    assert "120 passed, 1 rerun" in run.stdout, run.stdout[-3000:]

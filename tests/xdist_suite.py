@@ -70,12 +70,20 @@ def pytest_xdist_make_scheduler(config, log):
         def _split_scope(self, nodeid: str) -> str:
             return work_unit(nodeid)
 
+        def remove_node(self, node) -> str | None:
+            """A worker is gone: put its unfinished units back in the queue, and only those.
+            LoadScope's own puts back every unit the worker was ever given, finished ones too; a
+            finished unit handed out again sends a worker no test, so no report comes back to hand
+            out the next unit, and the run waits for ever with both workers idle (a clean-clone run:
+            after the worker crash in test_schedule.py, 8 tests were never run; CI's 90 min ran out)."""
+            workload = self.assigned_work.get(node, {})
+            for scope in [scope for scope, unit in workload.items() if all(unit.values())]:
+                del workload[scope]
+            return super().remove_node(node)
+
         def mark_test_pending(self, item: str) -> None:
-            """Run `item` again. `remove_node` has already put the dead worker's unfinished tests back
-            in the queue, this one among them (it never completed); a test not queued gets a unit of
-            its own."""
-            if not any(unit.get(item) is False for unit in self.workqueue.values()):
-                self.workqueue[f"{work_unit(item)} (rerun of {item})"] = {item: False}
+            """Run `item` again: `remove_node` has already put the dead worker's unfinished tests back
+            in the queue, this one among them (it never completed); hand them out."""
             for node in self.assigned_work:
                 self._reschedule(node)
 
