@@ -45,6 +45,8 @@ STACKS_SIGNAL = signal.SIGUSR1
 STACK_LINES = 300                        # of one worker's stacks, printed at the deadline
 
 _running: dict[str, float] = {}          # node id -> when it started (monotonic), in the controller
+_collected: set[str] = set()             # what the run is to run, and what of it has finished
+_finished: set[str] = set()
 _started = time.monotonic()
 _config: pytest.Config | None = None
 
@@ -147,9 +149,21 @@ def pytest_runtest_logstart(nodeid: str, location) -> None:
         _running[nodeid] = time.monotonic()
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node, ids) -> None:
+    _collected.update(ids)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if not _is_worker(session.config):   # without workers, the controller collects
+        _collected.update(item.nodeid for item in session.items)
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if report.when in ("teardown", "???"):   # "???": xdist's report for a test whose worker died
         _running.pop(report.nodeid, None)
+        if report.when == "teardown" or report.outcome != "rerun":
+            _finished.add(report.nodeid)
 
 
 def running_now(now: float) -> list[str]:
@@ -198,6 +212,9 @@ def _at_deadline(now: float) -> None:
     _say(f"the suite's deadline ({DEADLINE_S / 60:.0f} min, SOAKMATRIX_SUITE_DEADLINE_S) passed; still running:")
     for line in running_now(now) or ["nothing"]:
         _say(f"  {line}")
+    unfinished = len(_collected - _finished)
+    _say(f"{unfinished} of {len(_collected)} tests not finished" + (
+        ", none running: the workers were handed no more (tests/xdist_suite.py)" if unfinished and not _running else ""))
     pids = {path.stem: int(path.read_text()) for path in _dumps().glob("*.pid")}
     for pid in pids.values():
         try:

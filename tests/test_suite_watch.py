@@ -88,7 +88,7 @@ def test_at_the_deadline_the_run_says_what_still_runs_with_the_workers_stacks_an
     assert took < 40, out[-3000:]
     assert "[suite 0 min] running: test_suite.py::test_sleeps_long (0.0 min); load " in out
     deadline = out[out.index("the suite's deadline (0 min, SOAKMATRIX_SUITE_DEADLINE_S) passed; still running:"):]
-    assert "  test_suite.py::test_sleeps_long (0.1 min)" in deadline
+    assert "  test_suite.py::test_sleeps_long (0.1 min)\n1 of 2 tests not finished\n" in deadline
     assert "stacks of worker gw" in deadline and "in test_sleeps_long" in deadline
     assert "1 passed" in deadline.splitlines()[-1], out[-3000:]
 
@@ -99,7 +99,7 @@ def test_without_workers_the_deadline_prints_the_runs_own_stacks(tmp_path):
     assert run.returncode == 2, out[-3000:]
     assert took < 40, out[-3000:]
     deadline = out[out.index("passed; still running:"):]
-    assert "test_suite.py::test_sleeps_long" in deadline
+    assert "test_suite.py::test_sleeps_long" in deadline and "1 of 2 tests not finished" in deadline
     assert "stacks of worker main" in deadline and "in test_sleeps_long" in deadline
 
 
