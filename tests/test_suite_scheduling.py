@@ -65,13 +65,16 @@ def test_two():
 '''
 
 
+# a small suite's conftest with this suite's xdist hooks
+CONFTEST = (f"import sys\nsys.path.insert(0, {str(REPO / 'tests')!r})\n"
+            "from xdist_suite import (pytest_handlecrashitem, pytest_report_teststatus,  # noqa: F401\n"
+            "                         pytest_terminal_summary, pytest_xdist_make_scheduler)\n")
+
+
 def run_two_workers(tmp_path, die: str) -> tuple[subprocess.CompletedProcess, int]:
     """A suite of five tests on two xdist workers with this suite's hooks; one test kills its worker
     the first time (`die="once"`) or every time (`"always"`). The output and the test's tries."""
-    (tmp_path / "conftest.py").write_text(
-        f"import sys\nsys.path.insert(0, {str(REPO / 'tests')!r})\n"
-        "from xdist_suite import (pytest_handlecrashitem, pytest_report_teststatus,  # noqa: F401\n"
-        "                         pytest_terminal_summary, pytest_xdist_make_scheduler)\n")
+    (tmp_path / "conftest.py").write_text(CONFTEST)
     (tmp_path / "test_dies.py").write_text(DIES)
     (tmp_path / "test_other.py").write_text(OTHER)
     tries = tmp_path / "tries"
@@ -107,10 +110,7 @@ def test_a_worker_that_dies_after_finishing_modules_leaves_no_test_unrun(tmp_pat
     # The dead worker had finished several modules before it died. Were those handed out again (as
     # xdist's LoadScope does), a worker would get no test, no report would come back to hand out
     # the next module, and the run would wait for ever with 8 tests unrun (a clean-clone run; CI)
-    (tmp_path / "conftest.py").write_text(
-        f"import sys\nsys.path.insert(0, {str(REPO / 'tests')!r})\n"
-        "from xdist_suite import (pytest_handlecrashitem, pytest_report_teststatus,  # noqa: F401\n"
-        "                         pytest_terminal_summary, pytest_xdist_make_scheduler)\n")
+    (tmp_path / "conftest.py").write_text(CONFTEST)
     for module in range(30):
         tests = [f"def test_{t}():\n    time.sleep(0.05)\n" for t in range(4)]
         if module == 12:
