@@ -156,6 +156,7 @@ def test_site_fires_once_and_writes_the_hang_record(tmp_path, monkeypatch):
         time.sleep(0.01)
     assert fired is not None and fired.hang.id == "planted-silent_stall"
     assert site.check(config(), running=3) is fired
+    fp.wait_for_records()
     lines = record.read_text().splitlines()
     assert len(lines) == 1
     rec = json.loads(lines[0])

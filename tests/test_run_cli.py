@@ -154,7 +154,10 @@ def test_demo_end_to_end_finds_the_planted_hangs(tmp_path):
         # on a failure, what was found beside what the simulator says truly hung (if anything did)
         planted = r.artifacts.get("sim_hangs")
         truth = Path(planted).read_text() if planted and Path(planted).exists() else "no planted hang fired"
-        seen = f"{r.cell_name}: {r.signature} ({r.detector}: {r.message}); the simulator: {truth}"
+        notes = r.artifacts.get("evidence_notes")
+        notes = Path(notes).read_text() if notes and Path(notes).exists() else ""
+        seen = (f"{r.cell_name}: {r.signature} ({r.detector}: {r.message}); the simulator: {truth}; "
+                f"stuck frames: {r.stuck_frames}; culprit: {r.culprit}; evidence notes: {notes}")
         if r.signature == "event_sync_stall":
             assert r.flags["async_scheduling"] is True and r.flags["tp"] == 2 and r.gpu_type == "H200", seen
         else:

@@ -6,6 +6,8 @@ seconds: the ring-buffer warning comes every 0.6 s and the RPC timeout after 3 s
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import shutil
 import subprocess
@@ -114,6 +116,31 @@ def test_silent_styles(tmp_path, style: str, frames: list[str]) -> None:
     finally:
         code = sp.stop()
     assert code == 0 and not sp.leftover                 # SIGTERM ends a hung engine's whole tree
+
+
+def test_the_engine_is_in_the_hangs_frame_while_its_record_is_still_being_written(tmp_path) -> None:
+    """A record file that blocks its writer (a FIFO nobody reads yet: a disk that holds an fsync for
+    seconds, as a busy CI host's does) must not keep the engine core out of the planted frame: its
+    stacks are what classifies the hang."""
+    started = time.time()
+    os.mkfifo(tmp_path / "sim-hangs.jsonl")
+    sp, record = start(tmp_path, "event_sync_stall")
+    try:
+        loader = background_load(sp, 6.0)
+        deadline, dump = time.monotonic() + 30, ""
+        while time.monotonic() < deadline and "_to_list" not in dump:
+            dump = py_spy(core_pid(sp))
+            if dump is None:
+                pytest.skip("py-spy cannot attach here (ptrace)")
+            time.sleep(0.2)
+        assert "_to_list" in dump and "_TransferEvent.synchronize" in dump, dump
+        with open(record, encoding="utf-8") as fifo:    # now the record can be written, and is
+            rec = json.loads(fifo.readline())
+        check_record(rec, "event_sync_stall", started)
+        loader.join(timeout=10)
+    finally:
+        code = sp.stop()
+    assert code == 0 and not sp.leftover
 
 
 def test_shm_broadcast(tmp_path) -> None:

@@ -6,6 +6,7 @@
 `engine_client.py` the bridge to the engine core, `metrics.py` /metrics and the stats line. The
 engine core: `core.py` its loop and where hangs begin, `scheduler.py` batching and the KV cache,
 `executor.py` the model runners and step times, `shm_broadcast.py` the message queue they stall in,
-`hangs.py` when hangs fire (armed by `jobs/hang_arming.py`, shared with the fault plugin);
+`hangs.py` when hangs fire (armed by `jobs/hang_arming.py`, shared with the fault plugin),
+`hang_record.py` the record of when they began;
 `clocks.py` vLLM's clocks under `--time-scale`.
 """

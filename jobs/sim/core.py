@@ -3,9 +3,9 @@
 Runs in its own process (forked by the API server), like vLLM V1's EngineCore: requests arrive on an
 input queue, each step is scheduled (`scheduler.py`), broadcast to the model runners which spend the
 step's time (`executor.py`), and the sampled tokens go back to the API server with the scheduler's
-stats. The loop advances the hang clock (`hangs.py`); when a hang fires, `_begin_hang` writes its
-record and plants it where vLLM was seen stuck: `silent_stall` parks the busy thread in
-`Scheduler.schedule`; `event_sync_stall` in `_to_list` -> `_TransferEvent.synchronize`;
+stats. The loop advances the hang clock (`hangs.py`); when a hang fires, `_begin_hang` plants it
+where vLLM was seen stuck, then records it (`hang_record.py`): `silent_stall` parks the busy thread
+in `Scheduler.schedule`; `event_sync_stall` in `_to_list` -> `_TransferEvent.synchronize`;
 `shm_broadcast` silences one model runner while this thread waits in
 `shm_broadcast.MessageQueue.acquire_read` (warnings, then `RPC call to sample_tokens timed out`,
 a fatal error); `crash` raises in the step.
@@ -29,6 +29,7 @@ from soakmatrix.matrix.contracts.hangmodel import STYLE_SIGNATURE, load_or_empty
 from .args import BLOCK_SIZE, SimConfig
 from .clocks import Clocks
 from .executor import Executor, step_time_s
+from .hang_record import HangRecorder
 from .hangs import ArmedHang, HangClock, arm
 from .proc import die_with_parent, reset_child_signals, set_process_title, setup_process_logging, vlog
 from .scheduler import CoreRequest, Scheduler, SchedulerOutput
@@ -55,6 +56,7 @@ class EngineCore:
                                    config.time_scale, config.build))
         self.executor = Executor(config, clocks)
         self.hung: ArmedHang | None = None
+        self.recorder = HangRecorder(config.hang_record)
 
     def spec_text(self) -> str:
         c = self.config
@@ -186,15 +188,6 @@ class EngineCore:
             "mttf_s": armed.mttf_s, "fires_after_s": armed.fires_after_s, "accrued_s": round(armed.accrued_s, 6),
             "time_scale": self.config.time_scale, "pid": os.getpid(),
         }
-        if self.config.hang_record:
-            path = self.config.hang_record
-            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-            with open(path, "a", encoding="utf-8") as fh:
-                fh.write(json.dumps(record, sort_keys=True) + "\n")
-                fh.flush()
-                os.fsync(fh.fileno())
-        vlog(logging.DEBUG, "sim_core.py:1", "soakmatrix sim: hang %s (%s) began: %s",
-             armed.hang.id, style, json.dumps(record, sort_keys=True))
         if style == "silent_stall":
             self.scheduler.stalled = True
         elif style == "event_sync_stall":
@@ -203,6 +196,10 @@ class EngineCore:
             self.executor.hang_rank = self.executor.tp - 1
         elif style == "crash":
             self.executor.crash_next = True
+        # the record after the hang is planted, and off this thread: see hang_record.py
+        self.recorder.write(record)
+        vlog(logging.DEBUG, "sim_core.py:1", "soakmatrix sim: hang %s (%s) began: %s",
+             armed.hang.id, style, json.dumps(record, sort_keys=True))
 
 
 def run_engine_core(config: SimConfig, inbox: Any, outbox: Any, parent_pid: int) -> None:
@@ -232,6 +229,7 @@ def run_engine_core(config: SimConfig, inbox: Any, outbox: Any, parent_pid: int)
     finally:
         if core is not None:
             core.executor.shutdown()
+            core.recorder.close()
         try:
             outbox.close()
             outbox.join_thread()
