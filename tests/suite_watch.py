@@ -12,7 +12,7 @@ then silence until CI's limit). So the suite watches itself, and says it in its 
   (`faulthandler.dump_traceback_later`, which runs in C): HANG_GRACE_S after the timeout it writes
   every thread's stack to a file and ends the worker. The controller reports that test as failed,
   with those stacks, and does not run it again (a worker that died for another reason does get a
-  second try: tests/xdist_suite.py).
+  second try: tests/xdist_suite.py). Without workers it ends the run, so the stacks go to stderr.
 - **The suite's deadline.** At DEADLINE_S the controller prints the tests still running and each
   worker's stacks (faulthandler on SIGUSR1, which a blocked worker answers too), and interrupts the
   run: pytest then prints its summary, failures included, before CI's own limit would cut it off.
@@ -49,6 +49,7 @@ _collected: set[str] = set()             # what the run is to run, and what of i
 _finished: set[str] = set()
 _started = time.monotonic()
 _config: pytest.Config | None = None
+_stderr_fd: int | None = None            # without workers: the terminal's stderr, for the backstop's stacks
 
 
 def _is_worker(config: pytest.Config) -> bool:
@@ -108,6 +109,10 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     # a run of its own, even inside a test of this suite (a pytest a test starts inherits the variable)
     os.environ[DUMPS_ENV] = tempfile.mkdtemp(prefix="soakmatrix-suite-")
+    # without workers a backstop ends the only process, so no one would read its file: its stacks go
+    # to the terminal instead (capture is suspended here, so fd 2 is still the real stderr)
+    global _stderr_fd
+    _stderr_fd = os.dup(2)
     if DEADLINE_S > 0 or REPORT_EVERY_S > 0:
         threading.Thread(target=_watch, name="suite-watch", daemon=True).start()
 
@@ -120,7 +125,8 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem):
         return
     path = _hang_file(item.nodeid)
     with open(path, "w") as dump:   # empty unless the backstop fires: a worker that died otherwise leaves it so
-        faulthandler.dump_traceback_later(timeout + HANG_GRACE_S, exit=True, file=dump)
+        alone = not _is_worker(item.config) and _stderr_fd is not None
+        faulthandler.dump_traceback_later(timeout + HANG_GRACE_S, exit=True, file=_stderr_fd if alone else dump)
         try:
             yield
         finally:

@@ -103,6 +103,14 @@ def test_without_workers_the_deadline_prints_the_runs_own_stacks(tmp_path):
     assert "stacks of worker main" in deadline and "in test_sleeps_long" in deadline
 
 
+def test_without_workers_a_test_blocked_past_its_timeout_ends_the_run_with_its_stacks_on_stderr(tmp_path):
+    run, took = run_suite(tmp_path, HANGS, workers=False, SOAKMATRIX_TEST_HANG_GRACE_S=2, SOAKMATRIX_SUITE_REPORT_S=0)
+    assert run.returncode != 0 and took < 40, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "Timeout (0:00:03)!" in run.stderr, run.stderr[-3000:]
+    stacks = run.stderr[run.stderr.index("Timeout (0:00:03)!"):]
+    assert "in test_blocks_past_its_timeout" in stacks, stacks
+
+
 def test_the_busiest_processes_are_those_that_used_the_most_cpu_between_two_reports():
     from tests.suite_watch import busiest
 
