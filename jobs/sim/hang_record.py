@@ -2,10 +2,10 @@
 
 The record is the ground truth that tests and benchmarks judge the detectors by, so it is flushed and
 fsynced. It is written off the engine thread: the hang's frame must be where the engine is from the
-moment the hang begins, as in vLLM. Written on the engine thread, an fsync that a busy disk held for
-a few seconds (ext4 commits the whole journal for it) kept the engine core inside the write when the
-detectors fired, so its stacks showed the write and not the planted frame, and an `event_sync_stall`
-was classified as a silent stall.
+moment the hang begins, as in vLLM. Written on the engine thread, an fsync that a busy disk holds for
+a few seconds keeps the engine core inside the write when the detectors fire: its stacks show the
+write, not the planted frame, and an `event_sync_stall` reads as a silent stall (the likely cause of
+the demo test's failures on loaded CI machines, README "Known limits").
 """
 
 from __future__ import annotations
