@@ -179,17 +179,42 @@ def test_run_with_cap_turns_an_exception_into_infra_error(fleet):
 
 
 def test_run_with_cap_on_interrupt_tears_down_then_reraises(fleet):
+    import _thread
+
     matrix, cells = fleet
     spec = spec_of(matrix, cells[0])
     torn_down = threading.Event()
+
+    def soak(s, stop, on_event):
+        _thread.interrupt_main()   # Ray's cancel, once the cell runs
+        stop.wait(60)
+        torn_down.set()
+        return passed(s)
+
+    with pytest.raises(KeyboardInterrupt):
+        run_with_cap(soak, spec, cap_s=60, poll_s=0.05)
+    assert torn_down.is_set()
+
+
+def test_run_with_cap_interrupted_while_its_thread_starts_still_tears_down(fleet, monkeypatch):
+    """On a busy machine the interrupt can land in Thread.start(), which waits for the new thread:
+    the cell runs by then and must be torn down all the same (CI saw it missed)."""
+    matrix, cells = fleet
+    spec = spec_of(matrix, cells[0])
+    torn_down = threading.Event()
+    start = threading.Thread.start
+
+    def start_then_interrupted(thread):
+        start(thread)
+        if thread.name.startswith("soak-"):
+            raise KeyboardInterrupt
 
     def soak(s, stop, on_event):
         stop.wait(60)
         torn_down.set()
         return passed(s)
 
-    import _thread
-    threading.Timer(0.3, _thread.interrupt_main).start()
+    monkeypatch.setattr(threading.Thread, "start", start_then_interrupted)
     with pytest.raises(KeyboardInterrupt):
         run_with_cap(soak, spec, cap_s=60, poll_s=0.05)
     assert torn_down.is_set()

@@ -39,8 +39,11 @@ def run_with_cap(run_cell: RunCell, spec: SoakSpec, cap_s: float, *, grace_s: fl
         finally:
             finished.set()
 
-    threading.Thread(target=target, name=f"soak-{spec.cell_id}", daemon=True).start()
+    worker = threading.Thread(target=target, name=f"soak-{spec.cell_id}", daemon=True)
     try:
+        # started inside the try: an interrupt can land while start() waits for the thread, which
+        # by then runs the cell (a busy machine makes that wait long)
+        worker.start()
         while not finished.is_set() and time.time() - started < cap_s:
             finished.wait(poll_s)
     except KeyboardInterrupt:
