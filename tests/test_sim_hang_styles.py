@@ -127,12 +127,20 @@ def test_the_engine_is_in_the_hangs_frame_while_its_record_is_still_being_writte
     sp, record = start(tmp_path, "event_sync_stall")
     try:
         loader = background_load(sp, 6.0)
-        deadline, dump = time.monotonic() + 30, ""
-        while time.monotonic() < deadline and "_to_list" not in dump:
+        # stuck, not caught passing through: each step calls _to_list, so the frame must still be
+        # there a second later with no token made in between
+        deadline, dump, stuck = time.monotonic() + 30, "", False
+        while time.monotonic() < deadline and not stuck:
+            before = sp.metrics()
             dump = py_spy(core_pid(sp))
             if dump is None:
                 pytest.skip("py-spy cannot attach here (ptrace)")
-            time.sleep(0.2)
+            time.sleep(1.0)
+            after = sp.metrics()
+            stuck = ("_TransferEvent.synchronize" in dump and after["vllm:num_requests_running"] > 0
+                     and after["vllm:generation_tokens_total"] == before["vllm:generation_tokens_total"])
+        assert stuck, dump
+        dump = py_spy(core_pid(sp))
         assert "_to_list" in dump and "_TransferEvent.synchronize" in dump, dump
         with open(record, encoding="utf-8") as fifo:    # now the record can be written, and is
             rec = json.loads(fifo.readline())
