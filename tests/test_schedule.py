@@ -198,7 +198,7 @@ def test_run_with_cap_on_interrupt_tears_down_then_reraises(fleet):
 
 def test_run_with_cap_interrupted_while_its_thread_starts_still_tears_down(fleet, monkeypatch):
     """On a busy machine the interrupt can land in Thread.start(), which waits for the new thread:
-    the cell runs by then and must be torn down all the same (CI saw it missed)."""
+    the cell runs by then and must be torn down all the same (a clean-clone run saw it missed)."""
     matrix, cells = fleet
     spec = spec_of(matrix, cells[0])
     torn_down = threading.Event()

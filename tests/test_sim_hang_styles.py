@@ -120,7 +120,7 @@ def test_silent_styles(tmp_path, style: str, frames: list[str]) -> None:
 
 def test_the_engine_is_in_the_hangs_frame_while_its_record_is_still_being_written(tmp_path) -> None:
     """A record file that blocks its writer (a FIFO nobody reads yet: a disk that holds an fsync for
-    seconds, as a busy CI host's does) must not keep the engine core out of the planted frame: its
+    seconds, as a busy host's can) must not keep the engine core out of the planted frame: its
     stacks are what classifies the hang."""
     started = time.time()
     os.mkfifo(tmp_path / "sim-hangs.jsonl")
