@@ -46,6 +46,12 @@ def start_ray_cluster(head_node_args, nodes=None, attempts: int = 3, ready=None)
 
     from soakmatrix.matrix.schedule.cluster import HEAD_PORTS, retry_start
 
+    # Cluster() writes the head's address to the default temp dir's `ray_current_cluster` even when
+    # the head has a temp dir of its own; on a fresh machine where no Ray has run, that folder is
+    # missing and the start fails (seen running test_run_cli.py alone on a new machine)
+    from ray._private.utils import get_ray_address_file
+    Path(get_ray_address_file(None)).parent.mkdir(parents=True, exist_ok=True)
+
     def once():
         cluster = None
         try:
