@@ -59,7 +59,14 @@ def leftovers(marker: str) -> list[psutil.Process]:
 
 def assert_gone(marker: str, timeout: float = 30) -> None:
     psutil.wait_procs(leftovers(marker), timeout=timeout)
-    assert leftovers(marker) == [], f"processes left behind mentioning {marker}"
+    left = []
+    for p in leftovers(marker):
+        try:
+            left.append(f"pid {p.pid} ppid {p.ppid()} started {time.time() - p.create_time():.0f} s ago: "
+                        f"{' '.join(p.cmdline())}")
+        except psutil.Error:
+            continue
+    assert left == [], f"processes left behind mentioning {marker}: {left}"
 
 
 def store_of(out: Path):
