@@ -46,7 +46,7 @@ TMP_PREFIX = "soakmatrix-"
 # where vLLM puts its ZMQ IPC sockets (defaults to tempfile.gettempdir(), i.e. TMPDIR)
 RPC_BASE_ENV = "VLLM_RPC_BASE_PATH"
 # names the private temp dir in the server's environment, for whoever reaps a server whose
-# RunningServer is gone (fixtures/pytest_reaper.py, after a killed pytest worker)
+# RunningServer is gone (jobs/reaper.py, after a killed pytest worker or Ray worker)
 OWNED_TMP_ENV = "SOAKMATRIX_TMPDIR"
 
 # Lines that say the engine refused its flags (vLLM's argparse, its config validation, the sim's own).

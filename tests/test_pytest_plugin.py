@@ -29,7 +29,7 @@ from soakmatrix.fixtures.pytest_cells import (
     verdict_of,
 )
 from soakmatrix.fixtures.pytest_placement import GpuShare, Worker, gpus_for_cell, split_gpus, visible_gpus, worker_of
-from soakmatrix.fixtures.pytest_reaper import OWNER_ENV
+from soakmatrix.jobs.reaper import OWNER_ENV
 from soakmatrix.matrix.cells import Cell
 from soakmatrix.matrix.contracts.flags import build_argv
 from soakmatrix.matrix.contracts.outcomes import Outcome
