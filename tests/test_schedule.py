@@ -6,6 +6,7 @@ import sys
 import threading
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -583,3 +584,68 @@ def test_ray_killed_worker_is_infra_error_and_retried(ray_cluster, fleet):
     assert [r.outcome for r in rec.retrying] == [Outcome.INFRA_ERROR]
     assert "Worker" in rec.retrying[0].message or "died" in rec.retrying[0].message.lower()
     assert result.outcome is Outcome.PASSED and result.attempt == 2 and len(result.retries) == 1
+
+
+def starts_an_engine_then_dies(spec, stop=None, on_event=None):
+    """A soak job whose worker is SIGKILLed mid-cell (OOM killer, forced cancel) on the first attempt,
+    after its engine started: a server in a session of its own with a child of its own, as vLLM's
+    API server and engine core are. Their pids go to `<artifacts>/engine.pids`."""
+    import os
+    import signal
+    from pathlib import Path
+
+    import psutil
+
+    from soakmatrix.jobs import server_process
+    from soakmatrix.jobs.engines.protocol import LaunchCommand
+
+    if spec.attempt == 1:
+        child = "import time; time.sleep(120)"
+        argv = [sys.executable, "-c", f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', "
+                                      f"{child!r}]); time.sleep(120)"]
+        server = server_process.start(LaunchCommand(argv), spec.artifacts_dir, "127.0.0.1", 0, extra_env=spec.env)
+        deadline = time.time() + 20
+        while not psutil.Process(server.process.pid).children() and time.time() < deadline:
+            time.sleep(0.1)
+        pids = [server.process.pid, *(c.pid for c in psutil.Process(server.process.pid).children())]
+        Path(spec.artifacts_dir, "engine.pids").write_text(" ".join(map(str, pids)))
+        time.sleep(1.5)   # the reaper looks at each new process within 0.5 s
+        os.kill(os.getpid(), signal.SIGKILL)
+    return sleepy_run_cell(spec, stop, on_event)
+
+
+@pytest.mark.slow
+def test_ray_worker_killed_mid_cell_leaves_no_engine_behind(ray_cluster, fleet, tmp_path):
+    import psutil
+
+    from soakmatrix.matrix.schedule import RayLauncher
+
+    matrix, cells = fleet
+    pc = cell(cells, "H200", 1)
+    spec = soak_spec_for(pc, matrix, "sim", str(tmp_path), soak_s=0.5)
+    summary = run_cells([pc], lambda pc: spec, RayLauncher(run_cell=starts_an_engine_then_dies), Recorder(),
+                        retries=1, cap_s=120, poll_s=0.2)
+    [result] = summary.results
+    assert result.outcome is Outcome.PASSED and result.attempt == 2
+    pids = [int(p) for p in (Path(spec.artifacts_dir) / "engine.pids").read_text().split()]
+    assert len(pids) == 2   # the server and its child
+    engines = []
+    for pid in pids:
+        try:
+            engines.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            continue
+    _, alive = psutil.wait_procs(engines, timeout=20)
+    left = [p for p in alive if running(p)]
+    for p in left:
+        p.kill()
+    assert [p.pid for p in left] == [], "the killed worker's engine lives on"
+
+
+def running(p) -> bool:
+    import psutil
+
+    try:
+        return p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

@@ -1,5 +1,6 @@
 """What runs inside one cell's Ray task, on the node Ray chose: the soak job under its hard cap,
-with the GPUs Ray assigned, reporting where and when it began.
+with the GPUs Ray assigned, reporting where and when it began, its engine owned by the worker's
+reaper (`jobs/reaper.py`) so that no engine outlives a worker killed mid-cell.
 """
 
 from __future__ import annotations
@@ -76,6 +77,25 @@ def with_assigned_gpus(spec: SoakSpec, gpu_ids: Sequence[Any]) -> SoakSpec:
     return replace(spec, env={**spec.env, "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in gpu_ids)})
 
 
+_worker_reaper: Any = None   # this Ray worker's watcher; a worker runs many soak jobs in turn
+
+
+def owned_by_this_worker(spec: SoakSpec) -> SoakSpec:
+    """`spec` with its engine marked as this worker's (the reaper's token in its env): if the worker
+    dies mid-cell, even by SIGKILL, the reaper stops the engine's whole tree. A reaper that cannot
+    start leaves the spec as it was: the soak job still tears its engine down itself."""
+    global _worker_reaper
+    from soakmatrix.jobs.reaper import Reaper
+
+    try:
+        if _worker_reaper is None:
+            _worker_reaper = Reaper()
+        _worker_reaper.ensure()
+    except OSError:
+        return spec
+    return replace(spec, env={**spec.env, **_worker_reaper.env})
+
+
 def soak_task(spec: SoakSpec, mailbox: Any, cap_s: float, run_cell: RunCell | None) -> dict:
     """The Ray task body: runs on the node Ray chose, with the GPUs Ray assigned."""
     import ray
@@ -84,7 +104,7 @@ def soak_task(spec: SoakSpec, mailbox: Any, cap_s: float, run_cell: RunCell | No
         from soakmatrix.jobs.soak import run_cell
     node = ray.get_runtime_context().get_node_id()
     mailbox.post.remote((spec.cell_id, spec.attempt, node, time.time()))
-    spec = with_assigned_gpus(spec, ray.get_gpu_ids())
+    spec = owned_by_this_worker(with_assigned_gpus(spec, ray.get_gpu_ids()))
     result = run_with_cap(run_cell, spec, cap_s)
     result.extra["ray_node_id"] = node
     if spec.build:
