@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import psutil
+import pytest
 
 from soakmatrix.jobs.sim.args import parse_sim_argv
 from soakmatrix.jobs.sim.clocks import Clocks
-from soakmatrix.jobs.sim.executor import Executor
+from soakmatrix.jobs.sim.executor import Executor, worker_main
 
 
 def test_the_executor_is_up_only_once_every_worker_has_its_name_and_loop() -> None:
@@ -21,3 +22,23 @@ def test_the_executor_is_up_only_once_every_worker_has_its_name_and_loop() -> No
     finally:
         executor.shutdown()
     assert not any(p.is_alive() for p in executor.procs)
+
+
+def rank_1_dies_at_start(inbox, outbox, rank, config, parent_pid) -> None:
+    """A worker that exits before its READY when it is rank 1 (an import error, the OOM killer)."""
+    import os
+
+    if rank == 1:
+        os._exit(3)
+    worker_main(inbox, outbox, rank, config, parent_pid)
+
+
+def test_a_worker_that_dies_before_it_is_ready_is_named_with_its_exit_code_and_the_rest_stopped(monkeypatch) -> None:
+    from soakmatrix.jobs.sim import executor as executor_module
+
+    monkeypatch.setattr(executor_module, "worker_main", rank_1_dies_at_start)
+    before = {c.pid for c in psutil.Process().children()}
+    with pytest.raises(RuntimeError, match=r"Worker_TP1 \(pid \d+\) exited with code 3 before it became ready"):
+        Executor(parse_sim_argv(["m", "-tp", "2"], environ={}), Clocks.from_env(1.0))
+    left = [c for c in psutil.Process().children() if c.pid not in before and c.status() != psutil.STATUS_ZOMBIE]
+    assert left == [], "a worker of the failed start lives on"

@@ -126,7 +126,15 @@ class Executor:
         # as vLLM's MultiprocExecutor waits for each WorkerProc's READY: the engine (and /health) is up
         # only once every worker has its name and its loop
         for rank, (reader, proc) in enumerate(zip(readers, self.procs)):
-            if not reader.poll(WORKER_READY_TIMEOUT_S) or reader.recv() != READY:
+            try:
+                ready = reader.poll(WORKER_READY_TIMEOUT_S) and reader.recv() == READY
+            except (EOFError, OSError):   # its end of the pipe closed: the worker died first
+                proc.join(timeout=2)
+                self.shutdown()
+                raise RuntimeError(f"Worker_TP{rank} (pid {proc.pid}) exited with code {proc.exitcode} "
+                                   "before it became ready") from None
+            if not ready:
+                self.shutdown()
                 raise RuntimeError(f"Worker_TP{rank} (pid {proc.pid}) did not become ready "
                                    f"in {WORKER_READY_TIMEOUT_S:.0f} s")
         self.mq = MessageQueue(writers, readers, clocks.ring_warning_s, int(clocks.ring_warning_nominal))
