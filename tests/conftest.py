@@ -33,6 +33,16 @@ REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "matrix" / "examples"
 
 
+def running(process) -> bool:
+    """A psutil process still running: neither gone nor a zombie waiting for its parent."""
+    import psutil
+
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def start_ray_cluster(head_node_args, nodes=None, attempts: int = 3, ready=None):
     """A `ray.cluster_utils.Cluster` (head plus `nodes`: name -> add_node kwargs) with this process
     connected as its driver: (cluster, {name: node}). `head_node_args` is a dict or a function

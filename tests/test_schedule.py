@@ -592,7 +592,6 @@ def starts_an_engine_then_dies(spec, stop=None, on_event=None):
     API server and engine core are. Their pids go to `<artifacts>/engine.pids`."""
     import os
     import signal
-    from pathlib import Path
 
     import psutil
 
@@ -617,6 +616,7 @@ def starts_an_engine_then_dies(spec, stop=None, on_event=None):
 @pytest.mark.slow
 def test_ray_worker_killed_mid_cell_leaves_no_engine_behind(ray_cluster, fleet, tmp_path):
     import psutil
+    from conftest import running
 
     from soakmatrix.matrix.schedule import RayLauncher
 
@@ -641,11 +641,3 @@ def test_ray_worker_killed_mid_cell_leaves_no_engine_behind(ray_cluster, fleet, 
         p.kill()
     assert [p.pid for p in left] == [], "the killed worker's engine lives on"
 
-
-def running(p) -> bool:
-    import psutil
-
-    try:
-        return p.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import psutil
 import pytest
+from conftest import running
 
 from soakmatrix.jobs.sim.args import parse_sim_argv
 from soakmatrix.jobs.sim.clocks import Clocks
@@ -40,5 +41,6 @@ def test_a_worker_that_dies_before_it_is_ready_is_named_with_its_exit_code_and_t
     before = {c.pid for c in psutil.Process().children()}
     with pytest.raises(RuntimeError, match=r"Worker_TP1 \(pid \d+\) exited with code 3 before it became ready"):
         Executor(parse_sim_argv(["m", "-tp", "2"], environ={}), Clocks.from_env(1.0))
-    left = [c for c in psutil.Process().children() if c.pid not in before and c.status() != psutil.STATUS_ZOMBIE]
+    left = [c.pid for c in psutil.Process().children() if c.pid not in before and running(c)]
     assert left == [], "a worker of the failed start lives on"
+
