@@ -147,6 +147,8 @@ def _soak(spec: SoakSpec, engine: Engine, result: CellResult, stop: threading.Ev
         # of its own timeout meanwhile (vLLM's RPC timeout after an shm hang)
         ev = evidence_mod.capture(server, folder / "evidence", pyspy_timeout_s=options.pyspy_timeout_s, stop=stop)
         load.stop(timeout_s=5)
+        # how long the stacks took says whether a missing culprit was the engine dying meanwhile
+        result.extra["evidence_s"] = round(ev.seconds, 2)
         emit("evidence", {"artifacts": sorted(ev.artifacts), "seconds": round(ev.seconds, 1)})
         log_lines = server.log_text(4_000_000).splitlines()[-options.log_lines_for_classifier:]
         record_finding(result, verdict, ev, log_lines, server.poll(), load_start, scale,

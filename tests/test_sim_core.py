@@ -160,10 +160,11 @@ def test_clocks_scale_with_a_floor_for_the_stats_line(monkeypatch) -> None:
     monkeypatch.delenv("VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", raising=False)
     c = Clocks.from_env(120.0)
     assert c.ring_warning_s == pytest.approx(0.5)
-    # 300/120 s would leave a soak job 2 s to find the stuck engine alive: it lives 5 s past its first warning
+    # 300/120 s would leave a soak job 2 s to find the stuck engine alive: it lives longer past its first warning
     assert c.rpc_timeout_s == pytest.approx(0.5 + Clocks.EVIDENCE_WINDOW_S)
     assert c.stats_interval_s == 0.5                      # 10/120 floored
     assert Clocks.from_env(1.0).stats_interval_s == 10.0
     assert Clocks.from_env(4.0).rpc_timeout_s == 75.0
+    assert Clocks.from_env(30.0).rpc_timeout_s == pytest.approx(2.0 + Clocks.EVIDENCE_WINDOW_S)
     monkeypatch.setenv("VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", "2")
     assert Clocks.from_env(1.0).rpc_timeout_s == 2.0      # never longer than vLLM's own timeout

@@ -49,8 +49,10 @@ class Clocks:
     # time for a soak job to see the stuck engine and take its stacks. Scaled by 150 that is 1.6 s,
     # less than detection and py-spy take on a busy machine, and the job then found a dead engine
     # (the same planted hang got a second fingerprint). The scaled engine keeps at least this long
-    # after its first warning, never longer than vLLM itself would.
-    EVIDENCE_WINDOW_S = 5.0
+    # after its first warning, never longer than vLLM itself would. 5 s was not enough: with both
+    # cores busy, detection took up to 1.1 s and `py-spy dump --native` of the tree 3-6 s, and CI
+    # once lost the stuck worker's stacks.
+    EVIDENCE_WINDOW_S = 20.0
 
     @property
     def rpc_timeout_s(self) -> float:
