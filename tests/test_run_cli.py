@@ -173,7 +173,10 @@ def test_demo_end_to_end_finds_the_planted_hangs(tmp_path):
     # one planted bug, one finding: the shm broadcast hang's stuck step is the same at TP 1 (a thread
     # of the engine core) and TP 2 (a worker process)
     shm = [r for r in hangs if r.signature == "shm_broadcast_timeout"]
-    assert {r.flags["tp"] for r in shm} == {1, 2} and len({r.fingerprint for r in shm}) == 1
+    how = [(r.flags["tp"], r.fingerprint, r.culprit or "no culprit", r.extra.get("evidence_s"),
+            Path(r.artifacts["evidence_notes"]).read_text() if "evidence_notes" in r.artifacts else "")
+           for r in shm]   # a missing culprit: whose stacks were not taken, and how long taking them took
+    assert {r.flags["tp"] for r in shm} == {1, 2} and len({r.fingerprint for r in shm}) == 1, how
     assert (out / "dashboard" / "index.html").is_file()
     assert_gone(f"_{proc.pid}/")       # the local Ray cluster (its session is named after the driver)
     assert_gone(str(out))              # every simulated server
