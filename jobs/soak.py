@@ -11,6 +11,7 @@ they compare with the hang model's MTTFs; `detected_after_s` is always wall seco
 from __future__ import annotations
 
 import json
+import shutil
 import socket
 import sys
 import threading
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from soakmatrix.jobs.detect.protocol import Detector, build_detectors
+from soakmatrix.jobs.detect.protocol import Detector, HangVerdict, build_detectors
 from soakmatrix.matrix.contracts.outcomes import Outcome
 from soakmatrix.matrix.contracts.result import CellResult
 
@@ -28,6 +29,7 @@ from . import evidence as evidence_mod
 from . import server_process, teardown
 from .artifacts import scrub_result, seal, secrets_of
 from .engines import Engine, get_engine
+from .hang_confirmation import ConfirmationWindow, confirm, needs_confirmation
 from .load import LoadDriver
 from .soak_spec import SoakSpec, effective_time_scale
 from .verdict_result import record_exposure, record_finding
@@ -35,6 +37,7 @@ from .watchdog import Watchdog, WatchdogConfig
 
 EventSink = Callable[[str, dict], None]
 PORT_RETRIES = 2   # a port race at start-up is retried in place, not reported
+STALLS_WITH_EVIDENCE = 3   # a cell that keeps stalling keeps the stacks of its first few stalls
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,7 @@ class SoakOptions:
     drain_s: float = 30.0            # after the soak: in-flight requests may finish (and hang) this long
     teardown_grace_s: float = 10.0
     pyspy_timeout_s: float = 20.0
+    confirmation: ConfirmationWindow = ConfirmationWindow()   # how long a hang must outlast its verdict
     log_lines_for_classifier: int = 5000
     state_dir: str | None = None     # where leaks are carried to the next cell; default: the cells folder
 
@@ -122,11 +126,12 @@ def _soak(spec: SoakSpec, engine: Engine, result: CellResult, stop: threading.Ev
         load.start()
         load_start, mono0 = time.time(), time.monotonic()
         emit("load", {"workload": spec.workload.name, "wall_s": wall_soak})
-        verdict = dog.watch(until=mono0 + wall_soak, stop=stop, done=lambda: load.finished)
+        watch = _HangWatch(dog, load, server, folder, result, emit, options, stop)
+        verdict, ev = watch.until(mono0 + wall_soak, done=lambda: load.finished)
         if verdict is None and not stop.is_set():
             load.stop_sending()   # the soak is over; what is still in flight may yet hang
-            verdict = dog.watch(until=time.monotonic() + options.drain_s, stop=stop,
-                                done=lambda: load.finished or load.snapshot().open_streams == 0)
+            verdict, ev = watch.until(time.monotonic() + options.drain_s,
+                                      done=lambda: load.finished or load.snapshot().open_streams == 0)
         now = time.time()
         stats = load.stats.summary()
         result.tokens, result.requests = int(stats["tokens"]), int(stats["completed"])
@@ -138,14 +143,10 @@ def _soak(spec: SoakSpec, engine: Engine, result: CellResult, stop: threading.Ev
         if stop.is_set():
             result.outcome, result.message = Outcome.INFRA_ERROR, "cancelled"
             return
-        if verdict is None:
+        if verdict is None or ev is None:
             _passed(result, stats)
             _attach_sim_record(result, folder)   # a simulated hang no detector saw shows up here
             return
-        emit("verdict", {"detector": verdict.detector, "kind": verdict.kind, "message": verdict.message})
-        # the stacks before anything else: stopping the load can take seconds, and an engine may die
-        # of its own timeout meanwhile (vLLM's RPC timeout after an shm hang)
-        ev = evidence_mod.capture(server, folder / "evidence", pyspy_timeout_s=options.pyspy_timeout_s, stop=stop)
         load.stop(timeout_s=5)
         # how long the stacks took says whether a missing culprit was the engine dying meanwhile
         result.extra["evidence_s"] = round(ev.seconds, 2)
@@ -169,6 +170,51 @@ def _soak(spec: SoakSpec, engine: Engine, result: CellResult, stop: threading.Ev
             result.extra["leak"] = report.describe()
         if not result.log_tail:
             result.log_tail = server.log_tail(50)
+
+
+class _HangWatch:
+    """The watchdog's verdicts, each with its evidence, until one stands: a hang verdict after which
+    a token still reached the client was a stall (a starved host, a slow step), not a hang. Stalls
+    are kept in `result.extra["stalls"]` (the first few with their stacks) and the watch goes on."""
+
+    def __init__(self, dog: Watchdog, load: LoadDriver, server: Any, folder: Path, result: CellResult,
+                 emit: EventSink, options: SoakOptions, stop: threading.Event) -> None:
+        self.dog, self.load, self.server, self.folder, self.result = dog, load, server, folder, result
+        self.emit, self.options, self.stop = emit, options, stop
+
+    def until(self, deadline: float,
+              done: Callable[[], bool]) -> tuple[HangVerdict | None, evidence_mod.Evidence | None]:
+        """(verdict, its evidence) or (None, None) at `deadline` (time.monotonic()), `done()` or stop."""
+        while True:
+            verdict = self.dog.watch(until=deadline, stop=self.stop, done=done)
+            if verdict is None or self.stop.is_set():
+                return None, None
+            self.emit("verdict", {"detector": verdict.detector, "kind": verdict.kind, "message": verdict.message})
+            # the stacks before anything else: confirming or stopping the load takes seconds, and an
+            # engine may die of its own timeout meanwhile (vLLM's RPC timeout after an shm hang)
+            ev = evidence_mod.capture(self.server, self.folder / "evidence",
+                                      pyspy_timeout_s=self.options.pyspy_timeout_s, stop=self.stop)
+            if not needs_confirmation(verdict) or confirm(verdict, self.load.snapshot, time.time(),
+                                                          self.options.confirmation):
+                return verdict, ev
+            self._stall(verdict, ev)
+
+    def _stall(self, verdict: HangVerdict, ev: evidence_mod.Evidence) -> None:
+        stalls = self.result.extra.setdefault("stalls", [])
+        resumed = self.load.snapshot().last_token_at
+        began = verdict.since if verdict.since is not None else verdict.at
+        stall = {"detector": verdict.detector, "message": verdict.message, "began_at": began,
+                 "verdict_at": verdict.at, "resumed_at": resumed,
+                 "silent_s": round((resumed or verdict.at) - began, 2), "evidence_s": round(ev.seconds, 2)}
+        if len(stalls) < STALLS_WITH_EVIDENCE:
+            kept = self.folder / "stalls" / str(len(stalls) + 1)
+            kept.parent.mkdir(exist_ok=True)
+            ev.folder.rename(kept)
+            stall["evidence"] = str(kept)
+        else:
+            shutil.rmtree(ev.folder, ignore_errors=True)
+        stalls.append(stall)
+        self.emit("stall", {"detector": verdict.detector, "silent_s": stall["silent_s"]})
 
 
 def _first_request_sent(load: LoadDriver, driver_started: float, result: CellResult) -> float:
@@ -199,6 +245,11 @@ def _passed(result: CellResult, stats: Mapping[str, Any]) -> None:
     result.outcome = Outcome.PASSED
     result.message = (f"no hang in {result.exposure_s:.0f} s under load: {result.requests} requests, "
                       f"{result.tokens} tokens")
+    stalls = result.extra.get("stalls", [])
+    if stalls:
+        longest = max(s["silent_s"] for s in stalls)
+        result.message += (f"; {len(stalls)} stall{'s' if len(stalls) > 1 else ''} that recovered "
+                           f"(longest {longest:.1f} s of silence)")
 
 
 def _health_summary(health: Sequence[tuple[float, int | None]]) -> dict[str, Any]:

@@ -2,7 +2,8 @@
 
 Deterministic and small on purpose: a step loop emits one token per step to every open request;
 `--slow-prefill-s` makes a long prompt stall every stream for that long (a legitimate slow step);
-`--hang-after-s` stops the step loop (a silent stall: /health stays 200) and writes the true start
+`--freeze-after-s A --freeze-for-s B` freezes the whole server once for B s (a starved host: no
+token, no /metrics answer), then it goes on; `--hang-after-s` stops the step loop (a silent stall: /health stays 200) and writes the true start
 to `--hang-record`; `--hang-style shm` also prints vLLM's shm_broadcast/RPC-timeout lines, `exit`
 dies with a traceback instead, `error` answers every request with a 500 (a dead engine behind a
 living API server); `--child` adds a child process so the server is a process tree.
@@ -27,10 +28,11 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 class Engine:
     def __init__(self, step_s: float = 0.02, slow_prefill_s: float = 0.0, slow_prompt_words: int = 400,
                  hang_after_s: float | None = None, hang_style: str = "silent", hang_record: str | None = None,
-                 warn_every_s: float = 1.0) -> None:
+                 warn_every_s: float = 1.0, freeze_after_s: float | None = None, freeze_for_s: float = 0.0) -> None:
         self.step_s, self.slow_prefill_s, self.slow_prompt_words = step_s, slow_prefill_s, slow_prompt_words
         self.hang_after_s, self.hang_style, self.hang_record = hang_after_s, hang_style, hang_record
         self.warn_every_s = warn_every_s
+        self.freeze_after_s, self.freeze_for_s = freeze_after_s, freeze_for_s
         self.models_delay_s = 0.0
         self.registry = CollectorRegistry()
         self.gen = Counter("vllm:generation_tokens", "generated", registry=self.registry)
@@ -51,6 +53,10 @@ class Engine:
             if (not self.hung and self.hang_after_s is not None and self.first_load_at is not None
                     and time.monotonic() - self.first_load_at >= self.hang_after_s and self.queues):
                 self._hang()
+            if (self.freeze_after_s is not None and self.first_load_at is not None
+                    and time.monotonic() - self.first_load_at >= self.freeze_after_s):
+                self.freeze_after_s = None
+                time.sleep(self.freeze_for_s)   # blocks the event loop: the server answers nothing
             if self.hung:
                 if self.hang_style == "error":
                     for q in list(self.queues.values()):
@@ -191,6 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hang-after-s", type=float)
     p.add_argument("--hang-style", choices=["silent", "shm", "exit", "error"], default="silent")
     p.add_argument("--hang-record")
+    p.add_argument("--freeze-after-s", type=float)
+    p.add_argument("--freeze-for-s", type=float, default=0.0)
     p.add_argument("--startup-s", type=float, default=0.0)
     p.add_argument("--child", action="store_true")
     p.add_argument("--models-delay-s", type=float, default=0.0)   # a slow model discovery
@@ -199,7 +207,8 @@ def main(argv: list[str] | None = None) -> int:
         subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
     time.sleep(args.startup_s)
     engine = Engine(args.step_s, args.slow_prefill_s, args.slow_prompt_words, args.hang_after_s,
-                    args.hang_style, args.hang_record)
+                    args.hang_style, args.hang_record, freeze_after_s=args.freeze_after_s,
+                    freeze_for_s=args.freeze_for_s)
     engine.models_delay_s = args.models_delay_s
     print(f"INFO fake server on 127.0.0.1:{args.port}", flush=True)
     web.run_app(make_app(engine), host="127.0.0.1", port=args.port, print=None)

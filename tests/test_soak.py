@@ -5,12 +5,14 @@ import json
 import sys
 import tempfile
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 import psutil
 import pytest
 
 from soakmatrix.jobs import teardown
+from soakmatrix.jobs.hang_confirmation import ConfirmationWindow
 from soakmatrix.jobs.engines.protocol import LaunchCommand
 from soakmatrix.jobs.soak import SoakOptions, run_cell
 from soakmatrix.jobs.soak_spec import SoakSpec, effective_time_scale
@@ -86,7 +88,7 @@ def test_a_silent_hang_is_found_with_evidence_and_a_result_file(tmp_path):
     assert r.message.startswith("tokens stopped at ") and f"detector {r.detector} fired after" in r.message
     assert r.detected_after_s >= 3 and r.time_to_hang_s >= 2 and abs(r.exposure_s - r.time_to_hang_s) < 0.1
     assert r.tokens > 0 and r.requests > 0 and r.node and r.engine == "fake" and r.vllm_version == "fake 0"
-    assert r.fingerprint and r.stuck_frames and r.log_tail
+    assert r.fingerprint and r.stuck_frames and r.log_tail and "stalls" not in r.extra
     for name in ("py_spy", "metrics", "server_log", "sim_hangs", "result"):
         assert Path(r.artifacts[name]).exists(), name
     assert 0 < r.extra["latency_from_true_start_s"] < 20
@@ -94,6 +96,22 @@ def test_a_silent_hang_is_found_with_evidence_and_a_result_file(tmp_path):
     saved = json.loads(Path(r.artifacts["result"]).read_text())
     assert saved["outcome"] == "hang" and saved["signature"] == "silent_stall"
     assert events[:3] == ["launching", "ready", "load"] and events[-1] == "done" and "verdict" in events
+    no_process_left(r)
+
+
+def test_a_frozen_server_that_recovers_is_a_stall_kept_with_its_stacks_not_a_hang(tmp_path):
+    # a starved host: the whole server answers nothing for 6 s, longer than the 3 s stall threshold
+    options = replace(QUICK, confirmation=ConfirmationWindow(after_verdict_s=6))
+    r = run_cell(spec_for(tmp_path, soak_s=14), engine=FakeEngine("--freeze-after-s", "2", "--freeze-for-s", "6"),
+                 options=options)
+    assert r.outcome == Outcome.PASSED, r.message
+    [stall] = r.extra["stalls"]
+    assert stall["detector"] in ("progress", "stream") and stall["silent_s"] >= 3
+    assert stall["resumed_at"] > stall["verdict_at"]
+    assert "1 stall that recovered" in r.message
+    assert "Thread" in (Path(stall["evidence"]) / "py-spy.txt").read_text()   # the stall's stacks are kept
+    assert not (Path(spec_for(tmp_path).artifacts_dir) / "evidence").exists()
+    assert r.signature is None and r.extra["load"]["completed"] > 0
     no_process_left(r)
 
 
