@@ -11,7 +11,6 @@ they compare with the hang model's MTTFs; `detected_after_s` is always wall seco
 from __future__ import annotations
 
 import json
-import shutil
 import socket
 import sys
 import threading
@@ -32,12 +31,11 @@ from .engines import Engine, get_engine
 from .hang_confirmation import ConfirmationWindow, confirm, needs_confirmation
 from .load import LoadDriver
 from .soak_spec import SoakSpec, effective_time_scale
-from .verdict_result import record_exposure, record_finding
+from .verdict_result import record_exposure, record_finding, record_stall, stalls_summary
 from .watchdog import Watchdog, WatchdogConfig
 
 EventSink = Callable[[str, dict], None]
 PORT_RETRIES = 2   # a port race at start-up is retried in place, not reported
-STALLS_WITH_EVIDENCE = 3   # a cell that keeps stalling keeps the stacks of its first few stalls
 
 
 @dataclass(frozen=True)
@@ -200,20 +198,8 @@ class _HangWatch:
             self._stall(verdict, ev)
 
     def _stall(self, verdict: HangVerdict, ev: evidence_mod.Evidence) -> None:
-        stalls = self.result.extra.setdefault("stalls", [])
-        resumed = self.load.snapshot().last_token_at
-        began = verdict.since if verdict.since is not None else verdict.at
-        stall = {"detector": verdict.detector, "message": verdict.message, "began_at": began,
-                 "verdict_at": verdict.at, "resumed_at": resumed,
-                 "silent_s": round((resumed or verdict.at) - began, 2), "evidence_s": round(ev.seconds, 2)}
-        if len(stalls) < STALLS_WITH_EVIDENCE:
-            kept = self.folder / "stalls" / str(len(stalls) + 1)
-            kept.parent.mkdir(exist_ok=True)
-            ev.folder.rename(kept)
-            stall["evidence"] = str(kept)
-        else:
-            shutil.rmtree(ev.folder, ignore_errors=True)
-        stalls.append(stall)
+        stall = record_stall(self.result.extra.setdefault("stalls", []), verdict, ev,
+                             self.load.snapshot().last_token_at, self.folder / "stalls")
         self.emit("stall", {"detector": verdict.detector, "silent_s": stall["silent_s"]})
 
 
@@ -245,11 +231,7 @@ def _passed(result: CellResult, stats: Mapping[str, Any]) -> None:
     result.outcome = Outcome.PASSED
     result.message = (f"no hang in {result.exposure_s:.0f} s under load: {result.requests} requests, "
                       f"{result.tokens} tokens")
-    stalls = result.extra.get("stalls", [])
-    if stalls:
-        longest = max(s["silent_s"] for s in stalls)
-        result.message += (f"; {len(stalls)} stall{'s' if len(stalls) > 1 else ''} that recovered "
-                           f"(longest {longest:.1f} s of silence)")
+    result.message += stalls_summary(result.extra.get("stalls", []))
 
 
 def _health_summary(health: Sequence[tuple[float, int | None]]) -> dict[str, Any]:

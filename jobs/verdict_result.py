@@ -8,7 +8,9 @@ exposure that ends where the hang began. Pure: the callers capture the evidence 
 from __future__ import annotations
 
 import json
+import shutil
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any, Sequence
 
 from soakmatrix.matrix.contracts.outcomes import Outcome
@@ -34,6 +36,37 @@ def record_exposure(result: CellResult, load_start: float, verdict: HangVerdict 
     result.exposure_s = wall * scale
     result.extra["wall_exposure_s"] = round(wall, 3)
     result.extra["time_scale"] = scale
+
+
+STALLS_WITH_EVIDENCE = 3   # a cell that keeps stalling keeps the stacks of its first few stalls
+
+
+def record_stall(stalls: list[dict[str, Any]], verdict: HangVerdict, evidence: Evidence,
+                 resumed_at: float | None, stalls_dir: Path) -> dict[str, Any]:
+    """A hang verdict after which tokens came again (`jobs.hang_confirmation`): appended to `stalls`
+    (a result's `extra["stalls"]`), its evidence moved to `stalls_dir/<n>` for the first few, else deleted."""
+    began = hang_began(verdict)
+    stall = {"detector": verdict.detector, "message": verdict.message, "began_at": began,
+             "verdict_at": verdict.at, "resumed_at": resumed_at,
+             "silent_s": round((resumed_at or verdict.at) - began, 2), "evidence_s": round(evidence.seconds, 2)}
+    if len(stalls) < STALLS_WITH_EVIDENCE:
+        kept = stalls_dir / str(len(stalls) + 1)
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        evidence.folder.rename(kept)
+        stall["evidence"] = str(kept)
+    else:
+        shutil.rmtree(evidence.folder, ignore_errors=True)
+    stalls.append(stall)
+    return stall
+
+
+def stalls_summary(stalls: Sequence[dict[str, Any]]) -> str:
+    """'' or '; 2 stalls that recovered (longest 7.2 s of silence)', for a passing cell's message."""
+    if not stalls:
+        return ""
+    longest = max(s["silent_s"] for s in stalls)
+    return (f"; {len(stalls)} stall{'s' if len(stalls) > 1 else ''} that recovered "
+            f"(longest {longest:.1f} s of silence)")
 
 
 def record_finding(result: CellResult, verdict: HangVerdict, evidence: Evidence, log_lines: Sequence[str],

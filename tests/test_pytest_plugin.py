@@ -213,6 +213,57 @@ def test_a_hang_seen_by_the_watchdog_fixture_is_exposed_up_to_where_it_began(tmp
     assert result.extra["wall_exposure_s"] == 4.0 and result.extra["time_scale"] == 60.0
     assert result.detected_after_s == 6.0
 
+
+def _watch_over(tmp_path, monkeypatch, verdicts, last_token_at):
+    """A HangWatch over fakes: the watchdog returns `verdicts` in turn, the load's streams last saw a
+    token at `last_token_at()`; the evidence is a folder with one file."""
+    from types import SimpleNamespace
+
+    from soakmatrix.fixtures.pytest_soak import HangWatch, SoakServer
+    from soakmatrix.jobs import evidence
+    from soakmatrix.jobs.detect.protocol import StreamState
+
+    def capture(server, folder, **kw):
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        (Path(folder) / "py-spy.txt").write_text("Thread 1 (idle)")
+        return evidence.Evidence(Path(folder))
+
+    monkeypatch.setattr(evidence, "capture", capture)
+    spec = spec_from_marker({"engine": "sim", "time_scale": 60}, default_engine="sim", artifacts_dir=tmp_path)
+    running = SimpleNamespace(log_path=tmp_path / "server.log", log_text=lambda limit: "", poll=lambda: None)
+    load = SimpleNamespace(stats=SimpleNamespace(summary=lambda: {"tokens": 90, "completed": 3}),
+                           stop=lambda timeout_s: None, finished=False,
+                           snapshot=lambda: StreamState(at=time.time(), open_streams=4, last_token_at=last_token_at()))
+    pending = list(verdicts)
+    dog = SimpleNamespace(last_sample=None, watch=lambda until, done=None: pending.pop(0) if pending else None)
+    failed: list[str] = []
+    watch = HangWatch(SoakServer(spec, running), load, dog, fail=failed.append, record=lambda result, spec: None)
+    return watch, failed
+
+
+def test_the_watchdog_fixture_calls_a_stall_that_recovers_a_stall_not_a_hang(tmp_path, monkeypatch):
+    from soakmatrix.jobs.detect.protocol import HangVerdict
+
+    now = time.time()
+    stall = HangVerdict("stream", "hang", at=now - 1.0, since=now - 7.0, message="no token for 6 s")
+    watch, failed = _watch_over(tmp_path, monkeypatch, [stall], last_token_at=lambda: now - 0.5)
+    result = watch.check("1m")
+    assert failed == [] and result.outcome == Outcome.PASSED
+    [kept] = result.extra["stalls"]
+    assert kept["detector"] == "stream" and kept["silent_s"] == pytest.approx(6.5, abs=0.01)
+    assert (Path(kept["evidence"]) / "py-spy.txt").exists() and "1 stall that recovered" in result.message
+
+
+def test_the_watchdog_fixture_fails_on_a_hang_no_token_follows(tmp_path, monkeypatch):
+    from soakmatrix.jobs.detect.protocol import HangVerdict
+
+    now = time.time()
+    hang = HangVerdict("stream", "hang", at=now - 5.0, since=now - 11.0, message="no token for 6 s")
+    watch, failed = _watch_over(tmp_path, monkeypatch, [hang], last_token_at=lambda: now - 11.0)
+    result = watch.check("1m")
+    assert result.outcome == Outcome.HANG and "stalls" not in result.extra and len(failed) == 1
+
+
 def test_gpus_are_split_between_workers():
     assert worker_of({}) == Worker("main", 0, 1)
     w1 = worker_of({"PYTEST_XDIST_WORKER": "gw1", "PYTEST_XDIST_WORKER_COUNT": "2"})
