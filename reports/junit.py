@@ -126,6 +126,10 @@ def case_properties(result: CellResult) -> dict[str, str]:
     state = (result.gpu_state or {}).get("state")
     if result.gpu_state:
         props["gpu_state"] = state or "not measured"
+    stalls = result.extra.get("stalls") or []
+    if stalls:   # hang verdicts after which tokens came again (a starved host, a slow step)
+        props["stalls"] = str(len(stalls))
+        props["longest_stall_s"] = f"{max(float(s.get('silent_s') or 0) for s in stalls):.1f}"
     props["node"] = result.node
     props["attempt"] = str(result.attempt)
     props["tokens"] = str(result.tokens)
@@ -157,6 +161,10 @@ def evidence_text(result: CellResult, issue: Any = None) -> str:
            + (f" ({result.signature})" if result.signature else "")]
     if result.message:
         out.append(result.message)
+    for i, stall in enumerate(result.extra.get("stalls") or [], 1):
+        stacks = f"; stacks: {stall['evidence']}" if stall.get("evidence") else ""
+        out.append(f"stall {i}, recovered: {float(stall.get('silent_s') or 0):.1f} s of silence "
+                   f"({stall.get('detector')}: {_cut(str(stall.get('message', '')))}){stacks}")
     if issue is not None:
         out.append(f"known issue [{issue.status}]: {issue.title} {issue.url}".rstrip())
     if result.gpu_state:

@@ -297,6 +297,22 @@ def test_more_than_5000_cells_write_several_files_none_over_30_mb(tmp_path):
     assert counts == [5000, 200]
 
 
+def test_a_cell_that_passed_after_stalls_says_so_in_properties_and_system_out(tmp_path):
+    stalls = [{"detector": "stream", "message": "no token on any of 8 open streams for 6.4 s (threshold 6.0 s)",
+               "silent_s": 7.2, "evidence": "/runs/r1/cells/c1/stalls/1"},
+              {"detector": "progress", "message": "tokens flat for 9.1 s", "silent_s": 9.8}]
+    result = make("passed", extra={"stalls": stalls}, message="no hang in 3600 s under load; 2 stalls that recovered")
+    quiet = make("passed", flags={"tp": 1})
+    path = write_junit([result, quiet], tmp_path / "junit.xml", "soak")
+    cases = cases_by_name(path)
+    case = cases[result.cell_name]
+    assert case.is_passed
+    assert props(case)["stalls"] == "2" and props(case)["longest_stall_s"] == "9.8"
+    assert "stall 1, recovered: 7.2 s of silence (stream: no token" in case.system_out
+    assert "stacks: /runs/r1/cells/c1/stalls/1" in case.system_out and "stall 2, recovered: 9.8 s" in case.system_out
+    assert "stalls" not in props(cases[quiet.cell_name])
+
+
 def test_a_hangs_failure_text_names_the_culprits_blocking_frame_not_the_outermost(tmp_path):
     # stuck frames come innermost first: libc and libpython's sleep, then the planted frame, then the loop
     frames = ["clock_nanosleep (libc.so.6)", "time_sleep (libpython3.11.so.1.0)",
