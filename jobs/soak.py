@@ -47,7 +47,8 @@ class SoakOptions:
     drain_s: float = 30.0            # after the soak: in-flight requests may finish (and hang) this long
     teardown_grace_s: float = 10.0
     pyspy_timeout_s: float = 20.0
-    confirmation: ConfirmationWindow = ConfirmationWindow()   # how long a hang must outlast its verdict
+    # how long a hang must outlast its verdict (None: every verdict stands, as before 2026-11-29)
+    confirmation: ConfirmationWindow | None = ConfirmationWindow()
     log_lines_for_classifier: int = 5000
     state_dir: str | None = None     # where leaks are carried to the next cell; default: the cells folder
 
@@ -192,8 +193,9 @@ class _HangWatch:
             # engine may die of its own timeout meanwhile (vLLM's RPC timeout after an shm hang)
             ev = evidence_mod.capture(self.server, self.folder / "evidence",
                                       pyspy_timeout_s=self.options.pyspy_timeout_s, stop=self.stop)
-            if not needs_confirmation(verdict) or confirm(verdict, self.load.snapshot, time.time(),
-                                                          self.options.confirmation):
+            window = self.options.confirmation
+            if window is None or not needs_confirmation(verdict) or confirm(verdict, self.load.snapshot,
+                                                                            time.time(), window):
                 return verdict, ev
             self._stall(verdict, ev)
 

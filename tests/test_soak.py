@@ -99,11 +99,13 @@ def test_a_silent_hang_is_found_with_evidence_and_a_result_file(tmp_path):
     no_process_left(r)
 
 
+FROZEN_FOR_6_S = ("--freeze-after-s", "2", "--freeze-for-s", "6")
+
+
 def test_a_frozen_server_that_recovers_is_a_stall_kept_with_its_stacks_not_a_hang(tmp_path):
     # a starved host: the whole server answers nothing for 6 s, longer than the 3 s stall threshold
     options = replace(QUICK, confirmation=ConfirmationWindow(after_verdict_s=6))
-    r = run_cell(spec_for(tmp_path, soak_s=14), engine=FakeEngine("--freeze-after-s", "2", "--freeze-for-s", "6"),
-                 options=options)
+    r = run_cell(spec_for(tmp_path, soak_s=14), engine=FakeEngine(*FROZEN_FOR_6_S), options=options)
     assert r.outcome == Outcome.PASSED, r.message
     [stall] = r.extra["stalls"]
     assert stall["detector"] in ("progress", "stream") and stall["silent_s"] >= 3
@@ -112,6 +114,13 @@ def test_a_frozen_server_that_recovers_is_a_stall_kept_with_its_stacks_not_a_han
     assert "Thread" in (Path(stall["evidence"]) / "py-spy.txt").read_text()   # the stall's stacks are kept
     assert not (Path(spec_for(tmp_path).artifacts_dir) / "evidence").exists()
     assert r.signature is None and r.extra["load"]["completed"] > 0
+    no_process_left(r)
+
+
+def test_without_the_confirmation_every_verdict_stands(tmp_path):
+    r = run_cell(spec_for(tmp_path, soak_s=14), engine=FakeEngine(*FROZEN_FOR_6_S),
+                 options=replace(QUICK, confirmation=None))
+    assert r.outcome == Outcome.HANG and "stalls" not in r.extra, r.message
     no_process_left(r)
 
 
