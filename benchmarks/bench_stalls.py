@@ -96,7 +96,7 @@ def one_cell(spec: SoakSpec, options: SoakOptions, seed: int) -> dict:
         thread.join(20)
     return {"cell": spec.cell_id, "outcome": r.outcome.value, "signature": r.signature, "freezes": len(frozen),
             "stalls": len(r.extra.get("stalls", [])), "exposure_s": r.exposure_s, "message": r.message,
-            "fired": "true_hang" in r.extra}
+            "fired": "true_hang" in r.extra, "latency_s": r.extra.get("latency_from_true_start_s")}
 
 
 def run(out: Path, healthy: int, hangs: int, soak_s: float, parallel: int) -> dict[str, list[dict]]:
@@ -109,8 +109,9 @@ def run(out: Path, healthy: int, hangs: int, soak_s: float, parallel: int) -> di
         with ThreadPoolExecutor(max_workers=parallel) as pool:
             rows[mode] = list(pool.map(lambda job: one_cell(job[0], options, job[1]), jobs))
         for row in rows[mode]:
-            print(f"  {mode:<11} {row['cell']:<11} {row['outcome']:<7} {str(row['signature']):<14} "
-                  f"freezes {row['freezes']}, stalls {row['stalls']}", flush=True)
+            print(f"  {mode:<11} {row['cell']:<14} {row['outcome']:<7} {str(row['signature']):<14} "
+                  f"freezes {row['freezes']}, stalls {row['stalls']}, planted hang fired {row['fired']}, "
+                  f"verdict {row['latency_s']} s after it", flush=True)
     return rows
 
 
@@ -120,12 +121,14 @@ def summarise(rows: dict[str, list[dict]]) -> str:
              f" | {'hangs':>5} {'fired':>5} {'found':>5} {'sig ok':>6}"]
     for mode, rs in rows.items():
         ok = [r for r in rs if r["cell"].startswith("healthy")]
-        bad = [r for r in rs if r["cell"].startswith("hang")]
+        bad = [r for r in rs if not r["cell"].startswith("healthy")]
+        # found: a hang verdict on the planted hang itself (after it began), not on a freeze before it
+        found = [r for r in bad if r["outcome"] == "hang" and r["fired"] and (r["latency_s"] or -1) >= 0]
         lines.append(f"{mode:<11} {len(ok):>7} {sum(r['exposure_s'] for r in ok) / 3600:>6.2f} "
                      f"{sum(r['freezes'] for r in ok):>7} {sum(r['outcome'] != 'passed' for r in ok):>11} "
                      f"{sum(r['stalls'] for r in ok):>11} | {len(bad):>5} {sum(r['fired'] for r in bad):>5} "
-                     f"{sum(r['outcome'] == 'hang' for r in bad):>5} "
-                     f"{sum(r['signature'] == 'silent_stall' for r in bad):>6}")
+                     f"{len(found):>5} {sum(r['signature'] == 'silent_stall' for r in found):>6}"
+                     + (f"  detection {min(lat):.1f}-{max(lat):.1f} s" if (lat := [r['latency_s'] for r in found]) else ""))
     return "\n".join(lines)
 
 
