@@ -260,6 +260,21 @@ def normalised(frames: Iterable[tuple[str, str]]) -> list[str]:
     return out
 
 
+# The standard library's own waits: which of their frames a sample lands in (Condition.wait,
+# _release_save, _acquire_restore, _is_owned) is the moment of the sample, not the bug.
+SYNC_MODULES = {"threading", "queue"}
+
+
+def from_call_site(names: Sequence[str]) -> list[str]:
+    """`normalised` names without the standard library's wait frames at the inside: a thread stuck
+    in a lock or condition wait is identified by the engine code that waits, so every sampling
+    moment inside the wait gives one fingerprint. Names that are all such frames stay as they are."""
+    i = 0
+    while i < len(names) and names[i].split(":", 1)[0] in SYNC_MODULES:
+        i += 1
+    return list(names[i:]) if i < len(names) else list(names)
+
+
 def _stem(module: str) -> str:
     base = module.replace("\\", "/").rsplit("/", 1)[-1]
     if ".so" in base:

@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from .culprit import CulpritReport, culprit_report, normalised
+from .culprit import CulpritReport, culprit_report, from_call_site, normalised
 
 # ---------------------------------------------------------------- stacks
 
@@ -331,12 +331,13 @@ CULPRIT_DEPTH = 6   # normalised culprit frames hashed when the signature's anch
 def fingerprint(sig: Signature, frames: Sequence[Frame], clues: Clues,
                 report: CulpritReport | None = None) -> str:
     """A short stable hash of the stuck frames: the culprit's normalised frames (module and function,
-    from the anchor down when the culprit holds it), else the function names of the best guess."""
+    from the anchor down when the culprit holds it, else from the call site of a standard-library
+    wait), else the function names of the best guess."""
     if report is not None and report.culprit_index is not None:
         names = normalised((f.function, f.location) for f in frames)
         idx = next((i for i, n in enumerate(names) if sig.anchor is not None
                     and sig.anchor.search(n.rsplit(":", 1)[-1])), None)
-        names = names[idx: idx + sig.fingerprint_depth] if idx is not None else names[:CULPRIT_DEPTH]
+        names = names[idx: idx + sig.fingerprint_depth] if idx is not None else from_call_site(names)[:CULPRIT_DEPTH]
         if names:
             return hashlib.sha1((sig.name + "|culprit|" + "|".join(names)).encode()).hexdigest()[:12]
     # native frames (raw addresses, libc, libpython) vary by build and load address: not the bug
