@@ -33,7 +33,7 @@ demo: install
 	  [ $$code -le 1 ]
 
 # two pytest-xdist workers, a module at a time, the real engine's modules first, a test whose worker
-# died run once more (tests/xdist_suite.py): about 35 min on 2 cores; TEST_WORKERS=0 runs one test
+# died run once more (tests/xdist_suite.py): 30-50 min on 2 cores; TEST_WORKERS=0 runs one test
 # after another (55-65 min)
 TEST_WORKERS ?= 2
 test: install-test install-vllm chromium
