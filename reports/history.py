@@ -305,6 +305,12 @@ class HistoryStore:
                         result.time_to_hang_s, result.started_at, result.ended_at, data, self._clock(),
                         result.detector, result.gpu_hours, result.fingerprint))
 
+    def set_fingerprint(self, run_id: str, cell_id: str, fingerprint: str) -> None:
+        """Replace one recorded result's fingerprint, in its column and its JSON (reports.refingerprint)."""
+        with self._write() as db:
+            db.execute("""UPDATE results SET fingerprint = ?, data = json_set(data, '$.fingerprint', ?)
+                          WHERE run_id = ? AND cell_id = ?""", (fingerprint, fingerprint, run_id, cell_id))
+
     def results(self, run_id: str) -> list[CellResult]:
         """The run's results in the order they were recorded."""
         with self._lock:

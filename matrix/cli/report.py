@@ -4,6 +4,7 @@
     soakmatrix report STORE --out DIR             # + the dashboard, DIR/index.html
     soakmatrix report STORE --junit FILE [--run RUN_ID]   # + JUnit of one run (default: the latest)
     soakmatrix report STORE --known-issues FILE   # findings matched to upstream issues (also in JUnit and the dashboard)
+    soakmatrix report STORE --refingerprint       # re-hash old nights' fingerprints with today's code first
     soakmatrix report --merge A.xml B.xml ... -o OUT.xml  # merge shards' JUnit files
 """
 
@@ -30,6 +31,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--known-issues", metavar="YAML",
                         help="known issues file (fingerprint or frame/log pattern -> upstream issue), matched "
                              "automatically; see matrix/examples/known_issues.yaml")
+    parser.add_argument("--refingerprint", action="store_true",
+                        help="first re-hash every recorded hang's and crash's fingerprint from the evidence in its "
+                             "cell folder with this version's code (after an upgrade that changed fingerprints, "
+                             "old nights' findings join the new ones); results whose evidence is gone keep theirs")
     parser.add_argument("--limit", type=count, default=50, help="rows of the cells table (default 50)")
 
 
@@ -80,6 +85,9 @@ def _report(args: argparse.Namespace) -> int:
     except StoreError as exc:
         raise UsageError(str(exc)) from None
     with store:
+        if args.refingerprint:
+            from soakmatrix.reports.refingerprint import refingerprint, summary
+            sys.stdout.write(summary(refingerprint(store)) + "\n")
         runs = store.runs()
         run_ids = [r.id for r in runs]
         if args.run and args.run not in run_ids:
