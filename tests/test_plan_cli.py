@@ -1,6 +1,7 @@
 """`soakmatrix plan` through the real CLI: text, JSON for scripts, and exit code 2 on bad input."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -64,3 +65,17 @@ def test_help_lists_commands(capsys):
     out = capsys.readouterr().out
     for command in ["plan", "run", "smoke", "bisect", "report", "sim-engine"]:
         assert command in out
+
+
+def test_a_reader_that_went_away_is_no_internal_error(examples):
+    # `soakmatrix plan ... | head -1`: head exits before the plan is written
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "soakmatrix.matrix.cli", "plan", str(examples / "smoke.yaml"),
+                               "--json", "--no-validate"], stdout=write_end, stderr=subprocess.PIPE, text=True,
+                              timeout=120)
+    finally:
+        os.close(write_end)
+    assert proc.returncode == 141, proc.stderr
+    assert "internal error" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr

@@ -18,6 +18,8 @@ from soakmatrix.matrix.contracts.outcomes import EXIT_INFRA, EXIT_USAGE
 from soakmatrix.matrix.contracts.yamlsrc import SpecError
 from soakmatrix.matrix.stop_signals import EXIT_FOR, Stopped, signal_name
 
+EXIT_BROKEN_PIPE = 141   # 128 + SIGPIPE, as a shell reports a command whose reader went away
+
 # command -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "plan": ("soakmatrix.matrix.cli.plan", "show the cells a matrix profile will run, their argv and cost"),
@@ -59,7 +61,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         args = parser.parse_args(rest)
     try:
-        return int(module.main(args) or 0)
+        code = int(module.main(args) or 0)
+        sys.stdout.flush()   # a reader gone away shows here, inside the handlers, not at exit
+        return code
     except SpecError as exc:
         print(f"soakmatrix {name}: configuration error:\n{exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -69,6 +73,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"soakmatrix {name}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # `soakmatrix report STORE | head`: the reader has what it wanted; no traceback, and no
+        # second error when the interpreter flushes stdout on the way out
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
     except Exception:  # noqa: BLE001 - a bug of ours is no verdict, never exit 1 ("hang found")
         traceback.print_exc()
         print(f"soakmatrix {name}: internal error (above); no verdict", file=sys.stderr)
