@@ -22,7 +22,9 @@ import re
 from argparse import Namespace
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
+
+from soakmatrix.matrix.logger_level import logger_level
 
 # vLLM version -> (module of make_arg_parser/validate_parsed_serve_args, of FlexibleArgumentParser)
 PARSER_LOCATIONS = (
@@ -45,7 +47,8 @@ class VllmArgvChecker:
         """vLLM's reason for refusing `argv` (after `vllm serve`), or None if it would start."""
         err = io.StringIO()
         try:
-            with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()), _quiet_vllm():
+            with (contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()),
+                  logger_level("vllm", logging.CRITICAL)):
                 args = self.make_parser().parse_args(list(argv))
                 self.validate_parsed(args)
                 if with_config:
@@ -72,18 +75,6 @@ def exception_message(exc: BaseException) -> str:
                if re.match(r"\s*(Value error,|Input should|Assertion failed,)", ln)]
     body = "; ".join(reasons) if reasons else " ".join(text.split())
     return f"{type(exc).__name__}: {body[:400]}"
-
-
-@contextlib.contextmanager
-def _quiet_vllm() -> Iterator[None]:
-    # vLLM logs to the stdout it saw at import; `plan --json` owns stdout
-    logger = logging.getLogger("vllm")
-    level = logger.level
-    logger.setLevel(logging.CRITICAL)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
 
 
 def _installed_version() -> str:

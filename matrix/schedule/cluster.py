@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, TypeVar
 
+from soakmatrix.matrix.logger_level import logger_level
 from soakmatrix.matrix.spec import GpuType
 
 from .placement import ACCELERATOR_PREFIX
@@ -315,13 +316,10 @@ def address_left_alone(path: Path | None, ours: Callable[[], str | None]):
     """
     before = _read(path) if path is not None else None
     # Ray's note that "ray.init() on this node will now connect to the new instance" is not true
-    ray_says = logging.getLogger("ray._private.utils")
-    level = ray_says.level
-    ray_says.setLevel(logging.WARNING)
     try:
-        yield
+        with logger_level("ray._private.utils", logging.WARNING):
+            yield
     finally:
-        ray_says.setLevel(level)
         if path is not None:
             _put_back(path, before, ours())
 
