@@ -306,7 +306,7 @@ class HistoryStore:
                         result.detector, result.gpu_hours, result.fingerprint))
 
     def set_fingerprint(self, run_id: str, cell_id: str, fingerprint: str) -> None:
-        """Replace one recorded result's fingerprint, in its column and its JSON (reports.refingerprint)."""
+        """Replace one recorded result's fingerprint, in its column and its JSON (matrix.refingerprint)."""
         with self._write() as db:
             db.execute("""UPDATE results SET fingerprint = ?, data = json_set(data, '$.fingerprint', ?)
                           WHERE run_id = ? AND cell_id = ?""", (fingerprint, fingerprint, run_id, cell_id))

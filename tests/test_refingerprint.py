@@ -10,7 +10,7 @@ from pathlib import Path
 
 from soakmatrix.jobs.signatures import classify, clues_from_texts
 from soakmatrix.matrix.contracts.result import CellResult
-from soakmatrix.reports import refingerprint as rf
+from soakmatrix.matrix import refingerprint as rf
 from soakmatrix.reports.findings import findings
 from soakmatrix.reports.history import HistoryStore
 

@@ -86,7 +86,7 @@ def _report(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     with store:
         if args.refingerprint:
-            from soakmatrix.reports.refingerprint import refingerprint, summary
+            from soakmatrix.matrix.refingerprint import refingerprint, summary
             sys.stdout.write(summary(refingerprint(store)) + "\n")
         runs = store.runs()
         run_ids = [r.id for r in runs]
