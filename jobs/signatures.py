@@ -270,7 +270,7 @@ def classify(clues: Clues, signatures: Mapping[str, Signature] | None = None) ->
                 culprit = f"{report.culprit.role} {report.culprit.thread}: {report.culprit.reason}"
             causes = tuple(n for n in CAUSES if n != sig.name and n in table and table[n].match(clues))
             return Classification(sig.name, sig.outcome, fingerprint(sig, frames, clues, report),
-                                  tuple(str(f) for f in frames[:12]), sig.description, causes, culprit,
+                                  tuple(str(f) for f in frames[:STUCK_FRAMES_KEPT]), sig.description, causes, culprit,
                                   tuple(t.to_dict() for t in report.threads), attributes)
     return Classification(None, None, None, (), "no signature matched",
                           threads=tuple(t.to_dict() for t in report.threads), attributes=attributes)
@@ -326,6 +326,7 @@ _NATIVE_NOISE = re.compile(r"^0x[0-9a-fA-F]+ |\((?:libc|libpthread|libpython[\d.
 
 
 CULPRIT_DEPTH = 6   # normalised culprit frames hashed when the signature's anchor is not among them
+STUCK_FRAMES_KEPT = 12   # the stuck thread's innermost frames a result keeps (matrix/refingerprint.py reads them back)
 
 
 def fingerprint(sig: Signature, frames: Sequence[Frame], clues: Clues,

@@ -21,12 +21,12 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 from soakmatrix.jobs.culprit import culprit_report
-from soakmatrix.jobs.signatures import SIGNATURES, Signature, after_startup, clues_from_texts, fingerprint, stuck_frames
+from soakmatrix.jobs.signatures import (SIGNATURES, STUCK_FRAMES_KEPT, Signature, after_startup, clues_from_texts,
+                                        fingerprint, stuck_frames)
 from soakmatrix.matrix.contracts.result import CellResult
 
 STACK_ARTIFACTS = ("py_spy",)          # py-spy's dump of every engine process (jobs.evidence)
 STACK_DUMP_PREFIX = "VLLM_STACK_DUMP_"  # vLLM's own watchdog dumps, also read as stacks
-RECORDED_FRAMES = 12                   # classify keeps this many stuck frames in a result
 
 # why a result keeps its recorded fingerprint
 SAME = "same"
@@ -66,7 +66,7 @@ def recompute(result: CellResult, read_text: Callable[[str], str | None],
     clues = clues_from_texts(stack_texts, after_startup((log or "").splitlines()))
     report = culprit_report(clues.stacks)
     frames = stuck_frames(clues, sig.anchor, report)
-    if [str(f) for f in frames[:RECORDED_FRAMES]] != list(result.stuck_frames):
+    if [str(f) for f in frames[:STUCK_FRAMES_KEPT]] != list(result.stuck_frames):
         return None, DIFFERENT_EVIDENCE
     new = fingerprint(sig, frames, clues, report)
     return new, SAME if new == result.fingerprint else CHANGED
@@ -92,7 +92,8 @@ def refingerprint(store, read_text: Callable[[str], str | None] = read_text_or_n
 
 
 def summary(rehashes: list[Rehash]) -> str:
-    """'re-hashed 12 findings' results: 5 changed (5 fingerprints -> 1), 6 the same, 1 kept (no stacks on disk)'."""
+    """'re-hashed 7 hang and crash result(s): 5 changed (5 fingerprint(s) -> 1), 1 the same, kept as
+    recorded: 1 (no stacks on disk)'."""
     counts = Counter(r.outcome for r in rehashes)
     before = {r.old for r in rehashes if r.outcome == CHANGED}
     after = {r.new for r in rehashes if r.outcome == CHANGED}
