@@ -22,6 +22,7 @@ from soakmatrix.matrix.contracts.result import CellResult
 from soakmatrix.matrix.contracts.yamlsrc import Problem, SpecError
 
 from .plan import Plan, PlannedCell, plan
+from .lasting_stream import divert_stderr
 from .progress import Progress
 from .soak_specs import matrix_time_scale, soak_spec_for
 from .spec import Matrix, Profile
@@ -169,6 +170,7 @@ def _execute(matrix: Matrix, profile: Profile, cells: Sequence[PlannedCell], arg
 
     out = out_dir_of(matrix, args.out)
     out.mkdir(parents=True, exist_ok=True)
+    divert_stderr(out / "progress.log")   # where progress goes if stderr's reader goes away
     store_path = Path(args.store).resolve() if args.store else out / "history.sqlite"
     address = address_from(args.ray_address)
     try:

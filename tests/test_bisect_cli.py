@@ -315,3 +315,24 @@ def test_max_soak_cuts_long_probes_into_journaled_pieces(tmp_path):
     assert max(soaks) <= 1800.0 and soaks.count(1800.0) > 3           # the long soaks went in pieces
     other = soakmatrix(*common, "--max-soak", "1h", "--resume")
     assert other.returncode == 2 and "max_soak_s: the journal's bisection had 1800.0, this one has 3600.0" in other.stderr
+
+
+def test_a_bisection_whose_progress_reader_goes_away_finishes_and_keeps_its_progress(tmp_path):
+    """`soakmatrix bisect ... 2>&1 | head`-like: the bisection goes on to its verdict (it used to
+    end at the next progress line, exit 141), the rest of its progress in --out."""
+    driver = subprocess.Popen([sys.executable, "-m", "soakmatrix.matrix.cli", "bisect", str(DEMO), "--cell", FAILING,
+                               "--virtual", "--json", "--seed", "3", "--out", str(tmp_path / "out")],
+                              cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert driver.stderr.readline()       # the first progress line reached the reader ...
+        driver.stderr.close()                 # ... which then goes away
+        driver.stderr = None
+        stdout, _ = driver.communicate(timeout=300)
+    finally:
+        driver.kill()
+    assert driver.returncode == 1             # a hang was found and isolated, as with a reader
+    doc = json.loads(stdout)
+    assert doc["status"] == "found" and sorted(doc["minimal"]) == ["cudagraph_mode", "mtp"]
+    log = (tmp_path / "out" / "progress.log").read_text().splitlines()
+    assert "the reader of this progress went away" in log[0]
+    assert sum(line.startswith("probe ") for line in log) >= 4

@@ -256,6 +256,31 @@ def test_cells_no_node_can_host_are_reported_up_front_and_exit_3(tmp_path, clust
     assert_gone(str(out))
 
 
+@pytest.mark.slow
+def test_a_run_whose_progress_reader_goes_away_soaks_every_cell_and_exits_with_its_verdict(tmp_path, cluster):
+    """`soakmatrix run ... 2>&1 | head`, or a CI log pipe that closes: the nightly is not ended
+    (it used to stop at once, exit 141, every cell unrun); the progress goes on in the output folder."""
+    matrix = write_matrix(tmp_path, "reader-gone", soak="5m")
+    out = tmp_path / "out"
+    driver = subprocess.Popen([*CLI, "run", str(matrix), "--out", str(out), "--ray-address", cluster], cwd=REPO,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        assert driver.stderr.readline().startswith(b"soakmatrix run: reader-gone/p: 8 cells")
+        driver.stderr.close()                # the reader goes away before any cell has run
+        assert driver.wait(300) == 0
+    finally:
+        driver.kill()
+    with store_of(out) as store:
+        [run] = store.runs()
+        results = store.results(run.id)
+    assert run.status == "finished" and len(results) == 8
+    assert {r.outcome for r in results} == {Outcome.PASSED}
+    log = (out / "progress.log").read_text()
+    assert "the reader of this progress went away" in log and "results: 8 passed" in log
+    assert len(ET.parse(out / "junit.xml").getroot().findall(".//testcase")) == 8
+    assert_gone(str(out))
+
+
 def test_a_bad_matrix_is_a_usage_error_naming_the_key(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("models: {m: {path: m}}\ngpus: {H200: {count: 0, memory_gb: 1}}\n")

@@ -45,3 +45,30 @@ def test_cli_catches_a_planted_hang_keeps_evidence_runs_hook_and_stores_it(tmp_p
     report = subprocess.run([sys.executable, "-m", "soakmatrix.matrix.cli", "report", str(store)],
                             capture_output=True, text=True, timeout=60)
     assert report.returncode == 0 and "shm_broadcast_timeout" in report.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_a_watch_whose_reader_goes_away_keeps_watching_and_writes_its_notes_beside_the_evidence(tmp_path):
+    """`soakmatrix watch URL | head -1`, or a sidecar whose log shipper died: the watch still
+    catches the hang (it used to end at its next note, exit 141), its notes in --out/watch.log."""
+    hangs = tmp_path / "hangs.yaml"
+    hangs.write_text("seed: 5\nhangs:\n  - id: cli-shm\n    style: shm_broadcast\n    when: {max_num_seqs: 253}\n"
+                     "    min_running: 1\n    mttf_s: 3\n")
+    log = tmp_path / "sim.log"
+    out = tmp_path / "incidents"
+    with SimProcess(["--max-num-seqs", "253", "--hang-model", str(hangs)], log) as sim:
+        threading.Thread(target=load, args=(sim.url, 4, 60), kwargs={"request_timeout": 70}, daemon=True).start()
+        watch = subprocess.Popen([sys.executable, "-m", "soakmatrix.matrix.cli", "watch", sim.url, "--log", str(log),
+                                  "--out", str(out), "--max-incidents", "1", "--duration", "90s"],
+                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        try:
+            assert b"watch: watching" in watch.stdout.readline()
+            watch.stdout.close()
+            assert watch.wait(150) == 1          # the hang, caught with nobody reading
+        finally:
+            watch.kill()
+    notes = (out / "watch.log").read_text()
+    assert "the reader of this progress went away" in notes and "HANG detected" in notes
+    (folder,) = [p for p in out.iterdir() if p.is_dir()]
+    assert (folder / "py-spy.txt").exists()

@@ -2,7 +2,9 @@
 
 Each command module has `HELP`, `configure(parser)` and `main(args) -> int`; it is imported only
 when its command runs, so `soakmatrix plan` never pays for Ray or vLLM imports. A module that sets
-`ACCEPTS_UNKNOWN_ARGS = True` gets the arguments its parser did not know in `args.unknown_args`.
+`ACCEPTS_UNKNOWN_ARGS = True` gets the arguments its parser did not know in `args.unknown_args`;
+one that sets `OUTLIVES_ITS_READER = True` runs with stderr as a `LastingStream`, so that a reader
+of its progress going away does not end hours of work (matrix/lasting_stream.py).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Sequence
 
 from soakmatrix.matrix.contracts.outcomes import EXIT_INFRA, EXIT_USAGE
 from soakmatrix.matrix.contracts.yamlsrc import SpecError
+from soakmatrix.matrix.lasting_stream import LastingStream
 from soakmatrix.matrix.stop_signals import EXIT_FOR, Stopped, signal_name
 
 EXIT_BROKEN_PIPE = 141   # 128 + SIGPIPE, as a shell reports a command whose reader went away
@@ -60,6 +63,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         args, args.unknown_args = parser.parse_known_args(rest)
     else:
         args = parser.parse_args(rest)
+    # a long command (a nightly, a bisection, a watch) carries on when its stderr's reader goes
+    # away: its results are in files, the progress lines only for whoever watches
+    saved_stderr = sys.stderr
+    if getattr(module, "OUTLIVES_ITS_READER", False) and not isinstance(sys.stderr, LastingStream):
+        sys.stderr = LastingStream(sys.stderr)  # type: ignore[assignment]
+    try:
+        return _call(name, module, args)
+    finally:
+        sys.stderr = saved_stderr
+
+
+def _call(name: str, module, args: argparse.Namespace) -> int:
     try:
         code = int(module.main(args) or 0)
         sys.stdout.flush()   # a reader gone away shows here, inside the handlers, not at exit

@@ -46,6 +46,7 @@ from soakmatrix.matrix.bisect.setup import (
 )
 from soakmatrix.matrix.build_bisect.cli_run import RAY_HINT, BuildUsage, RealProbes, run_for_cell
 from soakmatrix.matrix.contracts.outcomes import EXIT_FOUND, EXIT_INFRA, EXIT_OK, EXIT_USAGE
+from soakmatrix.matrix.lasting_stream import divert_stderr
 from soakmatrix.matrix.plan import PlannedCell, plan, planned_cell
 from soakmatrix.matrix.schedule.cluster import CONNECT_ERRORS, address_from, cannot_reach
 from soakmatrix.matrix.spec import Matrix, Profile, load_matrix
@@ -57,6 +58,7 @@ EXIT_INCONCLUSIVE = EXIT_INFRA   # the same number as run's infrastructure error
 
 HELP = ("Find the smallest set of flags (relative to the matrix baseline) that still hangs with the failing "
         "cell's signature, with stated confidence, spending few GPU-hours.")
+OUTLIVES_ITS_READER = True   # hours of work whose results are in files: a closed stderr does not end it
 
 EPILOG = """exit codes:
   0  not reproduced: the failing cell did not hang with the target signature (the report bounds its MTTF)
@@ -239,6 +241,8 @@ def _main(args: argparse.Namespace) -> int:
         signature, source = model_signature(matrix, pc, hang_model_path)
 
     progress = None if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
+    if journal_dir(args) is not None:
+        divert_stderr(journal_dir(args) / "progress.log")   # where progress goes if stderr's reader goes away
     if args.builds:
         return _builds(args, matrix, profile, pc, signature, hang_model_path, progress)
     run = _flag_bisection(args, matrix, profile, pc, signature, source, history, hang_model_path, progress)

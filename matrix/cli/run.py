@@ -10,6 +10,7 @@ from soakmatrix.matrix.spec import load_matrix
 
 HELP = ("Run a matrix profile on Ray: one task per cell on a node with the right GPU type and count; "
         "a local cluster with simulated GPUs unless --ray-address or RAY_ADDRESS names one.")
+OUTLIVES_ITS_READER = True   # hours of work whose results are in files: a closed stderr does not end it
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

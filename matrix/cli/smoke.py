@@ -25,6 +25,7 @@ from soakmatrix.matrix.spec import Matrix, SpecError, load_matrix
 
 HELP = ("The pull-request smoke matrix: the smoke profile's t-way cells that the change touches, "
         "most informative first, within a GPU-hour budget.")
+OUTLIVES_ITS_READER = True   # hours of work whose results are in files: a closed stderr does not end it
 
 DEFAULT_PROFILE = "smoke"
 

@@ -20,10 +20,12 @@ from pathlib import Path
 
 from soakmatrix.matrix.contracts.durations import parse_duration
 from soakmatrix.matrix.contracts.outcomes import EXIT_FOUND, EXIT_OK, EXIT_USAGE
+from soakmatrix.matrix.lasting_stream import LastingStream
 
 HELP = ("Attach to a running vLLM server (or the simulated one): poll /metrics, follow its log, send a tiny "
         "canary request when it is idle or its gauges cannot be trusted; on a hang keep the evidence "
         "(py-spy of its process tree, metrics, log tail, GPU state), classify it, run --on-hang, and keep watching.")
+OUTLIVES_ITS_READER = True   # hours of work whose results are in files: a closed stderr does not end it
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -83,8 +85,11 @@ def main(args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
 
+    # a watch beside production goes on when the reader of its notes goes away (matrix/lasting_stream.py)
+    notes = LastingStream(sys.stdout, Path(args.out) / "watch.log")
+
     def note(text: str) -> None:
-        print(f"{time.strftime('%H:%M:%S')} watch: {text}", flush=True)
+        print(f"{time.strftime('%H:%M:%S')} watch: {text}", file=notes, flush=True)
 
     store = Path(args.store) if args.store else None
     watcher = Watcher(

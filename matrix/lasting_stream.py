@@ -1,0 +1,117 @@
+"""A text stream for progress that outlives its reader.
+
+A nightly run is hours of GPU work whose results go to the history store, JUnit and the dashboard;
+its progress on stderr is only for whoever watches. When that reader goes away (`| tee` killed, a
+CI log pipe closed, `2>&1 | head`), every later write raises BrokenPipeError, and without this the
+first one ended the run with nothing soaked (the demo: 3 lines, exit 141, 20 cells unrun). Here
+the first failed write diverts the stream, for good, to a file beside the run's output (`divert`
+names it once the output folder is known), or drops what is written when none is named; the work
+goes on and exits with its own verdict.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import sys
+import time
+from pathlib import Path
+from typing import TextIO
+
+
+class LastingStream:
+    """Writes to `stream` until its reader goes away, then to `fallback` (or nowhere)."""
+
+    def __init__(self, stream: TextIO, fallback: str | Path | None = None):
+        self.stream = stream
+        self.fallback = Path(fallback) if fallback is not None else None
+        self.gone = False               # the reader went away
+        self._file: TextIO | None = None
+
+    def divert(self, fallback: str | Path) -> None:
+        """Name the file that takes the writes once the reader is gone (from then on if it already is)."""
+        self.fallback = Path(fallback)
+
+    def write(self, text: str) -> int:
+        if not self.gone:
+            try:
+                n = self.stream.write(text)
+                return len(text) if n is None else n
+            except (BrokenPipeError, ValueError, OSError) as exc:
+                if isinstance(exc, OSError) and not isinstance(exc, BrokenPipeError) and exc.errno != errno.EPIPE:
+                    raise
+                self._went_away()
+        out = self._fallback_file()
+        if out is not None:
+            out.write(text)
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.gone:
+            try:
+                self.stream.flush()
+                return
+            except (BrokenPipeError, ValueError):
+                self._went_away()
+        if self._file is not None:
+            self._file.flush()
+
+    def isatty(self) -> bool:
+        # a status line redrawn in place means nothing in a file
+        if self.gone:
+            return False
+        try:
+            return self.stream.isatty()
+        except ValueError:
+            return False
+
+    def fileno(self) -> int:
+        return self.stream.fileno()
+
+    @property
+    def encoding(self) -> str:
+        return getattr(self.stream, "encoding", "utf-8")
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def _went_away(self) -> None:
+        self.gone = True
+        # /dev/null in the dead pipe's place: its buffered text would raise again at the
+        # interpreter's exit flush, and a child that inherited the descriptor would die of SIGPIPE
+        try:
+            fd = self.stream.fileno()
+        except (OSError, ValueError, AttributeError):
+            return
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, fd)
+        finally:
+            os.close(devnull)
+
+    def _fallback_file(self) -> TextIO | None:
+        if self._file is None and self.fallback is not None:
+            try:
+                self.fallback.parent.mkdir(parents=True, exist_ok=True)
+                self._file = open(self.fallback, "a", encoding="utf-8", buffering=1)
+            except OSError:
+                self.fallback = None   # nowhere to write: the work matters more than its progress lines
+                return None
+            self._file.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} the reader of this progress went away; "
+                             "it goes on here\n")
+        return self._file
+
+
+def lasting_stderr() -> LastingStream:
+    """sys.stderr as a LastingStream (installed once: a second call returns the first)."""
+    if not isinstance(sys.stderr, LastingStream):
+        sys.stderr = LastingStream(sys.stderr)   # type: ignore[assignment]
+    return sys.stderr  # type: ignore[return-value]
+
+
+def divert_stderr(fallback: Path) -> None:
+    """Where stderr's writes go once its reader is gone, when stderr is a LastingStream."""
+    if isinstance(sys.stderr, LastingStream):
+        sys.stderr.divert(fallback)
