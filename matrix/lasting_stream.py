@@ -2,8 +2,9 @@
 
 A nightly run is hours of GPU work whose results go to the history store, JUnit and the dashboard;
 its progress on stderr is only for whoever watches. When that reader goes away (`| tee` killed, a
-CI log pipe closed, `2>&1 | head`), every later write raises BrokenPipeError, and without this the
-first one ended the run with nothing soaked (the demo: 3 lines, exit 141, 20 cells unrun). Here
+CI log pipe closed, `2>&1 | head`, or the terminal hung up: EIO), every later write raises, and
+without this the first one ended the run with nothing soaked (the demo: 3 lines, exit 141, 20
+cells unrun). Here
 the first failed write diverts the stream, for good, to a file beside the run's output (`divert`
 names it once the output folder is known), or drops what is written when none is named; the work
 goes on and exits with its own verdict.
@@ -17,6 +18,10 @@ import sys
 import time
 from pathlib import Path
 from typing import TextIO
+
+
+# a pipe whose reader closed; a terminal that hung up (the SSH session that ran the nightly closed)
+READER_GONE = (errno.EPIPE, errno.EIO)
 
 
 class LastingStream:
@@ -38,7 +43,7 @@ class LastingStream:
                 n = self.stream.write(text)
                 return len(text) if n is None else n
             except (BrokenPipeError, ValueError, OSError) as exc:
-                if isinstance(exc, OSError) and not isinstance(exc, BrokenPipeError) and exc.errno != errno.EPIPE:
+                if isinstance(exc, OSError) and not isinstance(exc, BrokenPipeError) and exc.errno not in READER_GONE:
                     raise
                 self._went_away()
         out = self._fallback_file()
@@ -51,7 +56,9 @@ class LastingStream:
             try:
                 self.stream.flush()
                 return
-            except (BrokenPipeError, ValueError):
+            except (BrokenPipeError, ValueError, OSError) as exc:
+                if isinstance(exc, OSError) and not isinstance(exc, BrokenPipeError) and exc.errno not in READER_GONE:
+                    raise
                 self._went_away()
         if self._file is not None:
             self._file.flush()

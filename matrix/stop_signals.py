@@ -1,9 +1,12 @@
-"""SIGINT and SIGTERM end a run the same clean way: Kubernetes, CI runners and systemd send SIGTERM,
-a person at a terminal sends Ctrl-C, and a job started in the background may inherit SIGINT as
-ignored. Both become a `Stopped` exception (a KeyboardInterrupt, so the scheduling loop's Ctrl-C
-path cancels the cells, tears the servers down and keeps every finished result), and the run exits
-130 or 143 as shells expect. `ray.init` installs handlers of its own (its SIGTERM handler aborts with
-a stack dump), so ours are installed again once Ray is up.
+"""SIGINT, SIGTERM and SIGHUP end a run the same clean way: Kubernetes, CI runners and systemd send
+SIGTERM, a person at a terminal sends Ctrl-C, a terminal or SSH session that closes sends SIGHUP
+(whose default would end the driver on the spot, its servers left to the reaper and the run's
+summary unwritten), and a job started in the background may inherit SIGINT as ignored. Each becomes
+a `Stopped` exception (a KeyboardInterrupt, so the scheduling loop's Ctrl-C path cancels the cells,
+tears the servers down and keeps every finished result), and the run exits 130, 143 or 129 as
+shells expect. A SIGHUP that was ignored when we started (`nohup soakmatrix run ...`) stays
+ignored: that user asked for the run to outlive the terminal. `ray.init` installs handlers of its
+own (its SIGTERM handler aborts with a stack dump), so ours are installed again once Ray is up.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import signal
 import threading
 from types import FrameType
 
-EXIT_FOR = {signal.SIGINT: 130, signal.SIGTERM: 143}
+EXIT_FOR = {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGHUP: 129}
 
 
 class Stopped(KeyboardInterrupt):
@@ -22,7 +25,7 @@ class Stopped(KeyboardInterrupt):
 
 
 class StopSignals:
-    """Context manager: while inside, SIGINT/SIGTERM raise `Stopped` in the main thread."""
+    """Context manager: while inside, SIGINT/SIGTERM/SIGHUP raise `Stopped` in the main thread."""
 
     def __init__(self) -> None:
         self.received: int | None = None
@@ -42,6 +45,8 @@ class StopSignals:
         global _active
         _active = self
         for signum in EXIT_FOR:
+            if signum == signal.SIGHUP and self._previous.get(signum, signal.getsignal(signum)) == signal.SIG_IGN:
+                continue   # nohup: the run is meant to outlive its terminal
             previous = signal.signal(signum, self._handler)
             self._previous.setdefault(signum, previous)
         return self

@@ -321,6 +321,60 @@ def test_sigint_and_sigterm_cancel_cleanly_and_tear_every_server_down(tmp_path, 
         assert run.status is None and store.results(run.id) == []   # nothing half-done recorded
 
 
+def _ignore_sighup() -> None:
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)   # what `nohup` hands down
+
+
+def _start_two_servers(tmp_path: Path, cluster: str, name: str, preexec=None) -> tuple[subprocess.Popen, Path]:
+    matrix = write_matrix(tmp_path, name, soak="4h")      # 60 s of wall time per cell
+    out = tmp_path / "out"
+    driver = subprocess.Popen([*CLI, "run", str(matrix), "--out", str(out), "--ray-address", cluster], cwd=REPO,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=preexec)
+    deadline = time.time() + 120
+    while time.time() < deadline and len(list(out.glob("cells/*/command.txt"))) < 2:
+        time.sleep(0.5)
+    assert len(list(out.glob("cells/*/command.txt"))) == 2, "two servers should be running"
+    time.sleep(2)
+    return driver, out
+
+
+@pytest.mark.slow
+def test_a_terminal_that_hangs_up_stops_the_run_cleanly_and_its_summary_goes_to_the_output_folder(tmp_path, cluster):
+    """The SSH session that ran the nightly closes: SIGHUP, and nobody reads the output any more.
+    SIGHUP's default ended the driver on the spot (no teardown, no summary); now it stops like
+    SIGTERM, exit 129, and what it would have printed is in OUT/progress.log."""
+    driver, out = _start_two_servers(tmp_path, cluster, "hangup")
+    try:
+        driver.stdout.close()                     # the terminal is gone ...
+        driver.send_signal(signal.SIGHUP)         # ... and says so
+        assert driver.wait(120) == 129
+    finally:
+        driver.kill()
+    log = (out / "progress.log").read_text()
+    assert "stopped by SIGHUP" in log and "cancelled before a verdict" in log and "--resume" in log
+    assert "Traceback" not in log and "results: none" in log
+    assert (out / "junit.xml").is_file()
+    assert_gone(str(out))
+    with store_of(out) as store:
+        [run] = store.runs()
+        assert run.status is None          # unfinished: `--resume` continues it
+
+
+@pytest.mark.slow
+def test_under_nohup_a_sighup_leaves_the_run_going(tmp_path, cluster):
+    driver, out = _start_two_servers(tmp_path, cluster, "nohup", preexec=_ignore_sighup)
+    try:
+        driver.send_signal(signal.SIGHUP)
+        time.sleep(5)
+        assert driver.poll() is None, "nohup asked for the run to outlive its terminal"
+        driver.send_signal(signal.SIGTERM)
+        output, _ = driver.communicate(timeout=120)
+    finally:
+        driver.kill()
+    assert driver.returncode == 143 and b"stopped by SIGTERM" in output
+    assert_gone(str(out))
+
+
 # -- the CI examples ---------------------------------------------------------------------------------
 
 CI = REPO / "matrix" / "ci"

@@ -82,7 +82,9 @@ def main(args: argparse.Namespace) -> int:
     metrics = WatchMetrics()
     metrics_server = metrics.serve(args.metrics_port, args.metrics_addr) if args.metrics_port else None
     stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        if sig == signal.SIGHUP and signal.getsignal(sig) == signal.SIG_IGN:
+            continue   # nohup: meant to outlive its terminal
         signal.signal(sig, lambda *_: stop.set())
 
     # a watch beside production goes on when the reader of its notes goes away (matrix/lasting_stream.py)
