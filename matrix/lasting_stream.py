@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -48,7 +49,7 @@ class LastingStream:
                 self._went_away()
         out = self._fallback_file()
         if out is not None:
-            out.write(text)
+            out.write(_as_log_text(text))
         return len(text)
 
     def flush(self) -> None:
@@ -109,6 +110,18 @@ class LastingStream:
             self._file.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} the reader of this progress went away; "
                              "it goes on here\n")
         return self._file
+
+
+TERMINAL_CONTROL = re.compile(r"\r|\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def _as_log_text(text: str) -> str:
+    """What a terminal's writes mean in a file: no redraws (a status line drawn in place ends with
+    a newline of its own there), no escape sequences."""
+    if "\r" not in text and "\x1b" not in text:
+        return text
+    plain = TERMINAL_CONTROL.sub("", text)
+    return plain if not plain or plain.endswith("\n") or "\r" not in text else plain + "\n"
 
 
 def lasting_stderr() -> LastingStream:

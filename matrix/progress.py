@@ -86,7 +86,7 @@ class Progress:
     def __init__(self, total: int, stream: TextIO | None = None, tty: bool | None = None,
                  clock: Callable[[], float] = time.time, min_redraw_s: float = 0.5, log_every_s: float = 60.0):
         self.stream = stream or sys.stderr
-        self.tty = self.stream.isatty() if tty is None else tty
+        self._tty = tty
         self.clock = clock
         self.tally = Tally(total)
         self.began = clock()
@@ -95,6 +95,12 @@ class Progress:
         self._drawn = False
         self._log_every = log_every_s
         self._logged_at = self.began
+
+    @property
+    def tty(self) -> bool:
+        # asked each time: a terminal that hung up turns a LastingStream into a log file
+        # (matrix/lasting_stream.py), where a status line redrawn in place is noise
+        return self.stream.isatty() if self._tty is None else self._tty
 
     def note(self, text: str) -> None:
         """A message that stays (a finding, a warning): above the status line on a TTY."""

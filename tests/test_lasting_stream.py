@@ -91,3 +91,13 @@ def test_the_interpreter_exits_cleanly_with_its_own_code_after_the_reader_went_a
     assert proc.wait(60) == 1
     lines = (tmp_path / "progress.log").read_text().splitlines()
     assert lines[1:] == [f"cell {i} done" for i in range(100)]
+
+
+def test_a_terminals_redraws_become_plain_lines_in_the_file(tmp_path):
+    stream = LastingStream(closed_pipe(), tmp_path / "progress.log")
+    stream.write("\r\x1b[2K3/20 done | 2 running")      # a status line drawn in place
+    stream.write("\r\x1b[2Khang     cell-a  (hang, shm_broadcast_timeout)\n")
+    stream.write("plain line\n")
+    stream.flush()
+    assert (tmp_path / "progress.log").read_text().splitlines()[1:] == [
+        "3/20 done | 2 running", "hang     cell-a  (hang, shm_broadcast_timeout)", "plain line"]

@@ -530,6 +530,43 @@ def test_progress_on_a_tty_redraws_one_status_line_and_keeps_findings():
     assert "2/3 done" in text.split("\r\x1b[2K")[-1]
 
 
+def test_progress_on_a_terminal_that_hangs_up_goes_on_as_plain_lines_in_the_output_folder(tmp_path):
+    import errno
+    import io
+
+    from soakmatrix.matrix.lasting_stream import LastingStream
+    from soakmatrix.matrix.progress import Progress
+
+    class Terminal(io.StringIO):
+        hung_up = False
+
+        def isatty(self):
+            return True
+
+        def write(self, text):
+            if self.hung_up:
+                raise OSError(errno.EIO, "Input/output error")
+            return super().write(text)
+
+    _, cells, result = _progress_fixture()
+    terminal = Terminal()
+    now = [0.0]
+    progress = Progress(3, stream=LastingStream(terminal, tmp_path / "progress.log"), clock=lambda: now[0])
+    now[0] = 10
+    progress.cell_started(cells[0], 1, "node-a")
+    assert "\r\x1b[2K" in terminal.getvalue()          # a status line, redrawn in place
+    terminal.hung_up = True
+    progress.cell_started(cells[1], 1, "node-b")
+    progress.cell_finished(cells[0], result(cells[0], Outcome.HANG, signature="shm_broadcast_timeout"))
+    progress.cell_started(cells[2], 1, "node-a")      # the hang-up is known by now: a log's line
+    progress.close()
+    log = (tmp_path / "progress.log").read_text()
+    assert "\r" not in log and "\x1b" not in log        # a log's plain lines from then on
+    lines = log.splitlines()
+    assert any(line.startswith("hang ") and "shm_broadcast_timeout" in line for line in lines)
+    assert f"start    {cells[2].name}  (node node-a)" in lines and lines[-1].startswith("1/3 done | 2 running")
+
+
 def test_a_store_that_is_not_a_history_store_is_a_usage_error_before_any_cell_runs(tmp_path):
     matrix = write_matrix(tmp_path, "store")
     store = tmp_path / "notes.sqlite"
