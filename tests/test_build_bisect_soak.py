@@ -144,6 +144,26 @@ def test_with_parallel_copies_of_one_build_soak_at_once_on_ray(tmp_path):
 
 
 @pytest.mark.slow
+def test_over_a_ray_client_address_each_build_runs_in_its_runtime_env_on_the_cluster(tmp_path):
+    """`--ray-address ray://host:port` (a laptop outside the cluster): each probe's build reaches the
+    cluster's node as the task's runtime_env through the Ray Client server, and the answer is the
+    same as on a local cluster."""
+    from tests.conftest import ray_client_cluster
+
+    before = {p.pid for p in psutil.process_iter()}
+    with ray_client_cluster(dict(num_cpus=1, num_gpus=2)) as address:
+        proc = bisect_five_builds(tmp_path, [f"b{i}" for i in range(5)], "--ray-address", str(address))
+        logs = address.server_logs() if proc.returncode != 1 else ""
+    assert proc.returncode == 1, proc.stderr[-3000:] + "\n" + logs
+    assert f"on Ray cluster at {address}" in proc.stderr
+    doc = json.loads(proc.stdout)
+    assert (doc["status"], doc["last_good"], doc["first_bad"]) == ("found", "b2", "b3"), doc
+    results = [json.loads(p.read_text()) for p in (tmp_path / "out").glob("probe-*/cells/*/result.json")]
+    assert len(results) == doc["probes"] and {r["build"] for r in results} >= {"b2", "b3", "b4"}
+    assert_nothing_left(before, tmp_path)
+
+
+@pytest.mark.slow
 def test_a_build_that_cannot_start_is_untestable_not_bad(tmp_path):
     before = {p.pid for p in psutil.process_iter()}
     builds = {f"b{i}": sys.executable for i in range(5)}
