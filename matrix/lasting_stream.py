@@ -4,10 +4,9 @@ A nightly run is hours of GPU work whose results go to the history store, JUnit 
 its progress on stderr is only for whoever watches. When that reader goes away (`| tee` killed, a
 CI log pipe closed, `2>&1 | head`, or the terminal hung up: EIO), every later write raises, and
 without this the first one ended the run with nothing soaked (the demo: 3 lines, exit 141, 20
-cells unrun). Here
-the first failed write diverts the stream, for good, to a file beside the run's output (`divert`
-names it once the output folder is known), or drops what is written when none is named; the work
-goes on and exits with its own verdict.
+cells unrun). Here the first failed write diverts the stream, for good, to a file beside the run's
+output (`divert` names it once the output folder is known), or drops what is written when none is
+named; the work goes on and exits with its own verdict.
 """
 
 from __future__ import annotations
@@ -23,6 +22,13 @@ from typing import TextIO
 
 # a pipe whose reader closed; a terminal that hung up (the SSH session that ran the nightly closed)
 READER_GONE = (errno.EPIPE, errno.EIO)
+
+
+def _reader_gone(exc: Exception) -> bool:
+    """The stream's reader went away (a full disk is no such thing: that error stays an error)."""
+    if isinstance(exc, OSError):
+        return exc.errno in READER_GONE
+    return isinstance(exc, ValueError)    # "I/O operation on closed file": somebody closed it for us
 
 
 class LastingStream:
@@ -43,8 +49,8 @@ class LastingStream:
             try:
                 n = self.stream.write(text)
                 return len(text) if n is None else n
-            except (BrokenPipeError, ValueError, OSError) as exc:
-                if isinstance(exc, OSError) and not isinstance(exc, BrokenPipeError) and exc.errno not in READER_GONE:
+            except (ValueError, OSError) as exc:
+                if not _reader_gone(exc):
                     raise
                 self._went_away()
         out = self._fallback_file()
@@ -52,13 +58,17 @@ class LastingStream:
             out.write(_as_log_text(text))
         return len(text)
 
+    def writelines(self, lines) -> None:
+        for line in lines:
+            self.write(line)
+
     def flush(self) -> None:
         if not self.gone:
             try:
                 self.stream.flush()
                 return
-            except (BrokenPipeError, ValueError, OSError) as exc:
-                if isinstance(exc, OSError) and not isinstance(exc, BrokenPipeError) and exc.errno not in READER_GONE:
+            except (ValueError, OSError) as exc:
+                if not _reader_gone(exc):
                     raise
                 self._went_away()
         if self._file is not None:
@@ -76,9 +86,11 @@ class LastingStream:
     def fileno(self) -> int:
         return self.stream.fileno()
 
-    @property
-    def encoding(self) -> str:
-        return getattr(self.stream, "encoding", "utf-8")
+    def __getattr__(self, name: str):
+        # the rest of a text stream (encoding, errors, buffer, name) is the stream's
+        if name == "stream":           # not set yet (a copy being made): no recursion
+            raise AttributeError(name)
+        return getattr(self.stream, name)
 
     def close(self) -> None:
         if self._file is not None:
@@ -122,13 +134,6 @@ def _as_log_text(text: str) -> str:
         return text
     plain = TERMINAL_CONTROL.sub("", text)
     return plain if not plain or plain.endswith("\n") or "\r" not in text else plain + "\n"
-
-
-def lasting_stderr() -> LastingStream:
-    """sys.stderr as a LastingStream (installed once: a second call returns the first)."""
-    if not isinstance(sys.stderr, LastingStream):
-        sys.stderr = LastingStream(sys.stderr)   # type: ignore[assignment]
-    return sys.stderr  # type: ignore[return-value]
 
 
 def divert_stderr(fallback: Path) -> None:

@@ -101,3 +101,22 @@ def test_a_terminals_redraws_become_plain_lines_in_the_file(tmp_path):
     stream.flush()
     assert (tmp_path / "progress.log").read_text().splitlines()[1:] == [
         "3/20 done | 2 running", "hang     cell-a  (hang, shm_broadcast_timeout)", "plain line"]
+
+
+def test_it_stands_in_for_stderr_where_libraries_look_for_a_text_stream(tmp_path):
+    import copy
+    import logging
+
+    stream = LastingStream(closed_pipe(), tmp_path / "progress.log")
+    assert stream.encoding == "utf-8" and stream.fileno() >= 0
+    handler = logging.StreamHandler(stream)            # what Ray's and vLLM's loggers do with stderr
+    logger = logging.getLogger("soakmatrix.test_lasting_stream")
+    logger.addHandler(handler)
+    try:
+        logger.warning("a warning after the reader went away")
+    finally:
+        logger.removeHandler(handler)
+    stream.writelines(["one\n", "two\n"])
+    copy.copy(stream)                                  # no recursion through __getattr__
+    assert (tmp_path / "progress.log").read_text().splitlines()[1:] == [
+        "a warning after the reader went away", "one", "two"]
