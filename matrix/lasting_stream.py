@@ -140,3 +140,26 @@ def divert_stderr(fallback: Path) -> None:
     """Where stderr's writes go once its reader is gone, when stderr is a LastingStream."""
     if isinstance(sys.stderr, LastingStream):
         sys.stderr.divert(fallback)
+
+
+def reopen_closed_standard_streams() -> set[str]:
+    """Descriptors 0-2 closed at start (`>&-`, a daemon that closed them) become /dev/null, and
+    Python's stream for each a real one; returns the names of those that were closed. Otherwise the
+    next file opened (the history store) takes the free number, and whatever writes to descriptor
+    2 below Python (Ray's core, faulthandler) writes into it; and `sys.stdout` is None, so the
+    first print is an internal error."""
+    closed = set()
+    for fd, name in ((0, "stdin"), (1, "stdout"), (2, "stderr")):
+        try:
+            os.fstat(fd)
+        except OSError:
+            devnull = os.open(os.devnull, os.O_RDWR)
+            if devnull != fd:
+                os.dup2(devnull, fd)
+                os.close(devnull)
+            closed.add(name)
+        if getattr(sys, name) is None or name in closed:
+            setattr(sys, name, open(fd, "r" if fd == 0 else "w", encoding="utf-8", closefd=False,
+                                    buffering=-1 if fd == 0 else 1))
+    return closed
+

@@ -120,3 +120,45 @@ def test_it_stands_in_for_stderr_where_libraries_look_for_a_text_stream(tmp_path
     copy.copy(stream)                                  # no recursion through __getattr__
     assert (tmp_path / "progress.log").read_text().splitlines()[1:] == [
         "a warning after the reader went away", "one", "two"]
+
+
+def _close_stdout_and_stderr() -> None:
+    os.close(1)
+    os.close(2)
+
+
+def test_standard_streams_closed_at_start_become_dev_null_before_any_file_takes_their_numbers(tmp_path):
+    script = textwrap.dedent(f"""
+        import os, sys
+        from soakmatrix.matrix.lasting_stream import reopen_closed_standard_streams
+        closed = reopen_closed_standard_streams()
+        store = os.open({str(tmp_path / 'store.db')!r}, os.O_CREAT | os.O_WRONLY)
+        print("to nobody"); print("to nobody either", file=sys.stderr)
+        os.write(2, b"a C library's log line\\n")          # must not land in the store
+        with open({str(tmp_path / 'seen.txt')!r}, "w") as f:
+            f.write(f"{{sorted(closed)}} {{store}}")
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], preexec_fn=_close_stdout_and_stderr, timeout=60)
+    assert proc.returncode == 0
+    closed, store_fd = (tmp_path / "seen.txt").read_text().rsplit(" ", 1)
+    assert closed == "['stderr', 'stdout']" and int(store_fd) > 2
+    assert (tmp_path / "store.db").read_bytes() == b""
+
+
+def test_cli_commands_with_their_output_closed_do_their_work(tmp_path):
+    """`soakmatrix plan M >&-` was an internal error (sys.stdout is None); a bisection started with
+    stderr closed writes its progress to --out's progress.log from the start."""
+    from tests.conftest import EXAMPLES, REPO
+
+    cli = [sys.executable, "-m", "soakmatrix.matrix.cli"]
+    plan = subprocess.run([*cli, "plan", str(EXAMPLES / "demo.yaml")], preexec_fn=_close_stdout_and_stderr,
+                          cwd=REPO, timeout=120)
+    assert plan.returncode == 0
+    cell = "tiny-moe|H200|async_scheduling=true,cudagraph_mode=FULL_AND_PIECEWISE,mtp=1,tp=2|staggered"
+    out = tmp_path / "out"
+    bisect = subprocess.run([*cli, "bisect", str(EXAMPLES / "demo.yaml"), "--cell", cell, "--virtual", "--seed", "3",
+                             "--out", str(out)], preexec_fn=lambda: os.close(2), stdout=subprocess.PIPE,
+                            cwd=REPO, timeout=300)
+    assert bisect.returncode == 1 and b"minimal" in bisect.stdout.lower()
+    log = (out / "progress.log").read_text().splitlines()
+    assert sum(line.startswith("probe ") for line in log) >= 4
