@@ -22,6 +22,7 @@ from typing import TextIO
 
 # a pipe whose reader closed; a terminal that hung up (the SSH session that ran the nightly closed)
 READER_GONE = (errno.EPIPE, errno.EIO)
+CLOSED_AT_START: set[str] = set()     # standard streams closed before we started (reopen_closed_standard_streams)
 
 
 def _reader_gone(exc: Exception) -> bool:
@@ -147,7 +148,7 @@ def reopen_closed_standard_streams() -> set[str]:
     Python's stream for each a real one; returns the names of those that were closed. Otherwise the
     next file opened (the history store) takes the free number, and whatever writes to descriptor
     2 below Python (Ray's core, faulthandler) writes into it; and `sys.stdout` is None, so the
-    first print is an internal error."""
+    first print is an internal error. `CLOSED_AT_START` keeps the names for what starts later."""
     closed = set()
     for fd, name in ((0, "stdin"), (1, "stdout"), (2, "stderr")):
         try:
@@ -161,5 +162,12 @@ def reopen_closed_standard_streams() -> set[str]:
         if getattr(sys, name) is None or name in closed:
             setattr(sys, name, open(fd, "r" if fd == 0 else "w", encoding="utf-8", closefd=False,
                                     buffering=-1 if fd == 0 else 1))
+    CLOSED_AT_START.update(closed)
     return closed
+
+
+def gone_from_the_start(stream: LastingStream, name: str) -> LastingStream:
+    """`stream` (over sys.`name`) marked gone when that stream was closed at start: nobody reads it."""
+    stream.gone = name in CLOSED_AT_START
+    return stream
 

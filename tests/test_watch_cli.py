@@ -3,6 +3,7 @@ a planted hang; the incident is in the evidence folder, the hook ran, and the hi
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -49,9 +50,11 @@ def test_cli_catches_a_planted_hang_keeps_evidence_runs_hook_and_stores_it(tmp_p
 
 @pytest.mark.slow
 @pytest.mark.timeout(180)
-def test_a_watch_whose_reader_goes_away_keeps_watching_and_writes_its_notes_beside_the_evidence(tmp_path):
+@pytest.mark.parametrize("when", ["while it runs", "before it starts"])
+def test_a_watch_whose_reader_goes_away_keeps_watching_and_writes_its_notes_beside_the_evidence(tmp_path, when):
     """`soakmatrix watch URL | head -1`, or a sidecar whose log shipper died: the watch still
-    catches the hang (it used to end at its next note, exit 141), its notes in --out/watch.log."""
+    catches the hang (it used to end at its next note, exit 141), its notes in --out/watch.log;
+    so too when stdout was closed before it started (`>&-`)."""
     hangs = tmp_path / "hangs.yaml"
     hangs.write_text("seed: 5\nhangs:\n  - id: cli-shm\n    style: shm_broadcast\n    when: {max_num_seqs: 253}\n"
                      "    min_running: 1\n    mttf_s: 3\n")
@@ -59,12 +62,15 @@ def test_a_watch_whose_reader_goes_away_keeps_watching_and_writes_its_notes_besi
     out = tmp_path / "incidents"
     with SimProcess(["--max-num-seqs", "253", "--hang-model", str(hangs)], log) as sim:
         threading.Thread(target=load, args=(sim.url, 4, 60), kwargs={"request_timeout": 70}, daemon=True).start()
+        early = when == "before it starts"
         watch = subprocess.Popen([sys.executable, "-m", "soakmatrix.matrix.cli", "watch", sim.url, "--log", str(log),
                                   "--out", str(out), "--max-incidents", "1", "--duration", "90s"],
-                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+                                 stdout=None if early else subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                 preexec_fn=(lambda: os.close(1)) if early else None)
         try:
-            assert b"watch: watching" in watch.stdout.readline()
-            watch.stdout.close()
+            if not early:
+                assert b"watch: watching" in watch.stdout.readline()
+                watch.stdout.close()
             assert watch.wait(150) == 1          # the hang, caught with nobody reading
         finally:
             watch.kill()

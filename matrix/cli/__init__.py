@@ -18,7 +18,7 @@ from typing import Sequence
 
 from soakmatrix.matrix.contracts.outcomes import EXIT_INFRA, EXIT_USAGE
 from soakmatrix.matrix.contracts.yamlsrc import SpecError
-from soakmatrix.matrix.lasting_stream import LastingStream, reopen_closed_standard_streams
+from soakmatrix.matrix.lasting_stream import LastingStream, gone_from_the_start, reopen_closed_standard_streams
 from soakmatrix.matrix.stop_signals import EXIT_FOR, Stopped, signal_name
 
 EXIT_BROKEN_PIPE = 141   # 128 + SIGPIPE, as a shell reports a command whose reader went away
@@ -44,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    closed = reopen_closed_standard_streams()   # first: before any file could take descriptor 1 or 2
+    reopen_closed_standard_streams()   # first: before any file could take descriptor 1 or 2
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
         parser = build_parser()
@@ -68,8 +68,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # away: its results are in files, the progress lines only for whoever watches
     saved_stderr = sys.stderr
     if getattr(module, "OUTLIVES_ITS_READER", False) and not isinstance(sys.stderr, LastingStream):
-        sys.stderr = LastingStream(sys.stderr)  # type: ignore[assignment]
-        sys.stderr.gone = "stderr" in closed    # nobody to read it from the start: straight to the file
+        # closed at start: nobody to read it, straight to the file
+        sys.stderr = gone_from_the_start(LastingStream(sys.stderr), "stderr")  # type: ignore[assignment]
     try:
         return _call(name, module, args)
     finally:

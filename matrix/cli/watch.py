@@ -20,7 +20,7 @@ from pathlib import Path
 
 from soakmatrix.matrix.contracts.durations import parse_duration
 from soakmatrix.matrix.contracts.outcomes import EXIT_FOUND, EXIT_OK, EXIT_USAGE
-from soakmatrix.matrix.lasting_stream import LastingStream
+from soakmatrix.matrix.lasting_stream import LastingStream, gone_from_the_start
 
 HELP = ("Attach to a running vLLM server (or the simulated one): poll /metrics, follow its log, send a tiny "
         "canary request when it is idle or its gauges cannot be trusted; on a hang keep the evidence "
@@ -88,7 +88,7 @@ def main(args: argparse.Namespace) -> int:
         signal.signal(sig, lambda *_: stop.set())
 
     # a watch beside production goes on when the reader of its notes goes away (matrix/lasting_stream.py)
-    notes = LastingStream(sys.stdout, Path(args.out) / "watch.log")
+    notes = gone_from_the_start(LastingStream(sys.stdout, Path(args.out) / "watch.log"), "stdout")
 
     def note(text: str) -> None:
         print(f"{time.strftime('%H:%M:%S')} watch: {text}", file=notes, flush=True)
