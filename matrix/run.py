@@ -21,8 +21,8 @@ from soakmatrix.matrix.contracts.redact import redact_argv, redact_env
 from soakmatrix.matrix.contracts.result import CellResult
 from soakmatrix.matrix.contracts.yamlsrc import Problem, SpecError
 
-from .plan import Plan, PlannedCell, plan
 from .lasting_stream import divert_stderr
+from .plan import Plan, PlannedCell, plan
 from .progress import Progress
 from .soak_specs import matrix_time_scale, soak_spec_for
 from .spec import Matrix, Profile
