@@ -325,6 +325,11 @@ def _ignore_sighup() -> None:
     signal.signal(signal.SIGHUP, signal.SIG_IGN)   # what `nohup` hands down
 
 
+def _default_sighup() -> None:
+    # a terminal's session: this suite may itself run under nohup, or a CI runner that ignores SIGHUP
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
 def _start_two_servers(tmp_path: Path, cluster: str, name: str, preexec=None) -> tuple[subprocess.Popen, Path]:
     matrix = write_matrix(tmp_path, name, soak="4h")      # 60 s of wall time per cell
     out = tmp_path / "out"
@@ -343,7 +348,7 @@ def test_a_terminal_that_hangs_up_stops_the_run_cleanly_and_its_summary_goes_to_
     """The SSH session that ran the nightly closes: SIGHUP, and nobody reads the output any more.
     SIGHUP's default ended the driver on the spot (no teardown, no summary); now it stops like
     SIGTERM, exit 129, and what it would have printed is in OUT/progress.log."""
-    driver, out = _start_two_servers(tmp_path, cluster, "hangup")
+    driver, out = _start_two_servers(tmp_path, cluster, "hangup", preexec=_default_sighup)
     try:
         driver.stdout.close()                     # the terminal is gone ...
         driver.send_signal(signal.SIGHUP)         # ... and says so

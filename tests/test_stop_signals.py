@@ -16,8 +16,17 @@ def _deliver(signum: int) -> None:
     time.sleep(0.2)          # the handler runs in the main thread at the next bytecode
 
 
+@pytest.fixture
+def sighup_at_its_default():
+    """SIGHUP as a terminal's session has it: a suite started under `nohup` (or a CI runner that
+    ignores it) hands it down ignored, and StopSignals rightly leaves an ignored SIGHUP alone."""
+    before = signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    yield
+    signal.signal(signal.SIGHUP, before)
+
+
 @pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGHUP, 129)])
-def test_each_stop_signal_raises_stopped_and_names_its_exit_code(signum, code):
+def test_each_stop_signal_raises_stopped_and_names_its_exit_code(signum, code, sighup_at_its_default):
     with StopSignals() as stop:
         with pytest.raises(Stopped) as caught:
             _deliver(signum)
@@ -36,7 +45,7 @@ def test_a_sighup_ignored_at_start_as_nohup_leaves_it_stays_ignored_and_is_put_b
         signal.signal(signal.SIGHUP, before)
 
 
-def test_the_handlers_before_are_put_back_on_exit():
+def test_the_handlers_before_are_put_back_on_exit(sighup_at_its_default):
     before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     with StopSignals():
         pass
