@@ -53,6 +53,8 @@ SOAK_MTTFS = 2.0           # a modifier soak: at least this many failing-cell MT
 SOAK_TO_DECISION = True    # ... and on to where a pass would decide (False: pieces of SOAK_MTTFS, as before)
 CALLED_STEPS = 12          # bisection steps of the search for where a flag's removal would be called
 PEEL_LEVEL = 0.05          # a group that did not clear gives up the flag whose other removals look this slow
+LOCATE = True              # a group that did not clear: its modifier found from the set's side first (_locate)
+LOCATE_LEVEL = 0.05        # ... each step's loose call (0.02, 0.1 and 0.2 tried: docs/bisect-history.md)
 
 
 def measure(search: Search, minimal_mask: int, longest_s: float) -> None:
@@ -145,10 +147,83 @@ def _group_check(search: Search, minimal_mask: int, longest_s: float) -> None:
             pending.insert(0, group)
             continue
         if not _rules_out(search, cs):
+            if LOCATE and _locate(search, minimal_mask, group, target, mttf):
+                continue
             # a modifier among them, likely: its likeliest one alone, or each half a group of its
             # own (a modifier among 9 flags costs a level or a few of groups, not 8 innocent flags'
             # 4 hangs each)
             pending += _split(search, minimal_mask, group, target)
+
+
+def _locate(search: Search, minimal_mask: int, group: list[int], target: int, mttf: float) -> bool:
+    """A group that did not clear: find its modifier from the other side, then clear the rest at once.
+    `target` (the failing cell without the group; most often the set alone) is slow when a modifier
+    is among the group, so flags added back to it show where: `target` plus the half that holds the
+    modifier hangs as fast as the failing cell (a hang or two, at LOCATE_LEVEL), plus the other half
+    it stays slow. The likeliest modifier (_likeliest) is tried alone first, else the first half.
+    Each step is a loose call: what it finds is only a candidate. `target` plus that flag lacks
+    every other flag of the group, and its soak (_rules_out, at the group rule-out's own level)
+    clears them all in one removal; its hangs against `target`'s also enter the candidate's own
+    verdict (the set plus it and the set alone differ in it alone). True when that removal cleared
+    them; False (a loose call went wrong, or two modifiers) leaves the group to _split, with every
+    soak here kept."""
+    candidates = list(group)
+    while len(candidates) > 1 and not search.over_budget():
+        best = _likeliest(search, minimal_mask, candidates, target) if len(candidates) > 2 else None
+        first, second = ([best], [j for j in candidates if j != best]) if best is not None else halves(candidates)
+        added = target | sum(1 << j for j in first)
+        if not search.runnable[added]:
+            return False
+        cs = search.stats_of(added)
+        until = cs.exposure_s + GROUP_MTTFS * mttf
+        while (not _looks_fast(search, cs, LOCATE_LEVEL) and not _looks_slow(search, cs, LOCATE_LEVEL)
+               and cs.exposure_s < until and not search.over_budget()):
+            _soak_on(search, added, cs, until, mttf, LOCATE_LEVEL)
+        fast = _looks_fast(search, cs, LOCATE_LEVEL) and not _looks_slow(search, cs, LOCATE_LEVEL)
+        candidates = first if fast else second
+    if len(candidates) != 1:
+        return False
+    joint = target | (1 << candidates[0])
+    if not search.runnable[joint]:
+        return False
+    cs = search.stats_of(joint)
+    until = cs.exposure_s + GROUP_MTTFS * mttf
+    while (not _rules_out(search, cs) and not _looks_slow(search, cs) and cs.exposure_s < until
+           and not search.over_budget()):
+        _soak_on(search, joint, cs, until, mttf, GROUP_SLOW_LEVEL)
+    return _rules_out(search, cs)
+
+
+def _looks_fast(search: Search, cs, level: float) -> bool:
+    """The config's hangs reject "x rule_out_factor slower than the failing cell" at `level`: it
+    holds the modifier (a loose call: _locate's steps)."""
+    cell = search.stats_of(search.full)
+    if cs.hangs == 0 or cell.hangs == 0:
+        return False
+    return p_as_strong([(cell.hangs, cell.exposure_s, cs.hangs, cs.exposure_s)], search.s.rule_out_factor) <= level
+
+
+def _soak_on(search: Search, mask: int, cs, until: float, mttf: float, level: float) -> None:
+    """One round of a group soak: --parallel copies, each on to where the config would look slow
+    at `level` (at least SOAK_MTTFS failing-cell MTTFs), short of `until`."""
+    copies = max(1, search.s.parallel)
+    piece = max(SOAK_MTTFS * mttf, (_until_slow(search, cs, level) - cs.exposure_s) / copies)
+    soak = max(min(piece, (until - cs.exposure_s) / copies), search.s.startup_s)
+    search.run([(mask, soak, "modifiers")] * copies)
+
+
+def _looks_fast(search: Search, cs, level: float) -> bool:
+    cell = search.stats_of(search.full)
+    if cs.hangs == 0 or cell.hangs == 0:
+        return False
+    return p_as_strong([(cell.hangs, cell.exposure_s, cs.hangs, cs.exposure_s)], search.s.rule_out_factor) <= level
+
+
+def _slower_tail_of(search: Search, cs) -> float:
+    cell = search.stats_of(search.full)
+    if cell.hangs == 0 or cs.exposure_s <= 0:
+        return 1.0
+    return _slower_tail(cell.hangs, cell.exposure_s, cs.hangs, cs.exposure_s)
 
 
 def _split(search: Search, minimal_mask: int, group: list[int], target: int) -> list[list[int]]:
@@ -159,6 +234,16 @@ def _split(search: Search, minimal_mask: int, group: list[int], target: int) -> 
     cell = search.stats_of(search.full)
     if cell.hangs == 0 or len(group) < 3:
         return halves(group)
+    best = _likeliest(search, minimal_mask, group, target)
+    if best is not None:
+        return [[best], [j for j in group if j != best]]
+    return halves(group)
+
+
+def _likeliest(search: Search, minimal_mask: int, group: list[int], target: int) -> int | None:
+    """The flag of `group` whose removals other than `target` look slowest against the failing
+    cell, if at PEEL_LEVEL or below (a tie: the later flag); None when none does."""
+    cell = search.stats_of(search.full)
     best, best_p = None, PEEL_LEVEL
     for j in group:
         h = e = 0.0
@@ -170,9 +255,7 @@ def _split(search: Search, minimal_mask: int, group: list[int], target: int) -> 
             p = _slower_tail(cell.hangs, cell.exposure_s, int(h), e)
             if p <= best_p:
                 best, best_p = j, p
-    if best is not None:
-        return [[best], [j for j in group if j != best]]
-    return halves(group)
+    return best
 
 
 def halves(group: list[int]) -> list[list[int]]:
@@ -181,13 +264,13 @@ def halves(group: list[int]) -> list[list[int]]:
     return [group[:half], group[half:]] if len(group) > 1 else [group]
 
 
-def _looks_slow(search: Search, cs) -> bool:
-    """The config's hangs reject "as fast as the failing cell" (one-sided, GROUP_SLOW_LEVEL): a
-    modifier is likely among the flags it lacks, and more soaks of it would not clear them."""
+def _looks_slow(search: Search, cs, level: float = GROUP_SLOW_LEVEL) -> bool:
+    """The config's hangs reject "as fast as the failing cell" (one-sided, at `level`): a modifier
+    is likely among the flags it lacks, and more soaks of it would not clear them."""
     cell = search.stats_of(search.full)
     if cell.hangs == 0 or cs.exposure_s <= 0:
         return False
-    return _slower_tail(cell.hangs, cell.exposure_s, cs.hangs, cs.exposure_s) <= GROUP_SLOW_LEVEL
+    return _slower_tail(cell.hangs, cell.exposure_s, cs.hangs, cs.exposure_s) <= level
 
 
 def _slower_tail(cell_hangs: int, cell_exposure_s: float, hangs: float, exposure_s: float) -> float:
@@ -197,9 +280,10 @@ def _slower_tail(cell_hangs: int, cell_exposure_s: float, hangs: float, exposure
     return 1.0 - p_as_strong(rows, 1.0) + point_probability(rows)
 
 
-def _until_slow(search: Search, cs) -> float:
-    """The config's exposure at which, without another hang, it would look slow (_looks_slow); its
-    own exposure when SOAK_TO_DECISION is off, and inf while the failing cell has not hung."""
+def _until_slow(search: Search, cs, level: float = GROUP_SLOW_LEVEL) -> float:
+    """The config's exposure at which, without another hang, it would look slow (_looks_slow at
+    `level`); its own exposure when SOAK_TO_DECISION is off, and inf while the failing cell has not
+    hung."""
     cell = search.stats_of(search.full)
     if not SOAK_TO_DECISION:
         return cs.exposure_s
@@ -209,7 +293,7 @@ def _until_slow(search: Search, cs) -> float:
     # exposure)), is the Beta(cell hangs, config hangs + 1) cdf at that share: its quantile at the
     # level is the share where the tail reaches it (a hair less, so that float rounding does not
     # leave the pass a hair short)
-    share = float(st.beta.ppf(GROUP_SLOW_LEVEL, cell.hangs, cs.hangs + 1)) * (1.0 - 1e-9)
+    share = float(st.beta.ppf(level, cell.hangs, cs.hangs + 1)) * (1.0 - 1e-9)
     if share <= 0.0:
         return math.inf
     return max(cs.exposure_s, cell.exposure_s * (1.0 - share) / share)
