@@ -9,11 +9,13 @@ group's 3-5 hangs, not some 23 hangs of their own). Most often that group is the
 most often it clears: the plain world's verdicts then cost some 8 + 5 hangs, not 12 + 4 (the
 floor's split of them is a third on the failing cell). A group that reaches GROUP_MTTFS of load, or
 whose hangs reject "as fast as the failing cell" first (a modifier is likely in it), first gets the
-failing cell to CELL_HANGS (the side every later comparison reads), then is split: its likeliest
-modifier alone and the rest (the flag whose other removals look slowest against the failing cell,
-at PEEL_LEVEL or below), else in halves, and each part checked the same way, down to single flags
-(an x8 modifier among 9 flags costs a level or a few of groups, not 8 innocent flags' 4 hangs
-each). Then each flag left gets its removal soaked until it is called (Holm level), looks innocent
+failing cell to CELL_HANGS (the side every later comparison reads). Then its modifier is looked for
+from the other side (_locate): flags added back to the config without the group, the part that
+holds the modifier hangs as fast as the failing cell in a hang or two, and the set plus the flag
+found clears all the others in one removal (not 4-6 hangs for each innocent half). When that fails
+(a loose call went wrong, two modifiers), the group is split: its likeliest modifier alone and the
+rest (the flag whose other removals look slowest against the failing cell, at PEEL_LEVEL or
+below), else in halves, and each part checked the same way, down to single flags. Then each flag left gets its removal soaked until it is called (Holm level), looks innocent
 (INNOCENT_HANGS hangs or more and a ratio under INNOCENT_RATIO), has MEASURE_HANGS hangs, or has
 soaked out to the necessity length; a flag is called early only at a third of its Holm share, so
 looking after every soak stays within budget.
@@ -105,8 +107,9 @@ def _group_check(search: Search, minimal_mask: int, longest_s: float) -> None:
     ablation) are removed together, and the group's removal is soaked until its hangs rule out an
     x rule_out_factor modifier among them (_rules_out: short of two that cancel, none of them is
     one, and none needs soaks of its own), look slower than the failing cell (_looks_slow) or it
-    has had GROUP_MTTFS of load: then each half is a group of its own, down to single flags (which
-    `measure` soaks one by one). All the flags outside the set together is the set alone, whose
+    has had GROUP_MTTFS of load: then its modifier is looked for from the set's side (_locate),
+    and if that does not clear the rest, each part is a group of its own (_split), down to single
+    flags (which `measure` soaks one by one). All the flags outside the set together is the set alone, whose
     earlier soaks count."""
     cell = search.stats_of(search.full)
     mttf = cell.exposure_s / max(cell.hangs, 1)
