@@ -15,10 +15,11 @@ holds the modifier hangs as fast as the failing cell in a hang or two, and the s
 found clears all the others in one removal (not 4-6 hangs for each innocent half). When that fails
 (a loose call went wrong, two modifiers), the group is split: its likeliest modifier alone and the
 rest (the flag whose other removals look slowest against the failing cell, at PEEL_LEVEL or
-below), else in halves, and each part checked the same way, down to single flags. Then each flag left gets its removal soaked until it is called (Holm level), looks innocent
-(INNOCENT_HANGS hangs or more and a ratio under INNOCENT_RATIO), has MEASURE_HANGS hangs, or has
-soaked out to the necessity length; a flag is called early only at a third of its Holm share, so
-looking after every soak stays within budget.
+below), else in halves, and each part checked the same way, down to single flags. Then each flag
+left gets its removal soaked until it is called (Holm level), looks innocent (INNOCENT_HANGS
+hangs or more and a ratio under INNOCENT_RATIO), has MEASURE_HANGS hangs, or has soaked out to the
+necessity length; a flag is called early only at a third of its Holm share, so looking after every
+soak stays within budget.
 
 Each of these soaks runs on to where a pass would decide (SOAK_TO_DECISION): a group's removal to
 where, without a hang, it would look slower than the failing cell; a flag's removal to where it
@@ -109,8 +110,8 @@ def _group_check(search: Search, minimal_mask: int, longest_s: float) -> None:
     one, and none needs soaks of its own), look slower than the failing cell (_looks_slow) or it
     has had GROUP_MTTFS of load: then its modifier is looked for from the set's side (_locate),
     and if that does not clear the rest, each part is a group of its own (_split), down to single
-    flags (which `measure` soaks one by one). All the flags outside the set together is the set alone, whose
-    earlier soaks count."""
+    flags (which `measure` soaks one by one). All the flags outside the set together is the set
+    alone, whose earlier soaks count."""
     cell = search.stats_of(search.full)
     mttf = cell.exposure_s / max(cell.hangs, 1)
     comps = comparisons(search, minimal_mask, interval=False)
@@ -213,20 +214,6 @@ def _soak_on(search: Search, mask: int, cs, until: float, mttf: float, level: fl
     piece = max(SOAK_MTTFS * mttf, (_until_slow(search, cs, level) - cs.exposure_s) / copies)
     soak = max(min(piece, (until - cs.exposure_s) / copies), search.s.startup_s)
     search.run([(mask, soak, "modifiers")] * copies)
-
-
-def _looks_fast(search: Search, cs, level: float) -> bool:
-    cell = search.stats_of(search.full)
-    if cs.hangs == 0 or cell.hangs == 0:
-        return False
-    return p_as_strong([(cell.hangs, cell.exposure_s, cs.hangs, cs.exposure_s)], search.s.rule_out_factor) <= level
-
-
-def _slower_tail_of(search: Search, cs) -> float:
-    cell = search.stats_of(search.full)
-    if cell.hangs == 0 or cs.exposure_s <= 0:
-        return 1.0
-    return _slower_tail(cell.hangs, cell.exposure_s, cs.hangs, cs.exposure_s)
 
 
 def _split(search: Search, minimal_mask: int, group: list[int], target: int) -> list[list[int]]:
