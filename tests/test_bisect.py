@@ -208,6 +208,31 @@ def test_a_group_that_ruled_out_a_modifier_stays_cleared_when_the_failing_cell_h
     assert not modifiers._rules_out(search_with(set()), group)
 
 
+def test_a_flag_whose_removal_hung_once_at_once_is_not_called_a_modifier_that_slows_the_hang():
+    # n=6, k=3, MTTF 10 min, seed 441 of the benchmark: flag 4's removal hung 0.3 s into its soak
+    # (a probe ends at its first hang), against the failing cell's 12 hangs in 3.2 h. Holm rejects
+    # "no effect" (p = 0.0004), and the flag was called "modifier x0.00: with it the hang comes
+    # 5278x less often" on that one hang
+    from soakmatrix.matrix.bisect.modifier_stats import SPEEDUP_HANGS, called
+
+    cell = ConfigStats(0b111, "failing cell", {}, hangs=12, exposure_s=11700.0)
+
+    def verdict(hangs, exposure_s):
+        removal = ConfigStats(0b011, "baseline +f0 +f1", {}, hangs=hangs, exposure_s=exposure_s)
+        search = SimpleNamespace(n=3, configs={cell.mask: cell, removal.mask: removal}, s=Settings(confidence=0.99))
+        comparison, is_modifier = called(search, 0b011)[2]
+        return comparison, is_modifier
+
+    c, is_modifier = verdict(1, 0.3)
+    assert c.ratio < 0.01 and c.p_value < 0.01 and not is_modifier
+    # as many hangs as it takes, fast: the call stands
+    c, is_modifier = verdict(SPEEDUP_HANGS, 60.0)
+    assert c.ratio < 0.05 and is_modifier
+    # the other way (slower without it) one hang is enough, as before
+    c, is_modifier = verdict(1, 150000.0)
+    assert c.ratio > 1 and is_modifier
+
+
 def test_two_independent_triggers_give_one_minimal_set_and_say_so():
     a = Hang("a", "shm_broadcast", {"f0": (True,), "f1": (True,)}, MTTF)
     b = Hang("b", "shm_broadcast", {"f3": (True,)}, MTTF)
