@@ -231,6 +231,15 @@ def test_a_flag_whose_removal_hung_once_at_once_is_not_called_a_modifier_that_sl
     # the other way (slower without it) one hang is enough, as before
     c, is_modifier = verdict(1, 150000.0)
     assert c.ratio > 1 and is_modifier
+    # and the report says why the flag is irrelevant despite its p
+    from soakmatrix.matrix.bisect.verdicts import flag_verdicts
+    removal = ConfigStats(0b011, "baseline +f0 +f1", {}, hangs=1, exposure_s=0.3)
+    configs = {cell.mask: cell, removal.mask: removal}
+    search = SimpleNamespace(n=3, full=0b111, configs=configs, s=Settings(confidence=0.99), stats_of=configs.__getitem__,
+                             elements=[Element(f"f{i}", True, False) for i in range(3)])
+    verdict_f2 = flag_verdicts(search, 0b011, {}, [])[2]
+    assert verdict_f2.kind == "irrelevant"
+    assert "faster without it, but on 1 hang(s) without it: too few to call" in verdict_f2.text
 
 
 def test_two_independent_triggers_give_one_minimal_set_and_say_so():
