@@ -148,7 +148,7 @@ def called(search: Search, minimal_mask: int) -> dict[int, tuple[Comparison, boo
     whose removal makes the hang come faster is called only on SPEEDUP_HANGS hangs without it or
     more: a probe ends at its first hang, and one that came within seconds of the start reads as
     a large speed-up at a small p (two of six false calls over 600 seeds of n=6, k=3, MTTF 10 min
-    were such, "x0.04" and "x0.00"). Holm's calls are only thinned, so the family-wise level holds."""
+    were such, "x0.04" and "x0.00"). Holm's calls are only thinned: no false call is added."""
     comps = comparisons(search, minimal_mask)
     keys = list(comps)
     rejected = holm([comps[j].p_value for j in keys], 1.0 - search.s.confidence)
