@@ -649,15 +649,14 @@ def test_the_failing_cell_gets_its_last_hangs_only_when_a_group_does_not_clear()
 
 
 def test_the_failing_cell_gets_another_hang_while_it_shortens_the_necessity_soaks_more_than_it_costs():
-    from soakmatrix.matrix.bisect.ablation import _another_reference_hang_pays, _pool
+    from soakmatrix.matrix.bisect.ablation import _another_reference_hang_pays, _pool, _reference_of
     keep = 0b0111
 
     def pays(cell_hangs: int, kept: int) -> bool:
         search = _search_with({0b1111: (cell_hangs, cell_hangs * MTTF)})
         H, E = _pool(search, kept)
-        level = search.alpha / bin(kept).count("1")
-        return _another_reference_hang_pays(search, kept, H, E, search.alpha / 12, (8.0, level, cell_hangs,
-                                                                                       cell_hangs * MTTF))
+        return _another_reference_hang_pays(search, kept, H, E, search.alpha / 12,
+                                            (8.0, search.alpha, _reference_of(search, kept)))
     # three necessary flags on a rate from 8 hangs: one more hang saves each some 3 MTTFs of soak
     assert pays(8, keep)
     # on a rate from 40 hangs it saves each a few minutes: not worth an MTTF and a start-up

@@ -28,6 +28,7 @@ from soakmatrix.matrix.contracts import stats
 from .modifiers import halves, measure, measure_length, reference_pool
 from .posterior import exposure_until, p_as_fast
 from .ratecheck import rate_check
+from .reference import Reference, reference_rate
 
 if TYPE_CHECKING:
     from .search import Search
@@ -43,6 +44,8 @@ GROUP_ABLATION_FLAGS = 6   # ... from this many flags on (with 4 or 5, two culpr
 FIRST_PARTS = 3            # the first round's groups, thirds (halves before: docs/bisect-history.md, sixth pass)
 RESCUE_PROBES = 12         # the rate check's probes for a kept set that does not hang (else: two triggers)
 NECESSITY_IN_ONE_PIECE = True  # once the reference rate is fixed, a necessity soak is one probe, not stages
+HOLM_LEAST = 0             # > 0: the rule-outs step down (Holm), alpha / this at the loosest; 0: alpha / k each (session 33)
+MIXTURE_REFERENCE = False  # True: the rule-outs' rate shared by every config with the set (reference.py), not a chosen pool
 
 
 def ablation_search(search: Search) -> int | None:
@@ -106,10 +109,10 @@ def ablation_search(search: Search) -> int | None:
                 measured.add(keep)
                 measure(search, keep, measure_length(search))
                 continue
-            h_ref, e_ref = reference_pool(search, keep)
-            if h_ref < REFERENCE_HANGS and _reference(search):
+            ref = _reference_of(search, keep)
+            if ref.hangs < REFERENCE_HANGS and _reference(search):
                 continue
-            factor = (s.rule_out_factor, search.alpha / max(bin(keep).count("1"), 1), h_ref, e_ref)
+            factor = (s.rule_out_factor, search.alpha, ref)
             if _another_reference_hang_pays(search, keep, H, E, goal, factor):
                 _reference(search, int(search.stats_of(search.full).hangs) + 1)
                 continue
@@ -219,12 +222,13 @@ def _certify(search: Search, keep: int, H: float, E: float) -> None:
 
 
 def _unrefuted(search: Search, flags: int, keep: int, H: float, E: float, goal: float,
-               factor: tuple[float, float, float, float] | None = None) -> tuple[int, list[tuple[int, float]]]:
+               factor: tuple[float, float, Reference] | None = None) -> tuple[int, list[tuple[int, float]]]:
     """Of `flags` (all in `keep`): those whose absence was seen to hang (to drop), and the
     others whose absence has not yet rejected "as fast as the configs with `keep`" at `goal`
-    (and, with `factor` = (F, level, hangs, exposure), "F x slower than that rate" at level), with the exposure still
-    needed, fewest first."""
-    dropped, todo = 0, []
+    (and, with `factor` = (F, alpha, reference), "F x slower than the reference rate" at alpha / k,
+    k the kept flags; with HOLM_LEAST, stepping down from alpha / k to alpha / HOLM_LEAST as flags are
+    called), with the exposure still needed, fewest first."""
+    dropped, rows = 0, []
     for j in range(search.n):
         bit = 1 << j
         if not flags & bit:
@@ -234,29 +238,52 @@ def _unrefuted(search: Search, flags: int, keep: int, H: float, E: float, goal: 
             dropped |= bit
             continue
         need = exposure_until(0, e, H, E, goal) if p_as_fast(0, e, H, E) > goal else 0.0
-        if factor is not None:
-            f, slow_level, h_ref, e_ref = factor
-            # no hang in e at rate lambda / f is no hang in e / f at lambda
-            if p_as_fast(0, e / f, h_ref, e_ref) > slow_level:
-                need = max(need, f * exposure_until(0, e / f, h_ref, e_ref, slow_level))
-        if need > e:
-            todo.append((j, need - e))
+        rows.append([j, e, need])
+    if factor is not None and rows:
+        f, alpha, ref = factor
+        # no hang in e at rate lambda / f is no hang in e / f at lambda
+        p = {j: ref.p_no_hang(e / f) for j, e, _ in rows}
+        if HOLM_LEAST:
+            kept = bin(keep & ~dropped).count("1")
+            least = min(HOLM_LEAST, kept)
+            called = 0
+            for j in sorted(p, key=p.get):
+                if p[j] > alpha / max(kept - called, least, 1):
+                    break
+                called += 1
+            level = alpha / max(kept - called, least, 1)
+        else:
+            level = alpha / max(bin(keep).count("1"), 1)
+        for row in rows:
+            j, e, _ = row
+            if p[j] > level:
+                row[2] = max(row[2], f * ref.exposure_until(e / f, level))
+    todo = [(j, need - e) for j, e, need in rows if need > e]
     return dropped, sorted(todo, key=lambda t: t[1])
 
 
 def _another_reference_hang_pays(search: Search, keep: int, H: float, E: float, goal: float,
-                                 factor: tuple[float, float, float, float]) -> bool:
+                                 factor: tuple[float, float, Reference]) -> bool:
     """Whether one more hang of the failing cell, in the rule-out's reference rate, would shorten
     the necessity soaks still to run by more than it costs (an MTTF of load and a start-up): with
     two or three necessary flags the reference rate is worth more hangs than with one."""
-    f, level, h_ref, e_ref = factor
-    if h_ref <= 0 or search.over_budget():
+    f, level, ref = factor
+    if ref.hangs <= 0 or search.over_budget():
         return False
-    mttf = e_ref / h_ref
+    mttf = ref.mttf()
     _, now = _unrefuted(search, keep & ~search.rate_added, keep, H, E, goal, factor)
-    _, then = _unrefuted(search, keep & ~search.rate_added, keep, H, E, goal, (f, level, h_ref + 1, e_ref + mttf))
+    _, then = _unrefuted(search, keep & ~search.rate_added, keep, H, E, goal, (f, level, ref.plus_cell_hang(mttf)))
     saving = sum(need for _, need in now) - sum(need for _, need in then)
     return saving > mttf + search.s.startup_s
+
+
+def _reference_of(search: Search, keep: int) -> Reference:
+    """The failing cell's rate the rule-outs read: shared by every config with the set
+    (reference.py), or the pool of the failing cell and the removals that look like it."""
+    if MIXTURE_REFERENCE:
+        return reference_rate(search, keep)
+    h_ref, e_ref = reference_pool(search, keep)
+    return Reference(h_ref, np.array([e_ref]), np.array([1.0]))
 
 
 def _reference(search: Search, hangs: int = REFERENCE_HANGS) -> bool:

@@ -11,6 +11,7 @@ unknown lambda needs no plug-in estimate.
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import numpy as np
 from scipy import special
@@ -128,10 +129,17 @@ def p_as_fast(hangs: int, exposure: float, pool_hangs: float, pool_exposure: flo
 
 def exposure_until(hangs: int, exposure: float, pool_hangs: float, pool_exposure: float, level: float) -> float:
     """The total exposure at which `hangs` hangs would bring p_as_fast down to `level`."""
-    lo, hi = exposure, max(exposure, pool_exposure / max(pool_hangs, 1.0))
-    while p_as_fast(hangs, hi, pool_hangs, pool_exposure) > level:
+    return exposure_at_level(lambda t: p_as_fast(hangs, t, pool_hangs, pool_exposure), exposure,
+                             pool_exposure / max(pool_hangs, 1.0), level)
+
+
+def exposure_at_level(p_of: Callable[[float], float], exposure: float, mttf: float, level: float) -> float:
+    """The exposure, at least `exposure`, at which `p_of` (falling with exposure) reaches `level`:
+    doubled from an MTTF, then 40 halvings (a hair long rather than short)."""
+    lo, hi = exposure, max(exposure, mttf)
+    while p_of(hi) > level:
         lo, hi = hi, 2.0 * hi
     for _ in range(40):
         mid = 0.5 * (lo + hi)
-        lo, hi = (mid, hi) if p_as_fast(hangs, mid, pool_hangs, pool_exposure) > level else (lo, mid)
+        lo, hi = (mid, hi) if p_of(mid) > level else (lo, mid)
     return hi
