@@ -26,7 +26,7 @@ cuts the rule-out's excess error by three quarters (n=12, k=2, 10 min +x8, 4000 
 modifier called necessary in 18 runs, not 32; at the level, 13) and seed 002 reads 0.965, not
 0.959 (2000 runs), but every 10-minute row costs 0.3-3.3 % more (300 seeds); with Holm's step-down
 (ablation.HOLM_LEAST = 2) on top to win that back, the k = 3 rows gain up to 4 % and the others lose
-up to 4 %, seed 002 reads 0.954, and n=10, k=2, 38 min +x8 exact 0.987.
+up to 4.3 %, seed 002 reads 0.954, and n=10, k=2, 38 min +x8 exact 0.987.
 """
 
 from __future__ import annotations
