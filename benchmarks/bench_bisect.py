@@ -23,6 +23,8 @@ often the row's x8 modifier was called one, `spur` how often another flag outsid
     python -m benchmarks.bench_bisect --shapes   # the seeds' own shapes (bench_bisect_shapes.py)
     python -m benchmarks.bench_bisect --quick --filter "n=12 k=1" --breakdown   # where the GPU-hours go
     python -m benchmarks.bench_bisect --seeds 300 --filter "n=10 k=2 MTTF 38m" --parallel 1,2,4   # wall time
+    python -m benchmarks.bench_bisect --seeds 300 --filter "10m \+x8" --told-modifier   # finding the modifier free
+    python -m benchmarks.bench_bisect --seeds 300 --filter "10m" --told-modifier --holm-least 1   # and Holm's rule-outs
 
 With `--parallel`, each case runs at each width and the table gives GPU-hours and hours of wall
 time: a batch's probes soak side by side, so a round lasts as long as its longest probe.
@@ -168,9 +170,21 @@ def config_kind(case: Case, on: frozenset[int]) -> str:
     return KINDS[6] if mod in off else KINDS[5]
 
 
-def _run_bisect(args: tuple[Case, list[int], bool, int]) -> list[tuple[float, int, int, int, int, int, dict, float, int]]:
+def _told(modifier: int):
+    """`modifiers._likeliest` told the planted modifier (--told-modifier): the modifier verdicts'
+    search for it (`_locate`, `_split`) then goes straight to it, so what is left of the row's cost
+    is what the verdicts cost once the flag is known."""
+    def likeliest(search, minimal_mask: int, group: list[int], target: int) -> int | None:
+        return modifier if modifier in group else None
+    return likeliest
+
+
+def _run_bisect(args: tuple[Case, list[int], bool, int, bool, int | None]) -> list[tuple[float, int, int, int, int, int, dict, float, int]]:
     from soakmatrix.matrix.bisect import Element, Settings, bisect
-    case, seeds, fixed_positions, width = args
+    from soakmatrix.matrix.bisect import ablation
+    from soakmatrix.matrix.bisect import modifiers as modifier_soaks
+    case, seeds, fixed_positions, width, told, holm_least = args
+    own_likeliest, own_holm = modifier_soaks._likeliest, ablation.HOLM_LEAST
     names = [f"f{i}" for i in range(case.n)]
     failing = {name: True for name in names}
     elements = [Element(name, True, False) for name in names]
@@ -181,8 +195,15 @@ def _run_bisect(args: tuple[Case, list[int], bool, int]) -> list[tuple[float, in
         # (the search breaks ties by position, so fixed positions flatter or punish it)
         planted = names if fixed_positions else [names[i] for i in rng.permutation(case.n)]
         oracle = _CaseOracle(case, planted, rng)
-        r = bisect(failing, elements, oracle, Settings(confidence=CONFIDENCE, startup_s=STARTUP_S, max_probes=400,
-                                                        parallel=width))
+        if told and case.modifier:
+            modifier_soaks._likeliest = _told(names.index(planted[case.modifier_flag]))
+        if holm_least is not None:
+            ablation.HOLM_LEAST = holm_least
+        try:
+            r = bisect(failing, elements, oracle, Settings(confidence=CONFIDENCE, startup_s=STARTUP_S, max_probes=400,
+                                                            parallel=width))
+        finally:
+            modifier_soaks._likeliest, ablation.HOLM_LEAST = own_likeliest, own_holm
         got = {planted.index(x) for x in r.minimal}
         truths = case.answers(None)
         exact = r.status == "found" and got in truths
@@ -286,9 +307,17 @@ def main(argv: list[str] | None = None) -> int:
                              "run by config kind, and GPU-hours by role")
     parser.add_argument("--parallel", metavar="K,K,...",
                         help="each case at these widths (--parallel K): GPU-hours and hours of wall time")
+    parser.add_argument("--told-modifier", action="store_true",
+                        help="a diagnostic: the modifier verdicts' search is told which flag is the planted x8 modifier "
+                             "(what the rows would cost if finding it were free)")
+    parser.add_argument("--holm-least", type=int, metavar="K",
+                        help="a diagnostic: the necessity rule-outs step down (Holm) to alpha / K at the loosest "
+                             "(ablation.HOLM_LEAST; 0 is alpha / k for each kept flag, as by default)")
     parser.add_argument("--shapes", action="store_true",
                         help="the seeds' own shapes at the default settings (benchmarks/bench_bisect_shapes.py)")
     args = parser.parse_args(argv)
+    if args.holm_least is not None and args.holm_least < 0:
+        parser.error(f"--holm-least: 0 or more, not {args.holm_least}")
     seeds = args.seeds or (100 if args.quick else 1000)
     if args.shapes:
         from benchmarks.bench_bisect_shapes import run_shapes
@@ -308,7 +337,10 @@ def main(argv: list[str] | None = None) -> int:
           f"TP 1, stated confidence {CONFIDENCE}; GPU-hours mean/p90; exact = returned exactly a true minimal "
           f"set; false-min = returned a wrong set as minimal; floor = the old question's (bound.py), default = "
           f"the default question's (bound_default.py), x = bisect's mean over it; mod = the planted x8 "
-          f"modifier called one, spur = another flag called one", flush=True)
+          f"modifier called one, spur = another flag called one"
+          f"{'; TOLD WHICH FLAG IS THE MODIFIER (--told-modifier, a diagnostic)' if args.told_modifier else ''}"
+          f"{f'; RULE-OUTS STEP DOWN TO ALPHA / {args.holm_least} (--holm-least, a diagnostic)' if args.holm_least else ''}",
+          flush=True)
     header = (f"{'case':<28} {'bisect mean':>11} {'p90':>6} {'exact':>6} {'false':>6} {'probes':>6} | "
               f"{'bound':>5} {'x':>5} | {'floor':>5} {'x':>4} | {'default':>7} {'x':>4} {'mod':>5} {'spur':>5} | "
               f"{'1-at-a-time':>11} {'exact':>6} | {'ddmin':>6} {'exact':>6}")
@@ -346,7 +378,8 @@ def main(argv: list[str] | None = None) -> int:
 def _rows(pool: ProcessPoolExecutor, case: Case, seeds: int, args: argparse.Namespace, width: int = 1) -> list[tuple]:
     """`_run_bisect`'s rows for seeds 0..seeds-1 of `case`, in chunks over the pool's workers."""
     chunks = np.array_split(np.arange(seeds), args.workers * 4)
-    return [row for part in pool.map(_run_bisect, [(case, [int(s) for s in c], args.fixed_positions, width)
+    return [row for part in pool.map(_run_bisect, [(case, [int(s) for s in c], args.fixed_positions, width,
+                                                    args.told_modifier, args.holm_least)
                                                    for c in chunks if len(c)])
             for row in part]
 
