@@ -23,7 +23,7 @@ often the row's x8 modifier was called one, `spur` how often another flag outsid
     python -m benchmarks.bench_bisect --shapes   # the seeds' own shapes (bench_bisect_shapes.py)
     python -m benchmarks.bench_bisect --quick --filter "n=12 k=1" --breakdown   # where the GPU-hours go
     python -m benchmarks.bench_bisect --seeds 300 --filter "n=10 k=2 MTTF 38m" --parallel 1,2,4   # wall time
-    python -m benchmarks.bench_bisect --seeds 300 --filter "10m \+x8" --told-modifier   # finding the modifier free
+    python -m benchmarks.bench_bisect --seeds 300 --filter "10m \\+x8" --told-modifier   # finding the modifier free
     python -m benchmarks.bench_bisect --seeds 300 --filter "10m" --told-modifier --holm-least 1   # and Holm's rule-outs
 
 With `--parallel`, each case runs at each width and the table gives GPU-hours and hours of wall

@@ -12,7 +12,10 @@ deleted). Torch inductor's default cache (`<system temp>/torchinductor_<user>`: 
 it. `RunningServer.wait_ready()` polls
 `/v1/models`; a server that exits before it is ready with a usage error (exit code 2, an argparse
 `error:` line, a rejected configuration) is a `config_error`, one that never comes up is an
-`infra_error`; never a hang.
+`infra_error`; never a hang. The free port is picked before the server binds it, so another process
+can take it first; when `/v1/models` answers from a listener that is not in the server's own process
+tree, the start-up failed that race (an `infra_error` saying "Address already in use", which the soak
+job retries on a new port), and is never taken for our server being ready.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
+
+import psutil
 
 from soakmatrix.matrix.contracts.outcomes import Outcome
 from soakmatrix.matrix.contracts.redact import redact_argv, redact_env
@@ -105,6 +110,17 @@ def port_taken(failure: StartupFailure | None) -> bool:
     return failure is not None and failure.outcome is Outcome.INFRA_ERROR and bool(PORT_TAKEN.search(failure.message))
 
 
+def listening_pids(port: int) -> set[int] | None:
+    """The pids with a TCP socket listening on `port` (any address); None when the system does not
+    say whose a listener is (another user's process, no access to the connection table)."""
+    try:
+        conns = psutil.net_connections(kind="tcp")
+    except (psutil.AccessDenied, PermissionError):
+        return None
+    pids = {c.pid for c in conns if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port}
+    return None if None in pids else pids
+
+
 def _line_of(text: str, pos: int) -> str:
     start = text.rfind("\n", 0, pos) + 1
     end = text.find("\n", pos)
@@ -171,6 +187,11 @@ class RunningServer:
                 time.sleep(0.2)   # let the last lines reach the log
                 return classify_startup_failure(code, self.log_text(), time.monotonic() - t0)
             if probe(self.base_url):
+                other = self.port_held_by_another()
+                if other is not None:
+                    return StartupFailure(Outcome.INFRA_ERROR, f"port {self.port} answered from pid {other}, not "
+                                          f"from this server: Address already in use (another process took the "
+                                          f"free port before the server bound it)")
                 self.ready_at = time.time()
                 return None
             if stop is not None and stop.is_set():
@@ -178,6 +199,19 @@ class RunningServer:
             if time.monotonic() - t0 > timeout_s:
                 return classify_startup_failure(None, self.log_text(), time.monotonic() - t0)
             (stop.wait(interval_s) if stop is not None else time.sleep(interval_s))
+
+    def port_held_by_another(self) -> int | None:
+        """A pid outside the server's process tree that listens on its port while no process of the
+        tree does: what answers there is not this server. None when the tree holds the port, or when
+        the system does not say."""
+        owners = listening_pids(self.port)
+        if not owners:
+            return None
+        try:
+            tree = {self.pid} | {c.pid for c in psutil.Process(self.pid).children(recursive=True)}
+        except psutil.Error:
+            tree = {self.pid}
+        return None if owners & tree else min(owners)
 
     def stop(self, grace_s: float = 10.0):
         """Tear the whole process group down (see teardown.py); returns the teardown report."""

@@ -112,6 +112,55 @@ def test_a_port_race_is_recognised():
     assert server_process.port_taken(failure) and failure.outcome == Outcome.INFRA_ERROR
 
 
+def _foreign_models_server():
+    """Another process's server on a port of its own: answers `/v1/models` 200, as any vLLM would."""
+    import http.server
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = b'{"object": "list", "data": [{"id": "someone-elses-model"}]}'
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    return httpd
+
+
+def test_a_port_answered_by_another_process_is_a_lost_race_not_a_ready_server(tmp_path):
+    # our server never binds (it is still starting); another process took the free port and answers
+    # /v1/models there: that is not our server being ready (a soak would load someone else's server,
+    # and ours would die with "address already in use" and read as a crash)
+    foreign = _foreign_models_server()
+    port = foreign.server_address[1]
+    server = server_process.launch_argv([sys.executable, "-c", "import time; time.sleep(30)"], tmp_path, port)
+    try:
+        assert server_process.listening_pids(port) == {os.getpid()}
+        assert server.port_held_by_another() == os.getpid()
+        failure = server.wait_ready(10)
+    finally:
+        server.stop(grace_s=2)
+        foreign.shutdown()
+        foreign.server_close()
+    assert failure is not None and server_process.port_taken(failure), failure
+    assert f"answered from pid {os.getpid()}" in failure.message
+
+
+def test_a_server_that_holds_its_own_port_is_ready(tmp_path, port):
+    server = server_process.launch_argv([sys.executable, FAKE, "--port", str(port)], tmp_path, port)
+    try:
+        assert server.wait_ready(60) is None
+        assert server.port_held_by_another() is None
+        assert server.pid in server_process.listening_pids(port)
+    finally:
+        server.stop(grace_s=2)
+
+
 @pytest.mark.slow
 def test_never_ready_is_an_infra_error_and_stop_cancels(tmp_path, port):
     server = server_process.launch_argv([sys.executable, FAKE, "--port", str(port), "--startup-s", "60"],

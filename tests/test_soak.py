@@ -291,6 +291,47 @@ def test_a_port_taken_at_start_up_is_retried_on_a_new_port(tmp_path, server_temp
     assert len(server_temp_dirs) == 2 and not any(d.exists() for d in server_temp_dirs)   # both launches'
 
 
+def test_a_port_taken_by_a_server_that_answers_is_retried_not_soaked(tmp_path, server_temp_dirs, monkeypatch):
+    # the demo's clean-clone run, 2026-12-03: between the pick of a free port and the engine's bind,
+    # another server took the port and answered /v1/models there; the readiness check took it for
+    # ours, and ours, dead of "address already in use", was reported as a crash finding
+    import http.server
+    import threading
+
+    from soakmatrix.jobs import server_process
+
+    class Models(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = b'{"object": "list", "data": [{"id": "someone-elses-model"}]}'
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    holder = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Models)
+    threading.Thread(target=holder.serve_forever, daemon=True).start()
+    picks = []
+    real_free_port = server_process.free_port
+
+    def racing_free_port(host="127.0.0.1"):
+        picks.append(holder.server_address[1] if not picks else real_free_port(host))
+        return picks[-1]
+
+    monkeypatch.setattr(server_process, "free_port", racing_free_port)
+    try:
+        # the engine takes a second to bind, as vLLM takes a minute: the other server answers first
+        r = run_cell(spec_for(tmp_path, soak_s=3), engine=FakeEngine("--startup-s", "1"), options=QUICK)
+    finally:
+        holder.shutdown()
+        holder.server_close()
+    assert len(picks) == 2 and r.outcome == Outcome.PASSED, r.message
+    assert not any(d.exists() for d in server_temp_dirs)
+    no_process_left(r)
+
+
 def test_a_dead_engine_behind_a_living_api_server_is_a_crash_not_a_pass(tmp_path):
     r = run_cell(spec_for(tmp_path, soak_s=30), engine=FakeEngine("--hang-after-s", "2", "--hang-style", "error"),
                  options=QUICK)
