@@ -172,6 +172,27 @@ def serve_in_thread(port: int = 0, **engine_kw) -> tuple[Engine, threading.Event
     return engine, stop
 
 
+def foreign_models_server():
+    """Another process's server on a port of its own (an `http.server` in a thread): answers
+    `/v1/models` 200, as any vLLM would. For port races; call `.shutdown()` and `.server_close()`."""
+    import http.server
+
+    class Models(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = b'{"object": "list", "data": [{"id": "someone-elses-model"}]}'
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Models)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    return httpd
+
+
 def start_fake(folder, *args: str, attempts: int = 3):
     """This script as a server process under the soak job's launcher, ready; a port taken between
     our pick and its bind (other test runs share the machine) is retried on a new port.

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from fake_openai import start_fake
+from fake_openai import foreign_models_server, start_fake
 
 from soakmatrix.jobs import server_process
 from soakmatrix.jobs.server_process import classify_startup_failure
@@ -112,31 +112,11 @@ def test_a_port_race_is_recognised():
     assert server_process.port_taken(failure) and failure.outcome == Outcome.INFRA_ERROR
 
 
-def _foreign_models_server():
-    """Another process's server on a port of its own: answers `/v1/models` 200, as any vLLM would."""
-    import http.server
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            body = b'{"object": "list", "data": [{"id": "someone-elses-model"}]}'
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    return httpd
-
-
 def test_a_port_answered_by_another_process_is_a_lost_race_not_a_ready_server(tmp_path):
     # our server never binds (it is still starting); another process took the free port and answers
     # /v1/models there: that is not our server being ready (a soak would load someone else's server,
     # and ours would die with "address already in use" and read as a crash)
-    foreign = _foreign_models_server()
+    foreign = foreign_models_server()
     port = foreign.server_address[1]
     server = server_process.launch_argv([sys.executable, "-c", "import time; time.sleep(30)"], tmp_path, port)
     try:

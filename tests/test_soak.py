@@ -10,8 +10,9 @@ from pathlib import Path
 
 import psutil
 import pytest
+from fake_openai import foreign_models_server
 
-from soakmatrix.jobs import teardown
+from soakmatrix.jobs import server_process, teardown
 from soakmatrix.jobs.hang_confirmation import ConfirmationWindow
 from soakmatrix.jobs.engines.protocol import LaunchCommand
 from soakmatrix.jobs.soak import SoakOptions, run_cell
@@ -295,24 +296,7 @@ def test_a_port_taken_by_a_server_that_answers_is_retried_not_soaked(tmp_path, s
     # the demo's clean-clone run, 2026-12-03: between the pick of a free port and the engine's bind,
     # another server took the port and answered /v1/models there; the readiness check took it for
     # ours, and ours, dead of "address already in use", was reported as a crash finding
-    import http.server
-    import threading
-
-    from soakmatrix.jobs import server_process
-
-    class Models(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            body = b'{"object": "list", "data": [{"id": "someone-elses-model"}]}'
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    holder = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Models)
-    threading.Thread(target=holder.serve_forever, daemon=True).start()
+    holder = foreign_models_server()
     picks = []
     real_free_port = server_process.free_port
 
