@@ -131,6 +131,7 @@ def test_a_port_answered_by_another_process_is_a_lost_race_not_a_ready_server(tm
     assert f"answered from pid {os.getpid()}" in failure.message
 
 
+@pytest.mark.slow
 def test_a_server_that_holds_its_own_port_is_ready(tmp_path, port):
     server = server_process.launch_argv([sys.executable, FAKE, "--port", str(port)], tmp_path, port)
     try:
