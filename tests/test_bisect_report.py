@@ -4,7 +4,7 @@ decided at, and never offers a search-model posterior that does not apply as if 
 from __future__ import annotations
 
 import pytest
-from test_bisect import MTTF, DeterministicOracle, Settings, bisect, elements, failing, planted, run_virtual
+from tests.test_bisect import MTTF, DeterministicOracle, Settings, bisect, elements, failing, planted, run_virtual
 
 from soakmatrix.matrix.bisect.report import render_text, to_json
 from soakmatrix.matrix.contracts.hangmodel import Modifier

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import REPO
+from tests.conftest import REPO
 
 from soakmatrix.matrix.contracts.outcomes import Outcome
 from soakmatrix.reports.history import HistoryStore

@@ -20,7 +20,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from tests.conftest import REPO
 
 from soakmatrix.matrix.contracts.outcomes import EXIT_USAGE, Outcome
 from soakmatrix.matrix.schedule.cluster import KEEP_RUNTIME_ENVS_ENV

@@ -30,7 +30,7 @@ def test_gcs_endpoint_and_an_unreachable_address_fails_fast():
     assert gcs_endpoint("10.0.0.1:6379") == ("10.0.0.1", 6379)
     assert gcs_endpoint("auto") is None and gcs_endpoint("ray://head:10001") is None
     assert client_endpoint("ray://head:10001") == ("head", 10001) and client_endpoint("10.0.0.1:6379") is None
-    from conftest import free_port
+    from tests.conftest import free_port
     with pytest.raises(ConnectionError, match="nothing answers"):
         check_reachable(f"127.0.0.1:{free_port()}", timeout_s=2)
     with pytest.raises(ConnectionError, match="nothing answers at ray://127.0.0.1"):
@@ -218,7 +218,7 @@ def test_the_tests_ray_clusters_retry_a_failed_start_after_shutting_it_down(monk
     """tests/conftest.py's `start_ray_cluster` (the module fixtures' clusters) retries like start_local."""
     ray = pytest.importorskip("ray")
     import ray.cluster_utils
-    from conftest import start_ray_cluster
+    from tests.conftest import start_ray_cluster
 
     made = []
 
@@ -302,7 +302,7 @@ def test_the_test_clusters_ray_client_server_that_died_at_its_start_is_told_at_o
     # Ray's head starts its Ray Client server apart; on a loaded machine it can die at its start and
     # leave nothing at its port (a clean-clone run saw "Timed out waiting for node info"): the tests'
     # cluster then starts again instead of handing out a dead address
-    from conftest import free_port, wait_for_client_server
+    from tests.conftest import free_port, wait_for_client_server
 
     (tmp_path / "ray_client_server.err").write_text(
         "INFO server.py:913 -- Starting Ray Client server on 127.0.0.1\nTraceback (most recent call last):\n"
@@ -321,7 +321,7 @@ def test_the_test_clusters_ray_client_server_that_died_at_its_start_is_told_at_o
 def test_a_real_ray_client_session_that_fails_to_start_once_is_asked_again_and_connects():
     """Against a real Ray Client server: the first session start fails as CI once saw it fail
     ("Starting Ray client server failed"); `connect` says so, asks again and gets the cluster."""
-    from conftest import REPO, ray_client_cluster
+    from tests.conftest import REPO, ray_client_cluster
 
     driver = textwrap.dedent("""
         import sys

@@ -5,7 +5,7 @@ import time
 from pathlib import Path
 
 import pytest
-from fake_openai import start_fake
+from tests.fake_openai import start_fake
 
 from soakmatrix.jobs import evidence
 from soakmatrix.jobs.signatures import parse_stacks

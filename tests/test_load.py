@@ -4,7 +4,7 @@ import random
 import time
 
 import pytest
-from fake_openai import serve_in_thread
+from tests.fake_openai import serve_in_thread
 
 from soakmatrix.jobs.load import LoadDriver
 from soakmatrix.jobs.load_shapes import Arrivals, RequestSource, is_open_loop, target_concurrency, trickle_bursts

@@ -603,7 +603,7 @@ def test_a_test_written_by_bisect_runs_as_is(pytester, examples):
 @pytest.mark.slow
 def test_ray_address_places_the_soak_on_a_node_with_the_gpu_type(pytester):
     ray = pytest.importorskip("ray")
-    from conftest import start_ray_cluster
+    from tests.conftest import start_ray_cluster
 
     cluster, _ = start_ray_cluster({"num_cpus": 1, "num_gpus": 0, "include_dashboard": False},
                                    {"h20": dict(num_cpus=1, num_gpus=1, resources={"accelerator_type:H20": 1})})

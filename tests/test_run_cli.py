@@ -15,7 +15,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import EXAMPLES, REPO
+from tests.conftest import EXAMPLES, REPO
 
 from soakmatrix.matrix.contracts.outcomes import Outcome
 
@@ -83,7 +83,7 @@ def cluster():
     address; its head runs the job server so `ray job submit` works too."""
     ray = pytest.importorskip("ray")
 
-    from conftest import free_port, start_ray_cluster
+    from tests.conftest import free_port, start_ray_cluster
     from ray._private.utils import write_ray_address
 
     # A temp dir of its own, holding this cluster's address as `ray start --temp-dir` leaves it: a Ray
@@ -118,7 +118,7 @@ def cluster():
 def test_a_ray_client_address_runs_the_matrix_on_the_cluster(tmp_path):
     """`--ray-address ray://host:port` (Ray Client, the address a laptop outside the cluster uses):
     the cells are placed on the cluster's GPU node and every result comes back to the driver."""
-    from conftest import ray_client_cluster
+    from tests.conftest import ray_client_cluster
 
     out = tmp_path / "out"
     with ray_client_cluster(dict(num_cpus=1, num_gpus=2)) as address:

@@ -386,7 +386,7 @@ def sleepy_run_cell(spec, stop=None, on_event=None):
 @pytest.fixture(scope="module")
 def ray_cluster():
     ray = pytest.importorskip("ray")
-    from conftest import start_ray_cluster
+    from tests.conftest import start_ray_cluster
     from ray import cloudpickle
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -616,7 +616,7 @@ def starts_an_engine_then_dies(spec, stop=None, on_event=None):
 @pytest.mark.slow
 def test_ray_worker_killed_mid_cell_leaves_no_engine_behind(ray_cluster, fleet, tmp_path):
     import psutil
-    from conftest import running
+    from tests.conftest import running
 
     from soakmatrix.matrix.schedule import RayLauncher
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from fake_openai import foreign_models_server, start_fake
+from tests.fake_openai import foreign_models_server, start_fake
 
 from soakmatrix.jobs import server_process
 from soakmatrix.jobs.server_process import classify_startup_failure

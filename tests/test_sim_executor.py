@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import psutil
 import pytest
-from conftest import running
+from tests.conftest import running
 
 from soakmatrix.jobs.sim.args import parse_sim_argv
 from soakmatrix.jobs.sim.clocks import Clocks

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import EXAMPLES, REPO
+from tests.conftest import EXAMPLES, REPO
 
 from soakmatrix.matrix.contracts.outcomes import Outcome
 

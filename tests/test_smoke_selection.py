@@ -20,7 +20,7 @@ from soakmatrix.matrix.spec import load_matrix
 
 @pytest.fixture(scope="module")
 def smoke(request):
-    from conftest import EXAMPLES
+    from tests.conftest import EXAMPLES
     matrix = load_matrix(EXAMPLES / "smoke.yaml")
     return matrix, plan(matrix, "smoke").cells
 

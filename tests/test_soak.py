@@ -10,7 +10,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from fake_openai import foreign_models_server
+from tests.fake_openai import foreign_models_server
 
 from soakmatrix.jobs import server_process, teardown
 from soakmatrix.jobs.hang_confirmation import ConfirmationWindow

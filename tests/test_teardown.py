@@ -9,7 +9,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from fake_openai import start_fake
+from tests.fake_openai import start_fake
 
 from soakmatrix.jobs import server_process as launcher
 from soakmatrix.jobs import teardown

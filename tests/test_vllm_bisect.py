@@ -38,7 +38,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from vllm_cpu_runs import run_cli_on_cpu_ray, still_alive
+from tests.vllm_cpu_runs import run_cli_on_cpu_ray, still_alive
 
 REPO = Path(__file__).resolve().parent.parent
 MATRIX = REPO / "fixtures" / "vllm_cpu_bisect_ci.yaml"

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from vllm_cpu_runs import run_cli_on_cpu_ray, still_alive
+from tests.vllm_cpu_runs import run_cli_on_cpu_ray, still_alive
 
 from soakmatrix.matrix.contracts.outcomes import Outcome
 from soakmatrix.reports.history import HistoryStore

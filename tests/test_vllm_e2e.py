@@ -12,7 +12,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from vllm_cpu_runs import planted_hang_model
+from tests.vllm_cpu_runs import planted_hang_model
 
 REPO = Path(__file__).resolve().parent.parent
 MATRIX = REPO / "fixtures" / "vllm_cpu.yaml"

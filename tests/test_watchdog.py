@@ -3,7 +3,7 @@
 import time
 
 import pytest
-from fake_openai import serve_in_thread, start_fake
+from tests.fake_openai import serve_in_thread, start_fake
 
 from soakmatrix.jobs.detect.protocol import build_detectors
 from soakmatrix.jobs.load import LoadDriver

@@ -19,7 +19,7 @@ from typing import Callable, Iterable
 
 import psutil
 import pytest
-from conftest import REPO
+from tests.conftest import REPO
 
 
 def planted_hang_model(folder: Path, style: str, mttf_s: float = 6, seed: int = 5) -> Path:
