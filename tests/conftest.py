@@ -22,12 +22,10 @@ for _name in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_
 import pytest
 
 from soakmatrix.jobs.server_process import free_port   # tests import it from here too
-# how the suite runs on xdist workers (units of work, the real engine's first, a test whose worker
-# died run again): tests/xdist_suite.py, whose hooks are this conftest's (imported as tests.conftest
-# is, from the repository's root: a test's subprocess imports this file that way too)
+# how the suite runs on xdist workers (the real engine's tests first, a test whose worker died run
+# again): tests/xdist_suite.py, whose hooks are this conftest's
 from tests import xdist_suite
-from tests.xdist_suite import (pytest_handlecrashitem, pytest_report_teststatus,  # noqa: F401 - hooks
-                               pytest_terminal_summary, pytest_xdist_make_scheduler)
+from tests.xdist_suite import pytest_handlecrashitem, pytest_report_teststatus, pytest_terminal_summary  # noqa: F401 - hooks
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "matrix" / "examples"
@@ -128,6 +126,27 @@ def ray_client_cluster(h200: dict):
     driver."""
     import ray
 
+    with ray_client_ports():
+        yield from _ray_client_cluster(h200, ray)
+
+
+@contextlib.contextmanager
+def ray_client_ports():
+    """Held while a test's Ray Client server lives. Every Ray Client server on a machine hands its
+    sessions ports counted up from 23000, so two at once (two xdist workers, two CI runs) collide
+    ("SpecificServer startup failed"); a lock file in the temp folder makes them take turns."""
+    import fcntl
+    import tempfile
+
+    with open(Path(tempfile.gettempdir()) / "soakmatrix-tests-ray-client.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _ray_client_cluster(h200: dict, ray):
     client = {}
 
     def head_node_args():   # fresh ports for each attempt

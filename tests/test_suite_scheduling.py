@@ -1,38 +1,36 @@
-"""How `make test` hands the suite to two xdist workers (tests/xdist_suite.py): every module with a
-real-engine test is in the one unit of work that runs alone on a worker, the modules that start Ray
-Client servers in another, and the other modules are units of their own; a test whose worker dies
-under it runs once more on a new worker."""
+"""How `make test` hands the suite to two xdist workers (tests/xdist_suite.py): the real engine's tests
+first, so that work stealing leaves them all on one worker; a test whose worker dies under it runs
+once more on a new worker."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 from tests.conftest import REPO
-from tests.xdist_suite import RAY_CLIENT_GROUP, REAL_ENGINE_GROUP, real_engine_modules, work_unit
+from tests.xdist_suite import real_engine_first, runs_the_real_engine
 
 
-def test_the_real_engine_unit_is_every_module_that_collects_a_vllm_test():
-    collected = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "vllm", "-p", "no:xdist",
-                                "-p", "no:cacheprovider"], capture_output=True, text=True, timeout=300, cwd=REPO)
-    assert collected.returncode == 0, collected.stdout[-2000:] + collected.stderr[-2000:]
-    modules = {line.split("::", 1)[0].rsplit("/", 1)[-1] for line in collected.stdout.splitlines() if "::" in line}
-    assert modules, collected.stdout[-2000:]
-    assert modules == set(real_engine_modules())
+class Item:
+    def __init__(self, nodeid: str, vllm: bool = False):
+        self.nodeid, self.vllm = nodeid, vllm
+
+    def get_closest_marker(self, name: str):
+        return SimpleNamespace(name=name) if name == "vllm" and self.vllm else None
 
 
-def test_units_are_modules_and_the_real_engine_modules_share_one():
-    assert work_unit("tests/test_vllm_bisect.py::test_x") == work_unit("tests/test_vllm_e2e.py::test_y[a]") \
-        == REAL_ENGINE_GROUP
-    assert work_unit("tests/test_bisect.py::test_a") == work_unit("tests/test_bisect.py::TestC::test_b[1]") \
-        == "tests/test_bisect.py"
-    assert work_unit("tests/test_bisect.py::test_a") != work_unit("tests/test_plan.py::test_a")
+def test_the_real_engine_tests_go_first_and_the_order_is_otherwise_kept():
+    items = [Item("tests/test_a.py::test_1"), Item("tests/test_e.py::test_x", vllm=True),
+             Item("tests/test_b.py::T::test_2[1]"), Item("tests/test_e.py::test_y", vllm=True), Item("tests/test_a.py::test_3")]
+    expected = [items[1], items[3], items[0], items[2], items[4]]
+    real_engine_first(items)
+    assert items == expected
 
 
-def test_the_modules_that_start_ray_client_servers_share_a_unit():
-    assert work_unit("tests/test_run_cli.py::test_a") == work_unit("tests/test_bisect_cli.py::test_b") \
-        == work_unit("tests/test_cluster.py::test_c") == RAY_CLIENT_GROUP
+def test_the_real_engine_tests_are_the_ones_marked_vllm():
+    assert runs_the_real_engine(Item("t::x", vllm=True)) and not runs_the_real_engine(Item("t::y"))
 
 
 DIES = '''
@@ -66,9 +64,9 @@ def test_two():
 
 
 # a small suite's conftest with this suite's xdist hooks
-CONFTEST = (f"import sys\nsys.path.insert(0, {str(REPO / 'tests')!r})\n"
-            "from xdist_suite import (pytest_handlecrashitem, pytest_report_teststatus,  # noqa: F401\n"
-            "                         pytest_terminal_summary, pytest_xdist_make_scheduler)\n")
+CONFTEST = (f"import sys\nsys.path.insert(0, {str(REPO)!r})\n"
+            "from tests.xdist_suite import (pytest_handlecrashitem, pytest_report_teststatus,  # noqa: F401\n"
+            "                               pytest_terminal_summary)\n")
 
 
 def run_two_workers(tmp_path, die: str) -> tuple[subprocess.CompletedProcess, int]:
@@ -78,7 +76,7 @@ def run_two_workers(tmp_path, die: str) -> tuple[subprocess.CompletedProcess, in
     (tmp_path / "test_dies.py").write_text(DIES)
     (tmp_path / "test_other.py").write_text(OTHER)
     tries = tmp_path / "tries"
-    run = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "-p", "no:cacheprovider", "--rootdir",
+    run = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "--dist", "worksteal", "-p", "no:cacheprovider", "--rootdir",
                           str(tmp_path), str(tmp_path)], capture_output=True, text=True, timeout=300, cwd=tmp_path,
                          env={**os.environ, "TRIES_FILE": str(tries), "DIE": die})
     return run, len(tries.read_text()) if tries.exists() else 0
@@ -107,9 +105,8 @@ def test_a_test_that_kills_its_worker_twice_fails(tmp_path):
 
 
 def test_a_worker_that_dies_after_finishing_modules_leaves_no_test_unrun(tmp_path):
-    # The dead worker had finished several modules before it died. Were those handed out again (as
-    # xdist's LoadScope does), a worker would get no test, no report would come back to hand out
-    # the next module, and the run would wait for ever with 8 tests unrun (a clean-clone run; CI)
+    # The dead worker had finished many tests before it died: only its unfinished ones are handed out
+    # again (xdist's LoadScope hands out finished modules too, and then waits for ever)
     (tmp_path / "conftest.py").write_text(CONFTEST)
     for module in range(30):
         tests = [f"def test_{t}():\n    time.sleep(0.05)\n" for t in range(4)]
@@ -119,7 +116,7 @@ def test_a_worker_that_dies_after_finishing_modules_leaves_no_test_unrun(tmp_pat
                         "    if len(tries.read_text()) == 1:\n        os._exit(9)\n")
         (tmp_path / f"test_m{module:02d}.py").write_text("import os\nimport time\nfrom pathlib import Path\n\n\n"
                                                         + "\n\n".join(tests))
-    run = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "--no-loadscope-reorder", "-p", "no:cacheprovider",
+    run = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "--dist", "worksteal", "-p", "no:cacheprovider",
                           "--rootdir", str(tmp_path), str(tmp_path)], capture_output=True, text=True, timeout=120,
                          cwd=tmp_path, env={**os.environ, "TRIES_FILE": str(tmp_path / "tries")})
     assert run.returncode == 0, run.stdout[-3000:]

@@ -14,10 +14,9 @@ from tests.conftest import REPO
 
 CONFTEST = f'''
 import sys
-sys.path.insert(0, {str(REPO / "tests")!r})
-import suite_watch
-from xdist_suite import (pytest_handlecrashitem, pytest_report_teststatus,  # noqa: F401
-                         pytest_terminal_summary, pytest_xdist_make_scheduler)
+sys.path.insert(0, {str(REPO)!r})
+from tests import suite_watch
+from tests.xdist_suite import pytest_handlecrashitem, pytest_report_teststatus, pytest_terminal_summary  # noqa: F401
 
 
 def pytest_configure(config):
