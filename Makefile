@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-fast install install-test install-vllm chromium demo-vllm bench clean
+.PHONY: demo test test-fast install install-test install-vllm chromium demo-vllm record-cassettes bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -53,6 +53,10 @@ demo-vllm: install-vllm
 # what a developer runs between edits: no servers, no clusters, no vLLM
 test-fast: install-test
 	$(BIN)/python -m pytest -m "not slow and not vllm" $(PYTEST_ARGS)
+
+# the real-engine bisection that tests/test_bisect_cassette.py replays, recorded again (8-17 minutes)
+record-cassettes: install-vllm
+	$(BIN)/python -m tests.record_cassettes
 
 bench: install-test
 	$(BIN)/python -m benchmarks

@@ -1,6 +1,7 @@
 """Shared pieces of the real-engine tests (`tests/test_vllm_*.py`): the hang model that plants one
-hang of a style in the fault plugin, the CLI run on a private Ray cluster offering `cpu` with its
-teardown on a timeout, and the check for server processes a run left alive.
+hang of a style in the fault plugin, one cell soaked through `run_cell` with the server's processes
+and shared memory noted, the CLI run on a private Ray cluster offering `cpu` with its teardown on a
+timeout, and the checks for server processes a run left alive.
 
 They run vLLM's CPU build, so each costs minutes: the helpers keep one way of starting, timing out
 and cleaning up, so a fix to any of it reaches every test.
@@ -20,6 +21,8 @@ from typing import Callable, Iterable
 import psutil
 import pytest
 from tests.conftest import REPO
+
+MATRIX = REPO / "fixtures" / "vllm_cpu.yaml"
 
 
 def planted_hang_model(folder: Path, style: str, mttf_s: float = 6, seed: int = 5) -> Path:
@@ -76,3 +79,46 @@ def still_alive(found: Iterable[psutil.Process], grace_s: float = 0.0) -> list[p
         except psutil.Error:
             pass
     return alive
+
+
+def soak_cell(folder: Path, flags: dict, soak_s: float, style: str | None = None, env: dict | None = None):
+    """One cell of fixtures/vllm_cpu.yaml (`flags`) through `run_cell`, with a hang of `style` planted
+    if given: (the result, the server's pids and /dev/shm segments as seen when it was ready)."""
+    from soakmatrix.jobs.soak import run_cell
+    from soakmatrix.matrix.plan import plan
+    from soakmatrix.matrix.soak_specs import soak_spec_for
+    from soakmatrix.matrix.spec import load_matrix
+
+    folder.mkdir(parents=True, exist_ok=True)
+    hang_model = planted_hang_model(folder, style) if style else None
+    matrix = load_matrix(MATRIX)
+    cell = next(pc for pc in plan(matrix).cells if pc.cell.flag_dict == flags)
+    spec = soak_spec_for(cell, matrix, backend="vllm", out_dir=folder / "out", soak_s=soak_s,
+                         hang_model=str(hang_model) if hang_model else None, env=env or {}, startup_timeout_s=480)
+    seen: dict = {"shm": set(), "pids": set()}
+
+    def on_event(kind: str, data: dict) -> None:
+        if kind == "ready":   # the process tree is up: note its processes and shared-memory segments
+            port = data["base_url"].rsplit(":", 1)[1]
+            for proc in psutil.process_iter(["cmdline"]):
+                cmd = proc.info["cmdline"] or []
+                if "--port" in cmd and port in cmd and "--model" in cmd:
+                    for p in [proc, *proc.children(recursive=True)]:
+                        seen["pids"].add(p.pid)
+                        try:
+                            seen["shm"].update(m.path for m in p.memory_maps() if m.path.startswith("/dev/shm/"))
+                        except psutil.Error:
+                            pass
+
+    return run_cell(spec, on_event=on_event), seen
+
+
+def assert_nothing_left(result, seen) -> None:
+    """The soak's teardown was clean: no process of the server's tree and no shared-memory segment."""
+    teardown = result.extra["teardown"]
+    assert teardown["clean"], teardown
+    assert len(seen["pids"]) >= 3, "expected API server, EngineCore and a worker"
+    alive = [pid for pid in seen["pids"] | set(teardown["pids"])
+             if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+    assert not alive, f"vLLM processes left behind: {alive}"
+    assert not [p for p in seen["shm"] if Path(p).exists()], "shared-memory segments left behind"

@@ -158,6 +158,35 @@ def _open_store(path: str):
         raise _Usage(f"--store: {exc}") from None
 
 
+class SoakOnFirstProbe:
+    """The soak oracle, connected to Ray when the first probe the journal cannot answer is asked: a
+    resumed bisection whose journal answers every probe (a finished run, a recorded one) starts no
+    cluster. `started()` connects at once (a fresh bisection, so that an unreachable cluster is exit 2
+    before anything else is said)."""
+
+    def __init__(self, start: Callable[[], tuple[Any, Any]]):
+        self._start = start
+        self._oracle: Any = None
+        self._cluster: Any = None
+
+    def started(self) -> "SoakOnFirstProbe":
+        if self._oracle is None:
+            self._oracle, self._cluster = self._start()
+        return self
+
+    def run(self, probes: Any) -> Any:
+        return self.started()._oracle.run(probes)
+
+    def resume_after(self, rounds: int, probes: int) -> None:
+        inner = getattr(self.started()._oracle, "resume_after", None)
+        if inner is not None:
+            inner(rounds, probes)
+
+    def close(self) -> None:
+        if self._cluster is not None:
+            self._cluster.close()
+
+
 class _Usage(Exception):
     pass
 
@@ -286,23 +315,28 @@ def _flag_bisection(args: argparse.Namespace, matrix: Matrix, profile: Profile, 
         "virtual": args.virtual, "backend": args.backend, "seed": args.seed, **steering,
         "max_soak_s": max_soak_s(args),
         "history": [history.signature, history.hangs, history.exposure_s] if history else None}, progress)
-    cluster = None
-    try:
-        if args.virtual:
-            oracle = virtual_oracle(matrix, pc, profile, hang_model_path, args.seed)
-        else:
+    if args.virtual:
+        oracle: Any = virtual_oracle(matrix, pc, profile, hang_model_path, args.seed)
+    else:
+        def start() -> tuple[Any, Any]:
             try:
-                oracle, cluster = soak_oracle(matrix, pc, profile, backend=args.backend,
-                                              ray_address=args.ray_address, out_dir=str(journal_dir(args)),
-                                              seed=args.seed)
+                started = soak_oracle(matrix, pc, profile, backend=args.backend, ray_address=args.ray_address,
+                                      out_dir=str(journal_dir(args)), seed=args.seed)
             except CONNECT_ERRORS as exc:
                 raise _Usage(f"{cannot_reach(address_from(args.ray_address), exc)} {RAY_HINT}") from None
             if progress:
-                progress(f"soakmatrix bisect: on {cluster.description}")
-    except BaseException:
-        if journal is not None:
-            journal.close()
-        raise
+                progress(f"soakmatrix bisect: on {started[1].description}")
+            return started
+
+        oracle = SoakOnFirstProbe(start)
+        if journal is None or not journal.batches:
+            try:
+                oracle.started()
+            except BaseException:
+                if journal is not None:
+                    journal.close()
+                raise
+    cluster = oracle if isinstance(oracle, SoakOnFirstProbe) else None
     oracle = journaled(oracle, journal, max_soak_s(args))
     if progress:
         progress(f"soakmatrix bisect: cell {pc.id} {pc.name}: {len(movable)} flag(s) differ from the baseline "
