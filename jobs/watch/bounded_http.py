@@ -209,8 +209,10 @@ class Exchange:
         if u.username is not None:   # user:password@ in the URL: HTTP basic auth, as curl does
             creds = f"{urllib.parse.unquote(u.username)}:{urllib.parse.unquote(u.password or '')}"
             headers.setdefault("Authorization", "Basic " + base64.b64encode(creds.encode()).decode())
+        phase = "connect"
         try:
             conn.connect()
+            phase = "answer"
             self.guard.watch(conn.sock)
             conn.sock.settimeout(max(0.01, self.guard.left()))
             target = (u.path or "/") + (f"?{u.query}" if u.query else "")
@@ -219,7 +221,7 @@ class Exchange:
         except RequestFailed:
             raise
         except BaseException as exc:
-            raise self._classify(exc, "connect" if conn.sock is None else "answer") from None
+            raise self._classify(exc, phase) from None
 
     # ------------------------------------------------------------------ the body
 
