@@ -4,6 +4,7 @@ Each kind answers every path the same way:
 
     silent    accepts the connection, reads the request, never answers (a blocked event loop)
     drip      sends a 200's headers, then one byte every 0.2 s without end (slowloris)
+    drip_headers  sends a status line, then its headers one byte every 0.2 s without end
     endless   sends a 200's headers, then 64 KB pieces as fast as they are read, without end
     huge      a 200 declaring a 1 GiB body, and sends it
     reset     accepts, then resets the connection (RST) before a byte
@@ -26,7 +27,7 @@ import sys
 import threading
 import time
 
-KINDS = ("silent", "drip", "endless", "huge", "reset", "html", "redirect", "error")
+KINDS = ("silent", "drip", "drip_headers", "endless", "huge", "reset", "html", "redirect", "error")
 HTML = b"<!DOCTYPE html>\n<html><head><title>502 Bad Gateway</title></head><body><h1>Bad Gateway</h1></body></html>\n"
 
 
@@ -119,6 +120,12 @@ class BrokenServer:
         await self._send(writer, _response("200 OK", {"Content-Type": "text/plain"}))
         while True:
             await self._send(writer, b"#")
+            await asyncio.sleep(0.2)
+
+    async def _drip_headers(self, writer: asyncio.StreamWriter, path: str) -> None:
+        await self._send(writer, b"HTTP/1.1 200 OK\r\nX-Padding: ")
+        while True:
+            await self._send(writer, b"a")
             await asyncio.sleep(0.2)
 
     async def _endless(self, writer: asyncio.StreamWriter, path: str) -> None:

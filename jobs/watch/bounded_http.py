@@ -217,11 +217,14 @@ class Exchange:
             conn.sock.settimeout(max(0.01, self.guard.left()))
             target = (u.path or "/") + (f"?{u.query}" if u.query else "")
             conn.request(method, target, body, headers)
-            return conn.getresponse()
+            resp = conn.getresponse()
         except RequestFailed:
             raise
         except BaseException as exc:
             raise self._classify(exc, phase) from None
+        if self.guard.fired:   # headers cut short by the deadline read as if they had ended
+            raise self._deadline("answer")
+        return resp
 
     # ------------------------------------------------------------------ the body
 
@@ -233,7 +236,7 @@ class Exchange:
             if self.guard.left() <= 0:
                 raise self._deadline("body")
             try:
-                data = resp.read1(size)
+                data = resp.read1(min(size, self.max_bytes - self.nbytes + 1))   # never past the cap
             except RequestFailed:
                 raise
             except BaseException as exc:
@@ -269,6 +272,10 @@ class Exchange:
         ctype = f" {self.content_type}" if self.content_type else ""
         return Outcome(self.path, "answered", "answered", f"answered {self.status}{ctype}", self.clock(), self.status,
                        self.content_type, self.nbytes)
+
+    def bad(self, detail: str) -> Outcome:
+        """A prompt answer that is not what was asked (a stream that is not server-sent events of JSON)."""
+        return self._failed("bad", "protocol", detail).outcome
 
     def abort(self) -> None:
         self._aborted = True

@@ -139,9 +139,15 @@ class Canary:
                 payload = line[6:]
                 if payload == "[DONE]":
                     break
-                chunk = json.loads(payload)
+                try:
+                    chunk = json.loads(payload)
+                except ValueError:
+                    error = f"/v1/completions: a stream line that is not JSON ({payload[:40]!r}...)"
+                    self.on_outcome(exchange.bad(error.split(": ", 1)[1]))
+                    return
                 if isinstance(chunk, dict) and "error" in chunk:
                     error, server_fault = f"stream error: {str(chunk['error'])[:200]}", True
+                    self.on_outcome(exchange.outcome())
                     return
                 if isinstance(chunk, dict) and chunk.get("choices"):
                     self._token()
