@@ -54,8 +54,8 @@ class HttpLimits:
     canary_bytes: int = 1024 * 1024
     # one server-sent event line of the canary; a token's JSON is a few hundred bytes
     line_bytes: int = 64 * 1024
-    # the evidence's /metrics snapshot of a server that may be stuck: bounded, not part of detection
-    evidence_metrics_s: float = 10.0
+    # the evidence's /metrics snapshot: what the scrape could not get in 5 s it will not get in 10
+    evidence_metrics_s: float = 5.0
     # a load balancer may redirect once or twice (http -> https, a trailing slash); more is a loop
     max_redirects: int = 3
 
