@@ -324,10 +324,12 @@ def one_broken(out: Path, kind: str, state_s: float) -> dict:
         server.wait()
     first = next((t for t, n in notes if "watch: watching" in n), 0.0)
     verdict = next(((t, n) for t, n in notes if " detected by " in n), None)
+    kept = next((t for t, n in notes if "incident kept in" in n), None)
     states = [n.split("watch: ", 1)[1] for _, n in notes if "watch: state " in n or "watch: /metrics" in n]
     return {"kind": kind, "exit": watch.returncode, "peak_rss_mb": round(peak / 2**20, 1),
             "verdict_s": round(verdict[0] - first, 1) if verdict else None,
             "verdict": verdict[1].split("watch: ", 1)[1][:160] if verdict else None,
+            "kept_s": round(kept - first, 1) if kept is not None else None,
             "exit_s": round(wall - first, 1), "states": states[:4]}
 
 
@@ -336,7 +338,7 @@ def measure_broken(out: Path, kinds: Sequence[str], state_s: float) -> list[dict
     for kind in kinds:
         row = one_broken(out / "broken", kind, state_s)
         rows.append(row)
-        what = f"hang after {row['verdict_s']} s, exit after {row['exit_s']} s" if row["verdict_s"] is not None \
+        what = f"hang after {row['verdict_s']} s, evidence kept after {row['kept_s']} s" if row["verdict_s"] is not None \
             else f"no incident in {row['exit_s']} s: {'; '.join(row['states'])}"
         print(f"  {kind:<13} exit {row['exit']}  peak RSS {row['peak_rss_mb']:>5} MB  {what}", flush=True)
     return rows
