@@ -9,11 +9,11 @@ import threading
 import time
 
 import pytest
+from tests.broken_servers import BrokenServer
 
 from soakmatrix.jobs.watch.bounded_http import HttpLimits, Reachability, RequestFailed, describe_problem, fetch
 from soakmatrix.jobs.watch.canary import Canary
 
-from broken_servers import BrokenServer
 
 pytestmark = pytest.mark.timeout(60)
 LIMITS = HttpLimits(connect_s=1.0, max_redirects=3)

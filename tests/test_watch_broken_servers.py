@@ -14,6 +14,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from tests.broken_servers import BrokenServer
 
 from soakmatrix.jobs.watch.bounded_http import HttpLimits
 from soakmatrix.jobs.watch.incident import IncidentOptions
@@ -22,7 +23,6 @@ from soakmatrix.jobs.watch.runner import Watcher, WatchOptions
 from soakmatrix.jobs.watchdog import WatchdogConfig
 from soakmatrix.jobs.watch.target import Target
 
-from broken_servers import BrokenServer
 
 pytestmark = pytest.mark.timeout(60)
 
