@@ -40,6 +40,7 @@ class Canary:
         self._last_error: str | None = None
         self._exchange: Exchange | None = None
         self._aborted = False
+        self._generation = 0   # a canary given up on may still end after its successor started
         self.sent = 0
         self.completed = 0
         self.last_latency_s: float | None = None     # time to first token of the latest canary
@@ -60,8 +61,10 @@ class Canary:
             self._first_token_at = None
             self._tokens = 0
             self._aborted = False
+            self._generation += 1
             self.sent += 1
-        threading.Thread(target=self._run, name="watch-canary", daemon=True).start()
+            generation = self._generation
+        threading.Thread(target=self._run, args=(generation,), name="watch-canary", daemon=True).start()
         return True
 
     def abort(self) -> None:
@@ -107,7 +110,10 @@ class Canary:
         self.model = str(model)
         return self.model
 
-    def _run(self) -> None:
+    def _current(self, generation: int) -> bool:
+        return generation == self._generation and not self._aborted
+
+    def _run(self, generation: int) -> None:
         error: str | None = None
         server_fault = False
         exchange = None
@@ -116,15 +122,16 @@ class Canary:
             body = {"model": model, "prompt": PROMPT, "max_tokens": self.max_tokens, "stream": True,
                     "temperature": 0, "ignore_eos": True}
             with self._lock:
-                if self._aborted:
+                if not self._current(generation):
                     return
             exchange = Exchange(f"{self.base_url}/v1/completions", self.limits.canary_s, self.limits.canary_bytes,
                                 method="POST", body=json.dumps(body).encode(),
                                 headers={"Content-Type": "application/json"}, connect_s=self.limits.connect_s,
                                 max_redirects=self.limits.max_redirects, clock=self.clock)
             with self._lock:
-                aborted = self._aborted
-                self._exchange = exchange
+                aborted = not self._current(generation)
+                if not aborted:
+                    self._exchange = exchange
             if aborted:
                 return
             if exchange.status != 200:
@@ -150,11 +157,11 @@ class Canary:
                     self.on_outcome(exchange.outcome())
                     return
                 if isinstance(chunk, dict) and chunk.get("choices"):
-                    self._token()
+                    self._token(generation)
             self.on_outcome(exchange.outcome())
         except RequestFailed as exc:
             o = exc.outcome
-            if not self._aborted:
+            if self._current(generation):
                 self.on_outcome(o)
             error = "refused" if o.reason == "refused" else "timeout" if o.reason == "deadline" else \
                 f"{o.path}: {o.detail}"[:200]
@@ -163,24 +170,25 @@ class Canary:
         finally:
             if exchange is not None:
                 exchange.close()
-            self._finish(error, server_fault)
+            self._finish(generation, error, server_fault)
 
-    def _token(self) -> None:
+    def _token(self, generation: int) -> None:
         now = self.clock()
         with self._lock:
+            if not self._current(generation):
+                return
             if self._first_token_at is None and self._open_since is not None:
                 self._first_token_at = now
                 self.last_latency_s = now - self._open_since
             self._last_token_at = now
             self._tokens += 1
 
-    def _finish(self, error: str | None, server_fault: bool) -> None:
+    def _finish(self, generation: int, error: str | None, server_fault: bool) -> None:
         with self._lock:
-            aborted = self._aborted
+            if not self._current(generation):
+                return
             self._exchange = None
             self._open_since = None
-            if aborted:
-                return
             if error is None:
                 self._failures, self._last_error = 0, None
                 self.completed += 1
