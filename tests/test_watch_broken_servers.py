@@ -134,3 +134,18 @@ def test_cli_against_an_endless_or_huge_body_finds_the_hang_in_bounded_memory(tm
     (folder,) = [f for f in (tmp_path / "out").iterdir() if f.is_dir()]
     assert "hunter22" not in (folder / "result.json").read_text()
     print(f"{kind}: peak RSS {peak_mb:.0f} MB, {wall:.1f} s to exit")
+
+
+def test_a_server_whose_process_is_gone_is_down_and_the_note_says_it_exited(tmp_path):
+    server = subprocess.Popen([sys.executable, str(Path(__file__).with_name("broken_servers.py")), "html"],
+                              stdout=subprocess.PIPE, text=True)
+    port = int(server.stdout.readline().split()[1])
+    server.kill()
+    server.wait()
+    notes: list[str] = []
+    w = Watcher(Target(f"http://127.0.0.1:{port}", server.pid), IncidentOptions(tmp_path / "incidents"),
+                on_note=notes.append, options=WatchOptions(probe=PROBE, limits=SHORT))
+    w.target.resolve()   # as the CLI does first: the dead pid is dropped, nothing listens
+    w.run(until=time.monotonic() + 1.5)
+    assert w.incidents == [] and w.state == "down"
+    assert f"pid {server.pid} is gone: the server exited (its log tells a stop from a crash)" in notes, notes

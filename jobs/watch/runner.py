@@ -19,6 +19,7 @@ import urllib.parse
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
+import psutil
 from soakmatrix.jobs.evidence import capture
 from soakmatrix.jobs.watchdog import Watchdog, WatchdogConfig
 from soakmatrix.matrix.contracts.redact import redact_text
@@ -125,6 +126,11 @@ class Watcher:
         if step.state != self.state:
             if {step.state, self.state} & {"down", "hung", "starting"}:
                 self.note(f"state {self.state} -> {step.state}")
+            pid = self.target.pid if self.target.pid is not None else self.target.given_pid
+            if step.state == "down" and pid is not None:
+                gone = not psutil.pid_exists(pid)
+                self.note(f"pid {pid} {'is gone: the server exited' if gone else 'still runs'}"
+                          f"{' (its log tells a stop from a crash)' if gone else ' and refuses connections'}")
             if step.state != "down" and (self.state in ("starting", "down") or self.target.pid is None):
                 self.target.resolve()   # after a restart the server has new pids
             self.state = step.state
