@@ -13,6 +13,12 @@ minus the moment the engine recorded the hang began.
 
     python -m benchmarks.bench_watch                    # 2 simulated hours, 2 hangs per style (~5 min)
     python -m benchmarks.bench_watch --hours 48 --per-style 10      # the long run
+    python -m benchmarks.bench_watch --broken           # the real CLI against each broken server (~3 min)
+
+Broken servers (`tests/broken_servers.py`, each in its own process): the real `soakmatrix watch` with its
+default thresholds against a server that never answers, drips, streams without end, sends 1 GiB,
+refuses, resets, answers HTML, redirects to itself or answers 500: what it ended as, the time from its
+first note to the verdict and to its exit (the evidence kept), and its peak RSS.
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ import json
 import os
 import random
 import statistics
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -274,6 +282,68 @@ def measure_false_alarms(out: Path, hours: int, compress: float, every: float, s
             "canaries": w.canary.sent, "alarms": alarms, "hourly": hourly, "notes": notes[-40:]}
 
 
+# ------------------------------------------------------------------ broken servers
+
+BROKEN_SERVERS = Path(__file__).resolve().parent.parent / "tests" / "broken_servers.py"
+BROKEN_KINDS = ("silent", "drip", "drip_headers", "endless", "huge", "refused", "reset", "html", "redirect", "error")
+
+
+def one_broken(out: Path, kind: str, state_s: float) -> dict:
+    """The real CLI against one broken server; its notes timed, its RSS sampled every 20 ms."""
+    import psutil
+
+    server = subprocess.Popen([sys.executable, str(BROKEN_SERVERS), "html" if kind == "refused" else kind,
+                               "--lifetime", "120"], stdout=subprocess.PIPE, text=True)
+    port = int(server.stdout.readline().split()[1])
+    pid = server.pid
+    if kind == "refused":   # nothing listens on the port any more
+        server.kill()
+        server.wait()
+    argv = [sys.executable, "-m", "soakmatrix.matrix.cli", "watch", f"http://127.0.0.1:{port}", "--pid", str(pid),
+            "--max-incidents", "1", "--duration", f"{state_s:g}s", "--out", str(out / kind)]
+    watch = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    t0, notes, peak = time.monotonic(), [], 0
+
+    def read() -> None:
+        for line in watch.stdout:
+            notes.append((time.monotonic() - t0, line.rstrip()))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    proc = psutil.Process(watch.pid)
+    while watch.poll() is None:
+        try:
+            peak = max(peak, proc.memory_info().rss)
+        except psutil.Error:
+            break
+        time.sleep(0.02)
+    wall = time.monotonic() - t0
+    reader.join(5)
+    if server.poll() is None:
+        server.kill()
+        server.wait()
+    first = next((t for t, n in notes if "watch: watching" in n), 0.0)
+    verdict = next(((t, n) for t, n in notes if " detected by " in n), None)
+    kept = next((t for t, n in notes if "incident kept in" in n), None)
+    states = [n.split("watch: ", 1)[1] for _, n in notes if "watch: state " in n or "watch: /metrics" in n]
+    return {"kind": kind, "exit": watch.returncode, "peak_rss_mb": round(peak / 2**20, 1),
+            "verdict_s": round(verdict[0] - first, 1) if verdict else None,
+            "verdict": verdict[1].split("watch: ", 1)[1][:160] if verdict else None,
+            "kept_s": round(kept - first, 1) if kept is not None else None,
+            "exit_s": round(wall - first, 1), "states": states[:4]}
+
+
+def measure_broken(out: Path, kinds: Sequence[str], state_s: float) -> list[dict]:
+    rows = []
+    for kind in kinds:
+        row = one_broken(out / "broken", kind, state_s)
+        rows.append(row)
+        what = f"hang after {row['verdict_s']} s, evidence kept after {row['kept_s']} s" if row["verdict_s"] is not None \
+            else f"no incident in {row['exit_s']} s: {'; '.join(row['states'])}"
+        print(f"  {kind:<13} exit {row['exit']}  peak RSS {row['peak_rss_mb']:>5} MB  {what}", flush=True)
+    return rows
+
+
 def summarise(latency: list[dict], alarms: dict | None) -> str:
     lines = []
     if latency:
@@ -307,6 +377,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--skip-latency", action="store_true")
     p.add_argument("--skip-false-alarms", action="store_true")
+    p.add_argument("--broken", action="store_true", help="only the real CLI against each broken server")
+    p.add_argument("--broken-kinds", default=",".join(BROKEN_KINDS))
+    p.add_argument("--state-s", type=float, default=20.0, help="how long a broken server that is no hang is watched")
     p.add_argument("--out", help="keep artifacts here (default: a temporary folder)")
     p.add_argument("--json", help="write every row here")
     args = p.parse_args(argv)
@@ -314,6 +387,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = Path(args.out or ctx.name)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
+    if args.broken:
+        rows = measure_broken(out, [k for k in args.broken_kinds.split(",") if k], args.state_s)
+        print(f"\n(wall time {time.monotonic() - t0:.0f} s)")
+        if args.json:
+            Path(args.json).write_text(json.dumps({"broken": rows}, indent=1))
+        if ctx is not None:
+            ctx.cleanup()
+        return 0
     latency = [] if args.skip_latency else measure_latency(
         out, [s for s in args.styles.split(",") if s], args.per_style, args.canary_every)
     alarms = None if args.skip_false_alarms else measure_false_alarms(

@@ -44,3 +44,10 @@ def test_literal_secrets_are_scrubbed_even_without_a_known_shape():
     assert set(secrets) == {"my-own-secret-1", "hunter22"}
     out = scrub("server echoed my-own-secret-1 and hunter22", secrets)
     assert "my-own-secret-1" not in out and "hunter22" not in out
+
+
+def test_url_passwords_and_secret_query_parameters():
+    assert redact_text("watching http://admin:hunter22@10.0.0.5:8000 now") == f"watching http://admin:{MASK}@10.0.0.5:8000 now"
+    assert redact_text("https://h/x?api_key=abc123&model=m&access_token=t0k") == f"https://h/x?api_key={MASK}&model=m&access_token={MASK}"
+    for plain in ("http://127.0.0.1:8000/metrics", "ssh user@host", "at 12:30:45 user@host", "https://h/x?model=m&max_tokens=4"):
+        assert redact_text(plain) == plain

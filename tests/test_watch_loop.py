@@ -195,3 +195,56 @@ def test_engine_dead_line_confirmed_by_health_503():
     assert s.verdicts == []
     s.advance(1, health=503)
     assert [v.kind for v in s.verdicts] == ["crash"]
+
+
+def unanswered_series(loop: WatchLoop, start: float, seconds: float, answered_at: float, latest: str | None,
+                      sample: bool = False):
+    """Ticks every 0.5 s of a server whose latest request got no answer (`latest`) since `answered_at`."""
+    steps, now = [], start
+    while now < start + seconds:
+        now += 0.5
+        metrics = MetricsSample(at=now, generation_tokens=0.0, prompt_tokens=0.0, running=0.0, waiting=0.0) if sample else None
+        steps.append(loop.step(Observation(Tick(now=now, metrics=metrics), answered_at=answered_at, unanswered=latest)))
+    return steps
+
+
+def test_a_server_that_answers_nothing_is_hung_after_the_stall_threshold_counted_from_its_last_answer():
+    loop = WatchLoop(build_watch_detectors)
+    steps = unanswered_series(loop, 1000.0, 10, answered_at=1000.0, latest="/metrics: no answer within 5 s")
+    verdicts = [(i, s.verdict) for i, s in enumerate(steps) if s.verdict]
+    assert len(verdicts) == 1                      # once per episode
+    i, v = verdicts[0]
+    assert v.detector == "unanswered" and v.since == 1000.0 and 6.0 < v.at - 1000.0 <= 6.5
+    assert "no answer within 5 s" in v.message and steps[-1].state == "hung"
+
+
+def test_no_silence_while_the_server_answers_or_no_request_has_run_out_of_time():
+    loop = WatchLoop(build_watch_detectors)
+    assert not any(s.verdict for s in unanswered_series(loop, 1000.0, 20, answered_at=1000.0, latest=None))
+    loop = WatchLoop(build_watch_detectors)
+    steps = []
+    for k in range(40):   # answered every second, a request timing out in between
+        steps += unanswered_series(loop, 1000.0 + k, 1, answered_at=1000.0 + k, latest="/metrics: no answer within 5 s")
+    assert not any(s.verdict for s in steps)
+
+
+def test_the_silence_limit_is_the_learned_stall_threshold_or_the_configured_one():
+    loop = WatchLoop(lambda: build_watch_detectors(threshold={"floor_s": 9.0, "ceiling_s": 30.0}))
+    assert loop.silence_limit() == 9.0
+    assert WatchLoop(build_watch_detectors, LoopConfig(unanswered_after_s=2.0)).silence_limit() == 2.0
+
+
+def test_refused_beats_unanswered_and_a_hung_server_that_answers_again_recovers():
+    loop = WatchLoop(build_watch_detectors, LoopConfig(canary_every_s=0))
+    down = loop.step(Observation(Tick(now=1010.0), refused=True, answered_at=1000.0, unanswered="/health: x"))
+    assert down.state == "down" and down.verdict is None
+    loop = WatchLoop(build_watch_detectors, LoopConfig(canary_every_s=0))
+    unanswered_series(loop, 1000.0, 8, answered_at=1000.0, latest="/health: no answer within 3 s")
+    assert loop.state == "hung"
+    gen = 0.0
+    for k in range(6):   # /metrics answers again, and its counters move
+        gen += 5
+        step = loop.step(Observation(Tick(now=1010.0 + k, metrics=MetricsSample(at=1010.0 + k, generation_tokens=gen,
+                                                                                 prompt_tokens=0.0, running=1.0)),
+                                     answered_at=1010.0 + k))
+    assert step.state == "busy"

@@ -114,7 +114,7 @@ def keep_evidence(verdict: HangVerdict, target: Target, log_lines: Sequence[str]
 def watch_cell(target: Target, model: str, gpu: str = "") -> tuple[str, str]:
     """The watched server as a cell: a stable id per URL and model, a readable unique name."""
     name = f"{model or 'unknown-model'}|{gpu or '-'}|watch|{target.host}:{target.port}"
-    return hashlib.sha256(f"watch|{target.base_url}|{model}".encode()).hexdigest()[:12], name
+    return hashlib.sha256(f"watch|{target.display_url}|{model}".encode()).hexdigest()[:12], name
 
 
 def build_result(verdict: HangVerdict, cls: Classification, ev: Evidence, target: Target, *, model: str,
@@ -135,7 +135,7 @@ def build_result(verdict: HangVerdict, cls: Classification, ev: Evidence, target
         exposure_s=round(max(0.0, began - watch_started), 2), started_at=watch_started, ended_at=verdict.at,
         stuck_frames=list(cls.stuck_frames), log_tail=ev.log_tail[-50:], artifacts={**ev.artifacts,
                                                                                    "evidence_dir": str(folder)})
-    result.extra.update(url=target.base_url, pid=target.pid, causes=list(cls.causes), evidence_s=round(ev.seconds, 2),
+    result.extra.update(url=target.display_url, pid=target.pid, causes=list(cls.causes), evidence_s=round(ev.seconds, 2),
                         verdict={"detector": verdict.detector, "kind": verdict.kind, "at": verdict.at,
                                  "since": verdict.since, "message": verdict.message, "hint": verdict.hint})
     record_culprit(result, cls, ev)

@@ -11,6 +11,12 @@ Side effects (scrapes, the canary's HTTP, the log, the clock) stay in `runner.py
   requests waiting with none running, gauges gone stale, a stall starting) a canary asks.
 - A verdict makes the state `hung` until progress resumes (recovered) or the server goes away
   (`down`): one incident per episode, however long the hang lasts.
+- A server that takes connections and answers none of them in full (every request of the watch ends
+  at its deadline or its size cap, `bounded_http.py`) for longer than the stall threshold is `hung`:
+  an API server whose event loop is blocked, a server dripping a byte at a time or streaming without
+  end. vLLM listens only once it is ready (its port is bound, unlisted, while it loads), so such a
+  silence is never a start-up. Refused or reset connections are `down` instead, and a prompt answer
+  of any kind (an error page, a redirect loop) is no silence.
 - A bare EngineDeadError line is also printed by an orderly SIGTERM shutdown, so it counts only once
   confirmed: a fatal-error line, /health 5xx or a failing canary. A refusal after it, with no 5xx
   seen, is a stop.
@@ -22,7 +28,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
-from soakmatrix.jobs.detect.protocol import Detector, HangVerdict, Tick
+from soakmatrix.jobs.detect.protocol import Detector, HangVerdict, StallThreshold, Tick
 
 STATES = ("starting", "idle", "busy", "stale", "hung", "down")
 FATAL_LINE = re.compile(r"EngineCore encountered a fatal error|died unexpectedly")
@@ -33,13 +39,19 @@ class LoopConfig:
     canary_every_s: float = 5.0      # probe when the latest proof of progress is older (0: never)
     stale_after_s: float = 5.0       # no /metrics sample for this long: the gauges cannot be trusted
     confirm_dead_s: float = 10.0     # a bare EngineDeadError line needs a 5xx within this long
+    # no complete answer for this long, with requests that ran out of time or bytes: a hang (None:
+    # the stall detectors' learned threshold, so an unanswering server is held to a silent engine's time)
+    unanswered_after_s: float | None = None
+    unanswered_default_s: float = 6.0   # the same, when no detector carries a threshold
 
 
 @dataclass(frozen=True)
 class Observation:
     tick: Tick
     health: int | None = None        # the latest /health status (None: not yet, or no answer)
-    refused: bool = False            # a connection was refused since the last observation
+    refused: bool = False            # a connection was refused (or reset) since the last observation
+    answered_at: float | None = None # when the server last answered a request in full (or the watch began)
+    unanswered: str | None = None    # the latest request since then that got no usable answer, in words
 
 
 @dataclass(frozen=True)
@@ -80,6 +92,11 @@ class WatchLoop:
         now = t.now
         if obs.refused or refused(t):
             return self._down(now)
+        if self.state != "hung":
+            silent = self._unanswered(obs, now)
+            if silent is not None:
+                self.state = "hung"
+                return Step("hung", verdict=silent, abort_canary=True, seconds_since_progress=self._since(now))
         moved = self._progress(t)
         if obs.health is not None and obs.health >= 500:
             self._saw_5xx = True
@@ -116,6 +133,25 @@ class WatchLoop:
         self.state = "down"
         self._counters = None
         return Step("down", verdict=pending, abort_canary=True, note=note, seconds_since_progress=self._since(now))
+
+    def _unanswered(self, obs: Observation, now: float) -> HangVerdict | None:
+        if obs.unanswered is None or obs.answered_at is None:
+            return None
+        silent = now - obs.answered_at
+        limit = self.silence_limit()
+        if silent <= limit:
+            return None
+        return HangVerdict(
+            detector="unanswered", kind="hang", at=now, since=obs.answered_at,
+            message=(f"the server takes connections but answered no request in full for {silent:.1f} s "
+                     f"(threshold {limit:.1f} s); latest: {obs.unanswered}"),
+            details={"silent_s": silent, "threshold_s": limit, "latest": obs.unanswered})
+
+    def silence_limit(self) -> float:
+        if self.config.unanswered_after_s is not None:
+            return self.config.unanswered_after_s
+        learned = [d.threshold.value() for d in self.detectors if isinstance(getattr(d, "threshold", None), StallThreshold)]
+        return max(learned, default=self.config.unanswered_default_s)
 
     def _fresh(self, now: float) -> None:
         self.detectors = list(self.make_detectors())

@@ -15,6 +15,7 @@ from typing import Any
 import psutil
 
 from soakmatrix.jobs.teardown import tree
+from soakmatrix.matrix.contracts.redact import redact_text
 
 NO_PID = 2**31 - 1   # never a live pid: evidence capture finds no tree for it
 
@@ -25,6 +26,7 @@ class Target:
         if u.scheme not in ("http", "https") or not u.hostname:
             raise ValueError(f"not an http(s) URL: {url!r}")
         self.base_url = url.rstrip("/")
+        self.display_url = redact_text(self.base_url)   # what is printed, stored or handed to a hook
         self.host = u.hostname
         self.port = u.port or (443 if u.scheme == "https" else 80)
         self.given_pid = pid
@@ -44,14 +46,14 @@ class Target:
 
     def describe(self) -> str:
         if self.pid is None:
-            return f"{self.base_url} (no process found: {self.problem or 'not resolved yet'})"
+            return f"{self.display_url} (no process found: {self.problem or 'not resolved yet'})"
         names = []
         for p in self.processes():
             try:
                 names.append(f"{p.pid} {p.name()}")
             except psutil.Error:
                 continue
-        return f"{self.base_url} (pid {self.pid}; tree: {', '.join(names) or 'gone'})"
+        return f"{self.display_url} (pid {self.pid}; tree: {', '.join(names) or 'gone'})"
 
     def poll(self) -> int | None:
         """The watchdog's exit-code probe: we did not start the server, so we never know its code."""

@@ -34,6 +34,12 @@ TOKEN_SHAPES: list[re.Pattern] = [
 # `Authorization: Bearer X`, `"authorization": "Basic X"`, `Proxy-Authorization: X`
 AUTH_HEADER = re.compile(r"(?i)(\b(?:proxy-)?authorization\b[\"']?\s*[:=]\s*[\"']?)(?:(bearer|basic|token)\s+)?"
                          r"[^\s\"',;}]+")
+# `https://user:password@host`: the password of a URL's user information
+URL_PASSWORD = re.compile(r"(?i)(\b[a-z][a-z0-9+.-]*://[^/\s:@]*:)([^/\s@]+)(@)")
+# `?api_key=X`, `&token=X`: secret-named parameters of a URL's query string
+# (the secret word a whole part of the name, so `max_tokens=4` stays readable)
+QUERY_SECRET = re.compile(r"(?i)([?&](?:[a-z0-9]+[_.-])*(?:api[-_]?key|key|token|secret|passw(?:or)?d|credentials?|auth"
+                          r"|sig|signature)(?:[_.-][a-z0-9]+)*=)([^&#\s\"']+)")
 # `NAME=value` in text (an environment dump, a shell line) where NAME is an upper-case secret's name
 ENV_ASSIGNMENT = re.compile(r"\b([A-Z_][A-Z0-9_]*)(=)([\"']?)([^\s\"']+)")
 # `--api-key X` / `--api-key=X` inside a command line written as text
@@ -47,6 +53,8 @@ def redact_text(text: str) -> str:
         return text
     for shape in TOKEN_SHAPES:
         text = shape.sub(MASK, text)
+    text = URL_PASSWORD.sub(lambda m: m.group(1) + MASK + m.group(3), text)
+    text = QUERY_SECRET.sub(lambda m: m.group(1) + MASK, text)
     text = AUTH_HEADER.sub(lambda m: m.group(1) + (m.group(2) + " " if m.group(2) else "") + MASK, text)
     text = OPTION_IN_TEXT.sub(lambda m: m.group(1) + m.group(2) + m.group(3) + MASK, text)
     return ENV_ASSIGNMENT.sub(_env_assignment, text)
