@@ -55,7 +55,7 @@ def test_distinct_bugs_keep_distinct_fingerprints():
         "deadlock in schedule": hang(recorded("host_deadlock_schedule_py312_shared_native.txt")),
         "deadlock in update_from_output": hang(recorded("host_deadlock_update_py312_shared_native.txt")),
         "event sync stall": hang(dump("seed000_event_sync_stall.pyspy.txt")),
-        "lost collective": hang(recorded("collective_wait_py312_native.txt")),
+        "lost collective": hang(recorded("collective_wait_gloo_cpu_native.txt")),
     }
     assert len({r.fingerprint for r in prints.values()}) == 4, {k: r.fingerprint for k, r in prints.items()}
     assert prints["event sync stall"].signature == "event_sync_stall"
