@@ -86,22 +86,25 @@ def gather(backend: str, read_vllm: Callable[[], c.VllmProbe] = p.read_vllm) -> 
 
 
 def diagnose(probes: Probes, backend: str, node: str, expected: c.GpuExpectation | None = None,
-             own_pids: Sequence[int] = ()) -> DoctorReport:
+             own_pids: Sequence[int] = (), gpu_indices: Sequence[int] | None = None) -> DoctorReport:
+    """The checks that apply to `backend`; `gpu_indices` limits the free-GPU check to a cell's GPUs."""
     ptrace = c.ptrace_allowed(probes.ptrace_scope, probes.cap_eff)
     if backend not in GPU_BACKENDS:
         return DoctorReport(node, backend, (ptrace,), (f"GPU checks not run: the {backend} backend uses no GPU",))
     nvml = c.nvml_readable(probes.nvml)
     checks = [nvml]
     if nvml.status != c.FAIL:
-        checks += [c.gpu_type(probes.nvml, expected), c.gpus_free(probes.nvml, own_pids)]
+        checks += [c.gpu_type(probes.nvml, expected), c.gpus_free(probes.nvml, own_pids, gpu_indices)]
     checks += [ptrace, c.shm_size(probes.shm.total, probes.shm.free, probes.shm.error),
                c.vllm_build(probes.vllm or c.VllmProbe(error="not probed"), probes.nvml.driver_cuda),
                c.xid_errors(probes.kernel_log)]
     return DoctorReport(node, backend, tuple(checks))
 
 
-def run_doctor(backend: str = "vllm", expected: c.GpuExpectation | None = None) -> DoctorReport:
-    """Probe this node and check it (what the CLI and the run's preflight task call)."""
+def run_doctor(backend: str = "vllm", expected: c.GpuExpectation | None = None,
+               gpu_indices: Sequence[int] | None = None) -> DoctorReport:
+    """Probe this node and check it (what the CLI and a run's cell tasks call)."""
     import socket
 
-    return diagnose(gather(backend), backend, socket.gethostname(), expected, own_pids=(os.getpid(),))
+    return diagnose(gather(backend), backend, socket.gethostname(), expected, own_pids=(os.getpid(),),
+                    gpu_indices=gpu_indices)

@@ -121,9 +121,13 @@ def gpu_type(nvml: NvmlProbe, expected: GpuExpectation | None) -> Check:
                                  f"= the matrix's {expected.type_name}{extra}")
 
 
-def gpus_free(nvml: NvmlProbe, own_pids: Sequence[int] = ()) -> Check:
-    """No other process on the GPUs and no memory held without one (a dead job's, another container's)."""
+def gpus_free(nvml: NvmlProbe, own_pids: Sequence[int] = (), indices: Sequence[int] | None = None) -> Check:
+    """No other process on the GPUs and no memory held without one (a dead job's, another container's).
+    `indices`: only these GPUs (the ones a cell was given; the node's others may run other cells)."""
     mine = set(own_pids)
+    wanted = None if indices is None else set(indices)
+    nvml = NvmlProbe(tuple(g for g in nvml.gpus if wanted is None or g.index in wanted), nvml.driver_cuda,
+                     nvml.driver_version, nvml.error)
     foreign = [(g.index, pid, used) for g in nvml.gpus for pid, used in g.processes if pid not in mine]
     if foreign:
         listed = ", ".join(f"GPU{i} pid {pid} ({_gib(used)} GiB)" for i, pid, used in foreign[:6])
