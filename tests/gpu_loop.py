@@ -96,6 +96,9 @@ def problems(result: Any, scenario: Scenario, pyspy_text: str | None, nvml: bool
         out.append(f"outcome {outcome}, not hang: {result.message}")
     if result.signature != scenario.signature:
         out.append(f"signature {result.signature}, not {scenario.signature}")
+    planted = (result.extra.get("true_hang") or {}).get("signature")
+    if planted is not None and planted != scenario.signature:
+        out.append(f"the simulator planted {planted}, not {scenario.signature}")
     if not result.fingerprint:
         out.append("no fingerprint")
     if not (result.culprit or "").startswith(scenario.culprit_role):

@@ -9,6 +9,8 @@ process, no GPU memory. `make test-gpu` runs them; without torch and a CUDA devi
 
 from __future__ import annotations
 
+import time
+
 import psutil
 import pytest
 
@@ -49,6 +51,17 @@ def nvml_snapshot() -> tuple[int, list[dict]]:
         pynvml.nvmlShutdown()
 
 
+def settled(pids, wait_s: float = 15.0) -> tuple[int, list[dict]]:
+    """NVML's view once the driver has let go of the tree's contexts (it frees them a moment after
+    the processes exit), or after `wait_s`: what is left then is left behind."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        used, procs = nvml_snapshot()
+        if not {p["pid"] for p in procs} & set(pids) or time.monotonic() > deadline:
+            return used, procs
+        time.sleep(0.5)
+
+
 @pytest.fixture(scope="module")
 def cells(tmp_path_factory):
     """Each scenario run once through `run_cell`, with NVML's memory before and after it."""
@@ -56,7 +69,7 @@ def cells(tmp_path_factory):
     for scenario in SCENARIOS:
         before, _ = nvml_snapshot()
         result = run_cell(spec_for(tmp_path_factory.mktemp(scenario.name), scenario), options=SoakOptions(drain_s=5))
-        after, procs = nvml_snapshot()
+        after, procs = settled(result.extra.get("teardown", {}).get("pids") or [])
         out[scenario.name] = (scenario, result, before, after, procs)
     return out
 

@@ -117,6 +117,7 @@ def test_the_tree_with_torch_on_the_cpu_catches_its_lost_collective(tmp_path):
     text = read_text(result.artifacts.get("py_spy"))
     assert problems(result, SCENARIO["lost_collective"], text, nvml=False) == [], result.message
     assert "DeviceRunner.lost_all_reduce" in "\n".join(result.stuck_frames)
+    assert result.extra["true_hang"]["signature"] == "collective_stall"    # what the simulator planted
     pids = result.extra["teardown"]["pids"]
     assert len(pids) == 4 and result.extra["teardown"]["clean"]    # API server, EngineCore, two workers
     alive = lambda p: psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE   # noqa: E731

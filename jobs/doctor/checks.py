@@ -14,9 +14,9 @@ OK, WARN, FAIL = "ok", "warn", "fail"
 
 # /dev/shm: vLLM's TP workers share each step's input through a shared-memory ring
 # (shm_broadcast), torch's multiprocessing passes tensors through it, and NCCL's SHM transport puts
-# its intra-node buffers there. NCCL's troubleshooting guide asks containers for --shm-size=1g at
-# least; Docker's default of 64 MiB fails NCCL's set-up at TP > 1 ("Error while creating shared
-# memory segment").
+# its intra-node buffers there. NCCL's troubleshooting guide gives containers --shm-size=1g
+# --ulimit memlock=-1; with Docker's default 64 MiB NCCL fails to initialise at TP > 1 ("NCCL WARN
+# Error: failed to extend /dev/shm/nccl-... to 4194660 bytes").
 SHM_MIN_BYTES = 1 << 30
 # NVML's `used` on an idle GPU holds the driver's own reservation (a few hundred MiB); more than this
 # with no process we may see is another container's job or memory a dead process left.
