@@ -48,6 +48,7 @@ def test_a_node_is_diagnosed_once_then_read_from_the_runs_cache():
     assert again == first and not new and len(calls) == 1
     assert preflight.gpu_indices([]) is None and preflight.gpu_indices(["GPU-uuid"]) is None
     assert preflight.cache_key("n1", spec()) != preflight.cache_key("n1", spec("sim"))
+    assert preflight.cache_key("n1", spec(build="nightly")) == "n1|vllm|H200|nightly"
 
 
 def test_a_failed_node_refuses_the_cell_as_an_infra_error_with_the_doctors_detail():

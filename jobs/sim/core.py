@@ -59,6 +59,7 @@ class EngineCore:
             from .torch_device import CudaTransferEvent
 
             self.scheduler.transfer_event = CudaTransferEvent(config.torch_device)
+            self.scheduler.transfer_event.synchronize()   # CUDA's set-up now, not in the first step
         self.hung: ArmedHang | None = None
         self.recorder = HangRecorder(config.hang_record)
 

@@ -2,8 +2,8 @@
 `soakmatrix doctor` (jobs/doctor) for the cell's backend. A node that fails gives its cells an
 infra_error carrying the doctor's report (the loop retries them on other nodes), never a hang.
 
-Once per node per run: the run's mailbox actor keeps each node's report, keyed by node, backend
-and GPU type; the first cell on a node runs the doctor inside its own task and posts the report,
+Once per node per run: the run's mailbox actor keeps each node's report, keyed by node, backend,
+GPU type and engine build; the first cell on a node runs the doctor inside its own task and posts the report,
 later cells read it. Two cells starting on a new node at the same moment may both run it (the same
 checks, a few seconds). The free-GPU check looks only at the GPUs Ray gave the cell: the node's
 others may be running this run's other cells.
@@ -44,7 +44,10 @@ def expectation_for(spec: SoakSpec, ray_label: str) -> GpuExpectation | None:
 
 
 def cache_key(node: str, spec: SoakSpec) -> str:
-    return f"{node}|{spec.backend}|{spec.gpu_type}"
+    """A node's report holds for cells of one backend, GPU type and engine build (each build has an
+    environment of its own, where vLLM's import is checked)."""
+    key = f"{node}|{spec.backend}|{spec.gpu_type}"
+    return f"{key}|{spec.build}" if spec.build else key
 
 
 def gpu_indices(gpu_ids: Sequence[Any]) -> list[int] | None:
