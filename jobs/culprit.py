@@ -91,7 +91,8 @@ PROCESS_START = re.compile(r"(?:^|[/\\])multiprocessing[/\\]process\.py$")
 # library and the dynamic loader, the interpreter however it is linked (`libpython3.11.so.1.0`, or a
 # static `python3.12` / `python` binary as uv's and Debian's builds are), C sources with debug lines.
 NATIVE_NOISE = re.compile(r"^0x[0-9a-fA-F]+$|"
-                          r"(?:^|/)(?:lib(?:c|pthread|python[\d.]*|m|dl|rt)|ld-linux[\w.-]*)(?:[-.][\d.]+)?(?:\.so.*)?$|"
+                          r"(?:^|/)(?:lib(?:c|pthread|python[\d.]*|m|dl|rt)|ld-linux[\w.-]*)"
+                          r"(?:[-.][\d.]+)?(?:\.so.*)?$|"
                           r"(?:^|/)(?:python|pypy)[\d.]*[dmu]*$|\.(?:c|h|cc|cpp)(?::\d+)?$|^<frozen ")
 # Interpreter, C library and threading-library internals by function name, wherever the library they
 # were found in (a static interpreter, a libc another distribution names otherwise): which of them a

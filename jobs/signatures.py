@@ -18,7 +18,8 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from .culprit import COLLECTIVE_REASON, CulpritReport, culprit_report, from_call_site, module_of, normalised, runtime_internal
+from .culprit import (COLLECTIVE_REASON, CulpritReport, culprit_report, from_call_site, module_of, normalised,
+                      runtime_internal)
 
 # ---------------------------------------------------------------- stacks
 

@@ -13,9 +13,9 @@ runner does, so a hang the hang model plants stalls in real CUDA and real collec
 
 `--torch-device cpu` runs the same tree and collective with torch on the CPU (no CUDA event: the
 event sync stall stays the simulator's own), so the process tree and the lost collective are tried
-where there is no GPU. Gloo, not NCCL: the GPU tests put two workers on one GPU, which NCCL refuses. torch is imported only
-here and only when `--torch-device` asks for it, and CUDA is first touched after the workers are
-forked (a forked child cannot use a CUDA context its parent made).
+where there is no GPU. Gloo, not NCCL: the GPU tests put two workers on one GPU, which NCCL
+refuses. torch is imported only here and only when `--torch-device` asks for it, and CUDA is first
+touched after the workers are forked (a forked child cannot use a CUDA context its parent made).
 """
 
 from __future__ import annotations
