@@ -172,6 +172,7 @@ def doctor_cli(*args):
                           text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_the_real_doctor_on_this_machine():
     """No GPU here (CI, a developer's machine): it says so and exits 3; where there is one, the
     report must at least have read NVML."""
