@@ -9,7 +9,8 @@ runner does, so a hang the hang model plants stalls in real CUDA and real collec
   with the GPU busy, as seed 000 did;
 - `shm_broadcast` at TP > 1: the silent worker enters a gloo all-reduce its peers never join (a lost
   collective: the others skipped it), the GPU idle, the engine core waiting on the shm ring;
-- `silent_stall`: the scheduler parks on the host in `Scheduler.schedule`, the GPU idle.
+- `silent_stall`: a host deadlock in `Scheduler.schedule` (scheduler.py's `lock_order_deadlock`: two
+  threads, two locks, opposite orders), the GPU idle.
 
 `--torch-device cpu` runs the same tree and collective with torch on the CPU (no CUDA event: the
 event sync stall stays the simulator's own), so the process tree and the lost collective are tried
