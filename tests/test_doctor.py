@@ -92,6 +92,13 @@ def test_vllm_build(torch_cuda, driver, status):
     assert c.vllm_build(probe, driver).status == status
 
 
+def test_vllm_whose_import_did_not_finish_is_a_warning_not_a_refusal():
+    slow = c.VllmProbe(error="importing vLLM took more than 180 s", timed_out=True)
+    assert c.vllm_build(slow, (12, 8)) == c.Check("vllm", c.WARN, "not checked: importing vLLM took more than 180 s")
+    report = doctor.diagnose(probes(nvml=c.NvmlProbe(error="NVMLError_LibraryNotFound"), vllm=slow), "vllm", "cpu")
+    assert report.ok and [x.status for x in report.checks] == ["ok", "ok", "warn"]
+
+
 def test_vllm_that_does_not_import_fails():
     check = c.vllm_build(c.VllmProbe(error="ModuleNotFoundError: No module named 'vllm'"), (12, 8))
     assert check == c.Check("vllm", c.FAIL, "vLLM does not import: ModuleNotFoundError: No module named 'vllm'")
@@ -132,6 +139,19 @@ def test_a_node_without_a_gpu_says_so_first_and_skips_what_needs_one():
                                                      "is", "not", "readable", "(NVMLError_LibraryNotFound)"]
 
 
+def test_vllms_cpu_build_on_a_machine_without_gpus_is_not_refused_for_lacking_one():
+    # the real engine's CPU build (the project's own end-to-end tests, `make demo-vllm`)
+    cpu = probes(nvml=c.NvmlProbe(error="NVMLError_LibraryNotFound"), vllm=c.VllmProbe("0.11.0", "2.8.0+cpu", None))
+    report = doctor.diagnose(cpu, "vllm", "cpu-1", c.GpuExpectation("cpu", "cpu", 1))
+    assert [x.name for x in report.checks] == ["ptrace", "shm", "vllm"] and report.ok
+    assert report.notes == ("no GPU on this node: vLLM's CPU build runs on the CPU, GPU checks not run",)
+    # a CPU build on a GPU node, or no vLLM at all on a CPU machine, is still refused
+    on_gpus = doctor.diagnose(probes(vllm=c.VllmProbe("0.11.0", "2.8.0+cpu", None)), "vllm", "gpu-1", H200)
+    assert [x.name for x in on_gpus.failed] == ["vllm"]
+    missing = probes(nvml=c.NvmlProbe(error="NVMLError_LibraryNotFound"), vllm=c.VllmProbe(error="No module"))
+    assert [x.name for x in doctor.diagnose(missing, "vllm", "cpu-1").failed] == ["nvml", "vllm"]
+
+
 def test_the_simulated_backend_is_checked_for_ptrace_alone():
     # fake GPU types, no GPU, no vLLM: none of it may fail a sim cell
     report = doctor.diagnose(probes(nvml=c.NvmlProbe(error="none"), vllm=None), "sim", "cpu-1", H200)
@@ -151,6 +171,10 @@ def test_the_readers_turn_a_system_into_probes(tmp_path):
     assert p.read_kernel_log(lambda *a, **k: denied).error == refusal
     crashed = SimpleNamespace(returncode=-11, stdout="", stderr="Segmentation fault\n")
     assert p.read_vllm(run=lambda *a, **k: crashed).error == "the import crashed: Segmentation fault"
+    # the probe's child, for real: the run's cheap form finds vLLM without importing it
+    found = p.read_vllm(full_import=False)
+    assert found.vllm_version or found.error in ("ModuleNotFoundError: No module named 'vllm'",
+                                                 "ModuleNotFoundError: No module named 'torch'")
 
     class FakeNvml:
         def nvmlInit(self): pass

@@ -72,6 +72,7 @@ class VllmProbe:
     torch_version: str | None = None
     torch_cuda: str | None = None       # torch.version.cuda, the CUDA vLLM's wheel is built with
     error: str | None = None            # why importing vLLM failed
+    timed_out: bool = False             # the import did not finish in time: not known to be broken
 
 
 @dataclass(frozen=True)
@@ -187,6 +188,8 @@ def vllm_build(vllm: VllmProbe, driver_cuda: tuple[int, int] | None) -> Check:
     """vLLM imports, and the CUDA its torch is built with is one the driver runs: a newer major
     version than the driver's fails; a newer minor one works under CUDA's minor version compatibility
     short of PTX JIT and newer features, so it is a warning."""
+    if vllm.timed_out:
+        return Check("vllm", WARN, f"not checked: {vllm.error}")
     if vllm.error is not None or not vllm.vllm_version:
         return Check("vllm", FAIL, f"vLLM does not import: {vllm.error or 'not installed'}")
     built = _parse_cuda(vllm.torch_cuda)

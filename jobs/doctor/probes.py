@@ -88,13 +88,18 @@ def read_shm(path: str = "/dev/shm") -> ShmProbe:
 
 
 _VLLM_PROBE = """
-import json
+import importlib.metadata, importlib.util, json, sys
 out = {}
 try:
     import torch
     out["torch_version"], out["torch_cuda"] = torch.__version__, torch.version.cuda
-    import vllm
-    out["vllm_version"] = getattr(vllm, "__version__", "?")
+    if sys.argv[1] == "import":
+        import vllm
+        out["vllm_version"] = getattr(vllm, "__version__", "?")
+    elif importlib.util.find_spec("vllm") is None:
+        raise ModuleNotFoundError("No module named 'vllm'")
+    else:
+        out["vllm_version"] = importlib.metadata.version("vllm")
 except BaseException as exc:
     out["error"] = f"{type(exc).__name__}: {exc}"
 print(json.dumps(out))
@@ -102,11 +107,16 @@ print(json.dumps(out))
 
 
 def read_vllm(python: str = sys.executable, run: Callable[..., subprocess.CompletedProcess] = subprocess.run,
-              timeout_s: float = VLLM_IMPORT_TIMEOUT_S) -> VllmProbe:
+              timeout_s: float = VLLM_IMPORT_TIMEOUT_S, full_import: bool = True) -> VllmProbe:
+    """vLLM and the CUDA its torch is built for, from a child process of `python`. `full_import`
+    imports vLLM itself (what `soakmatrix doctor` does, 10-60 s); without it vLLM is only found
+    (its package and distribution), as a run's preflight does to stay cheap: a broken import then
+    shows as the cell's start-up failure."""
+    mode = "import" if full_import else "find"
     try:
-        done = run([python, "-c", _VLLM_PROBE], capture_output=True, text=True, timeout=timeout_s)
+        done = run([python, "-c", _VLLM_PROBE, mode], capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        return VllmProbe(error=f"importing vLLM took more than {timeout_s:.0f} s")
+        return VllmProbe(error=f"importing vLLM took more than {timeout_s:.0f} s", timed_out=True)
     except OSError as exc:
         return VllmProbe(error=f"{python}: {exc}")
     try:

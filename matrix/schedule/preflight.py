@@ -30,10 +30,11 @@ PREFLIGHT_KEY = "preflight"      # where a cell's result keeps its node's report
 
 
 def doctor(backend: str, expected: GpuExpectation | None, gpu_indices: Sequence[int] | None) -> dict:
-    """The real doctor on this node (the default of a run's tasks)."""
+    """The real doctor on this node (the default of a run's tasks): vLLM found, not imported (its
+    import costs 10-60 s per node; a broken one fails the cell's start-up anyway)."""
     from soakmatrix.jobs.doctor import run_doctor
 
-    return run_doctor(backend, expected, gpu_indices).to_dict()
+    return run_doctor(backend, expected, gpu_indices, full_import=False).to_dict()
 
 
 def expectation_for(spec: SoakSpec, ray_label: str) -> GpuExpectation | None:
