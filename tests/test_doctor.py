@@ -198,16 +198,18 @@ def doctor_cli(*args):
 
 @pytest.mark.slow
 def test_the_real_doctor_on_this_machine():
-    """No GPU here (CI, a developer's machine): it says so and exits 3; where there is one, the
-    report must at least have read NVML."""
+    """No GPU here (CI, a developer's machine): it says so, and exits 3 unless vLLM's CPU build is
+    what runs here; on a GPU node its exit code follows its checks."""
     done = doctor_cli("--json")
     report = json.loads(done.stdout)
-    first = report["checks"][0]
-    if first["status"] == "fail":
-        assert first["name"] == "nvml" and first["detail"].startswith("no GPU on this node")
-        assert done.returncode == 3
+    checks = {x["name"]: x for x in report["checks"]}
+    assert done.returncode == (0 if report["ok"] else 3)
+    if "nvml" not in checks:
+        assert report["notes"] == ["no GPU on this node: vLLM's CPU build runs on the CPU, GPU checks not run"]
+    elif checks["nvml"]["status"] == "fail":
+        assert report["checks"][0]["detail"].startswith("no GPU on this node") and done.returncode == 3
     else:
-        assert first["detail"].endswith(tuple("0123456789")) and done.returncode in (0, 3)
+        assert "gpu_type" in checks and "gpus_free" in checks
     sim = doctor_cli("--backend", "sim")
     assert sim.stdout.splitlines()[-1].startswith("ok") and sim.returncode == 0
     usage = doctor_cli("--gpu", "H200")
