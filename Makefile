@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-fast install install-test install-vllm chromium demo-vllm record-cassettes bench clean
+.PHONY: demo test test-fast test-gpu install install-test install-vllm chromium demo-vllm record-cassettes bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -51,6 +51,10 @@ demo-vllm: install-vllm
 	  [ $$code -le 1 ]
 
 # what a developer runs between edits: no servers, no clusters, no vLLM
+# the GPU loop (tests/test_gpu_loop.py) on a node with torch and a CUDA GPU; elsewhere every test skips, saying why
+test-gpu: install-test
+	$(BIN)/python -m pytest -m gpu -rs $(PYTEST_ARGS)
+
 test-fast: install-test
 	$(BIN)/python -m pytest -m "not slow and not vllm" $(PYTEST_ARGS)
 

@@ -11,6 +11,7 @@ from soakmatrix.jobs.soak_spec import SoakSpec
 from soakmatrix.matrix.contracts.result import CellResult
 
 from .placement import Node, avoid_selector, nodes_from_ray
+from .preflight import Diagnose, doctor
 from .runtime_envs import (
     interpreter_of,
     interpreter_present,
@@ -28,7 +29,10 @@ class RayLauncher:
     type's `accelerator_type`, no Ray-level retries (the loop decides), a retry avoiding the
     nodes that failed it, and a mailbox actor through which tasks say where and when they began."""
 
-    def __init__(self, run_cell: RunCell | None = None, cpus_per_cell: float = 0.0):
+    def __init__(self, run_cell: RunCell | None = None, cpus_per_cell: float = 0.0,
+                 diagnose: Diagnose | None | str = "default"):
+        """`diagnose`: the node preflight each cell's task runs first (None: none). By default the real
+        doctor, except for a launcher given its own `run_cell` (tests, benchmarks with fake GPUs)."""
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -38,6 +42,7 @@ class RayLauncher:
         self._mailbox = ray.remote(num_cpus=0)(_Mailbox).options(scheduling_strategy=here).remote()
         self._task = ray.remote(soak_task)
         self._run_cell = run_cell
+        self._diagnose = (doctor if run_cell is None else None) if diagnose == "default" else diagnose
         self._cpus = cpus_per_cell
         self._specs: dict[Any, SoakSpec] = {}
         self._has_interpreter: dict[tuple[str, str], bool] = {}   # (node, executable) -> present
@@ -57,7 +62,8 @@ class RayLauncher:
             avoid_nodes = avoid_nodes | lacking
         if avoid_nodes:
             options["label_selector"] = avoid_selector(avoid_nodes)
-        handle = self._task.options(**options).remote(spec, self._mailbox, cap_s, self._run_cell)
+        handle = self._task.options(**options).remote(spec, self._mailbox, cap_s, self._run_cell, ray_label,
+                                                      self._diagnose)
         self._specs[handle] = spec
         return handle
 
@@ -120,10 +126,12 @@ class _Ready:
 
 
 class _Mailbox:
-    """A tiny actor: tasks post (cell id, attempt, node, time) when they begin; the driver drains."""
+    """A tiny actor: tasks post (cell id, attempt, node, time) when they begin; the driver drains.
+    It also keeps each node's preflight report for the run, so a node is checked once."""
 
     def __init__(self) -> None:
         self._items: list[tuple[str, int, str, float]] = []
+        self._preflights: dict[str, dict] = {}    # the run's node preflight reports (preflight.cache_key)
 
     def post(self, item: tuple[str, int, str, float]) -> None:
         self._items.append(item)
@@ -131,3 +139,9 @@ class _Mailbox:
     def drain(self) -> list[tuple[str, int, str, float]]:
         items, self._items = self._items, []
         return items
+
+    def preflight(self, key: str) -> dict | None:
+        return self._preflights.get(key)
+
+    def remember_preflight(self, key: str, report: dict) -> None:
+        self._preflights.setdefault(key, report)
