@@ -56,7 +56,7 @@ test-gpu: install-test
 	$(BIN)/python -m pytest -m gpu -rs $(PYTEST_ARGS)
 
 test-fast: install-test
-	$(BIN)/python -m pytest -m "not slow and not vllm" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n 2 --dist worksteal -m "not slow and not vllm and not gpu" $(PYTEST_ARGS)
 
 # the real-engine bisection that tests/test_bisect_cassette.py replays, recorded again (8-17 minutes)
 record-cassettes: install-vllm
