@@ -213,3 +213,125 @@ def test_the_bisect_command_ends_a_lost_cluster_as_one_line_exit_3_naming_the_ke
     err = capsys.readouterr().err.strip()
     assert code == EXIT_INFRA and len(err.splitlines()) == 1 and "Traceback" not in err
     assert "lost the Ray cluster" in err and str(tmp_path / "b") in err and "--resume" in err
+
+
+# -- end to end: `soakmatrix run` on a cluster whose head is killed mid-run ----------------------------
+
+HEALTHY = """
+name: headlost
+models: {m: {path: org/m, mtp_head: true}}
+gpus: {H200: {count: 2, memory_gb: 141, ray_label: H200}}
+axes: {mtp: [0, 1], async_scheduling: [true, false]}
+workloads: {steady: {kind: random, concurrency: 4}}
+profiles: {p: {soak: 20m, startup: 5s, workloads: [steady], retries: 1}}
+sim: {time_scale: 240}
+"""
+
+
+def two_node_cluster():
+    """A head without GPUs (the node the CLI's driver attaches to, as `ray job submit` puts it there)
+    and one node with 2 simulated H200s; this process is not its driver."""
+    import ray
+    from conftest import start_ray_cluster
+
+    cluster, _ = start_ray_cluster({"num_cpus": 1, "num_gpus": 0, "include_dashboard": False},
+                                   {"h200": dict(num_cpus=1, num_gpus=2, resources={"accelerator_type:H200": 1})})
+    ray.shutdown()
+    return cluster
+
+
+def kill_head(cluster) -> list[psutil.Process]:
+    """SIGKILL every process of the head node at once, as when its machine is lost: the GCS first,
+    then the raylet and what runs under it (its agents, the workers of the actors placed there)."""
+    procs = []
+    for infos in cluster.head_node.all_processes.values():
+        for info in infos:
+            try:
+                proc = psutil.Process(info.process.pid)
+                procs += [proc, *proc.children(recursive=True)]
+            except psutil.NoSuchProcess:
+                continue
+    procs.sort(key=lambda p: "gcs_server" not in " ".join(_cmdline(p)))
+    for proc in procs:
+        try:
+            proc.send_signal(signal.SIGKILL)
+        except psutil.NoSuchProcess:
+            pass
+    return procs
+
+
+def _cmdline(proc: psutil.Process) -> list[str]:
+    try:
+        return proc.cmdline()
+    except psutil.Error:
+        return []
+
+
+def _results(out: Path):
+    from soakmatrix.reports.history import HistoryStore
+
+    with HistoryStore(out / "history.sqlite") as store:
+        [run] = store.runs()
+        return run, {r.cell_id: r for r in store.results(run.id)}, store.planned_cell_ids(run.id)
+
+
+@pytest.mark.slow
+def test_losing_the_ray_head_mid_run_keeps_what_finished_and_resume_runs_the_rest(tmp_path):
+    from conftest import REPO
+    from test_cluster import ray_processes_of
+    from test_run_cli import CLI, assert_gone
+
+    matrix = tmp_path / "headlost.yaml"
+    matrix.write_text(HEALTHY)
+    out = tmp_path / "out"
+    clusters = [two_node_cluster()]
+    try:
+        driver = subprocess.Popen([*CLI, "run", str(matrix), "--out", str(out), "--ray-address",
+                                   clusters[0].address], cwd=REPO, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)
+        try:
+            deadline, finished = time.time() + 120, 0
+            while time.time() < deadline and driver.poll() is None and finished < 1:
+                time.sleep(0.3)
+                if (out / "history.sqlite").exists():
+                    finished = len(_results(out)[1])
+            assert driver.poll() is None and finished >= 1, "the run ended before its head could be killed"
+            kill_head(clusters[0])
+            killed_at = time.time()
+            _, stderr = driver.communicate(timeout=90)
+        finally:
+            driver.kill()
+        took = time.time() - killed_at
+        print(f"the driver ended {took:.1f} s after its head was killed")
+
+        assert driver.returncode == EXIT_INFRA, stderr
+        assert "Traceback" not in stderr, stderr
+        [lost] = [line for line in stderr.splitlines() if "lost the Ray cluster" in line]
+        assert lost.startswith("soakmatrix run: lost the Ray cluster") and "--resume" in lost
+        assert "results: " in stderr and "JUnit: " in stderr and "history: " in stderr
+        assert took < 60   # Ray itself ends a driver that cannot reach its GCS after 60 s
+        run, before, planned = _results(out)
+        assert run.status is None and 1 <= len(before) < len(planned) == 4   # open, for --resume
+        assert all(r.outcome is Outcome.PASSED for r in before.values()), [r.message for r in before.values()]
+        in_junit = {c.get("name") for c in ET.parse(out / "junit.xml").getroot().iter("testcase")}
+        assert in_junit == {r.cell_name for r in before.values()}
+
+        clusters[0].shutdown()                   # what the lost head left: the GPU node's raylet
+        clusters.append(two_node_cluster())     # the cluster is back (a new head)
+        resumed = subprocess.run([*CLI, "run", str(matrix), "--out", str(out), "--ray-address",
+                                  clusters[1].address, "--resume"], cwd=REPO, capture_output=True, text=True,
+                                 timeout=120)
+        assert resumed.returncode == 0, resumed.stderr
+        assert f"{len(before)} already have a verdict" in resumed.stderr
+        run, after, planned = _results(out)
+        assert run.status == "finished" and set(after) == set(planned)
+        for cell_id, result in before.items():   # none rerun
+            assert after[cell_id].started_at == result.started_at
+            assert f"start    {result.cell_name}" not in resumed.stderr
+        assert all(r.outcome is Outcome.PASSED for r in after.values())
+    finally:
+        for cluster in clusters:
+            cluster.shutdown()
+        psutil.wait_procs(ray_processes_of(os.getpid()), timeout=30)
+    assert ray_processes_of(os.getpid()) == [], "Ray processes left behind"
+    assert_gone(str(out))                        # every simulated server
