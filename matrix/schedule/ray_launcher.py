@@ -143,8 +143,13 @@ class RayLauncher:
 
 
 def _gcs_of(ray: Any) -> tuple[str, int] | None:
-    """(host, port) of the connected cluster's GCS; None where the driver cannot tell (Ray Client)."""
+    """(host, port) of the connected cluster's GCS; None for a Ray Client driver (outside the cluster,
+    the GCS address may not be reachable at all; its connection's own errors tell a lost head)."""
     try:
+        from ray.util.client import ray as client
+
+        if client.is_connected():
+            return None
         return gcs_endpoint(str(ray.get_runtime_context().gcs_address))
     except Exception:  # noqa: BLE001 - without it the head is not checked; Ray's own errors still tell
         return None
