@@ -147,26 +147,26 @@ def test_an_error_of_the_result_writers_is_raised_as_it_is_never_read_as_a_lost_
 
 # -- the bisection's soak oracles ---------------------------------------------------------------------
 
-def test_a_flag_bisection_round_on_a_lost_cluster_is_not_journaled_and_a_resume_soaks_it_again(tmp_path, examples):
+def test_a_flag_bisection_round_on_a_lost_cluster_is_not_journaled_and_a_resume_soaks_it_again(tmp_path, four_cells):
     from soakmatrix.matrix.bisect.journal import FLAG_CODEC, JournalingOracle, ProbeJournal
     from soakmatrix.matrix.bisect.oracle import Probe
     from soakmatrix.matrix.bisect.oracle_soak import SoakOracle
-    from tests.test_bisect_oracle_soak import failing_cell
+    from soakmatrix.matrix.plan import plan
 
-    matrix, result_plan, pc = failing_cell(examples)
+    matrix, cells, _ = four_cells
+    profile, flags = plan(matrix, "p").profile, cells[0].cell.flag_dict
     lose = {"after": 2}
 
     def launcher():
         return LosesTheCluster(lose["after"], ray_exceptions.ActorUnavailableError("unavailable", None))
 
     def journaled_oracle(resume):
-        soak = SoakOracle(matrix, result_plan.profile, pc.cell.model, pc.cell.gpu, pc.cell.workload,
-                          out_dir=tmp_path / "out", launcher_factory=launcher)
+        soak = SoakOracle(matrix, profile, "m", "H200", "random", out_dir=tmp_path / "out", launcher_factory=launcher)
         journal = ProbeJournal(tmp_path / "journal-flags.jsonl", {"kind": "flags"}, resume=resume)
         return JournalingOracle(soak, journal, FLAG_CODEC), journal
 
-    round_1 = [Probe(pc.cell.flag_dict, 600.0)]
-    round_2 = [Probe({**pc.cell.flag_dict, "mtp": 0}, 600.0), Probe({**pc.cell.flag_dict, "mtp": 0}, 600.0)]
+    round_1 = [Probe(flags, 600.0)]
+    round_2 = [Probe({**flags, "mtp": 1}, 600.0), Probe({**flags, "mtp": 1}, 600.0)]
     oracle, journal = journaled_oracle(resume=False)
     assert [r.outcome for r in oracle.run(round_1)] == ["passed"]
     with pytest.raises(ClusterLost, match="lost the Ray cluster"):
