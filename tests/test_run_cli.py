@@ -108,7 +108,7 @@ def cluster():
         yield c.address
     finally:
         c.shutdown()
-        from test_cluster import ray_processes_of
+        from tests.test_cluster import ray_processes_of
         psutil.wait_procs(ray_processes_of(os.getpid()), timeout=30)
         assert ray_processes_of(os.getpid()) == []
         shutil.rmtree(temp_dir, ignore_errors=True)
