@@ -34,16 +34,19 @@ EXIT_INTERRUPTED = 130
 
 
 def add_run_options(parser: argparse.ArgumentParser, default_profile: str = "the first") -> None:
-    parser.add_argument("matrix", help="matrix YAML file")
-    parser.add_argument("--profile", help=f"profile name (default: {default_profile})")
+    from .arguments import text
+    from .paths import CONFIG_FILE, output_dir, output_file
+
+    parser.add_argument("matrix", type=CONFIG_FILE, help="matrix YAML file")
+    parser.add_argument("--profile", type=text, help=f"profile name (default: {default_profile})")
     parser.add_argument("--backend", choices=("sim", "vllm"), default="sim",
                         help="engine: the simulated vLLM server (default) or real `vllm serve`")
-    parser.add_argument("--ray-address", help="Ray cluster to use (default: $RAY_ADDRESS, else a local cluster)")
-    parser.add_argument("--out", help="output folder (default: out/<matrix name>)")
+    parser.add_argument("--ray-address", type=text, help="Ray cluster to use (default: $RAY_ADDRESS, else a local cluster)")
+    parser.add_argument("--out", type=output_dir, help="output folder (default: out/<matrix name>)")
     parser.add_argument("--resume", action="store_true",
                         help="continue the latest unfinished run of this matrix and profile: "
                              "cells with a verdict are not rerun")
-    parser.add_argument("--store", help="history store (default: <out>/history.sqlite)")
+    parser.add_argument("--store", type=output_file, help="history store (default: <out>/history.sqlite)")
 
 
 def make_plan(matrix: Matrix, profile: Profile, backend: str) -> Plan:

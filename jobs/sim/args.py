@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Sequence
 
 from soakmatrix.matrix.contracts import flags as flagmod
@@ -120,14 +121,23 @@ def _int(option: str, text: str) -> int:
     try:
         return int(text)
     except (TypeError, ValueError):
-        raise SimUsageError(f"argument {option}: invalid int value: {text!r}") from None
+        raise SimUsageError(f"argument {option}: invalid int value: {str(text)[:40]!r}") from None
+
+
+def _check_record(path: str) -> None:
+    """--hang-record is appended to (a file, or a FIFO a test reads): never a directory, nor under a file."""
+    target = Path(path)
+    if target.is_dir():
+        raise SimUsageError(f"argument --hang-record: {path}: a directory, not a file")
+    if not target.parent.is_dir():
+        raise SimUsageError(f"argument --hang-record: {path}: no folder {target.parent} to write it in")
 
 
 def _float(option: str, text: str) -> float:
     try:
         return float(text)
     except (TypeError, ValueError):
-        raise SimUsageError(f"argument {option}: invalid float value: {text!r}") from None
+        raise SimUsageError(f"argument {option}: invalid float value: {str(text)[:40]!r}") from None
 
 
 def _json(option: str, text: str) -> dict[str, Any]:
@@ -310,6 +320,7 @@ def _apply_values(config: SimConfig, values: dict[str, Any], environ: dict[str, 
             raise SimUsageError("argument --step-time-scale: must be >= 0")
     if values.get("hang_record"):
         config.hang_record = values["hang_record"]
+        _check_record(config.hang_record)
     config.access_log = values.get("access_log", True)
     config.log_stats = values.get("log_stats", True)
 

@@ -30,6 +30,7 @@ from soakmatrix.jobs.evidence import Evidence, capture
 from soakmatrix.jobs.signatures import Classification, classify, clues_from_texts
 from soakmatrix.jobs.verdict_result import record_culprit
 from soakmatrix.matrix.contracts.outcomes import Outcome
+from soakmatrix.matrix.contracts.redact import redact_url
 from soakmatrix.matrix.contracts.result import CellResult
 
 from .target import NO_PID, Target, proc_snapshot
@@ -135,7 +136,7 @@ def build_result(verdict: HangVerdict, cls: Classification, ev: Evidence, target
         exposure_s=round(max(0.0, began - watch_started), 2), started_at=watch_started, ended_at=verdict.at,
         stuck_frames=list(cls.stuck_frames), log_tail=ev.log_tail[-50:], artifacts={**ev.artifacts,
                                                                                    "evidence_dir": str(folder)})
-    result.extra.update(url=target.base_url, pid=target.pid, causes=list(cls.causes), evidence_s=round(ev.seconds, 2),
+    result.extra.update(url=redact_url(target.base_url), pid=target.pid, causes=list(cls.causes), evidence_s=round(ev.seconds, 2),
                         verdict={"detector": verdict.detector, "kind": verdict.kind, "at": verdict.at,
                                  "since": verdict.since, "message": verdict.message, "hint": verdict.hint})
     record_culprit(result, cls, ev)
