@@ -171,7 +171,7 @@ def http_url(text: str) -> str:
     except ValueError:
         raise argparse.ArgumentTypeError(f"the port of {_shown(parts)} must be from 1 to 65535") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise argparse.ArgumentTypeError(f"expected an http(s) URL like http://127.0.0.1:8000, got {_shown(parts)}")
+        raise argparse.ArgumentTypeError(f"not an http(s) URL (like http://127.0.0.1:8000): {_shown(parts)}")
     if given_port == 0:
         raise argparse.ArgumentTypeError(f"the port of {_shown(parts)} must be from 1 to 65535")
     return text

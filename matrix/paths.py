@@ -210,6 +210,9 @@ _typed(log_to_follow, "log")
 
 def existing_store(path: str) -> str:
     """A history store to read: a regular file, and not an empty one (nothing was ever recorded in it)."""
+    _length(path)
+    if _stat(path) is None:
+        raise _fail(path, "no such history store")
     check_input_file(path)
     if os.stat(path).st_size == 0:
         raise _fail(path, "an empty file: no history store was ever written here")

@@ -17,7 +17,7 @@ from typing import Any, Sequence, TextIO
 from soakmatrix.jobs.soak_spec import SoakSpec
 from soakmatrix.matrix.contracts.durations import format_duration
 from soakmatrix.matrix.contracts.outcomes import EXIT_INFRA, EXIT_OK, Outcome, exit_code
-from soakmatrix.matrix.contracts.redact import redact_argv, redact_env
+from soakmatrix.matrix.contracts.redact import redact_argv, redact_env, redact_text
 from soakmatrix.matrix.contracts.result import CellResult
 from soakmatrix.matrix.contracts.yamlsrc import Problem, SpecError
 
@@ -184,7 +184,7 @@ def _execute(matrix: Matrix, profile: Profile, cells: Sequence[PlannedCell], arg
     try:
         run_id = store.start_run(matrix=matrix.name, profile=profile.name, kind=kind, resume=args.resume,
                                  meta={"matrix_file": matrix.file, "backend": args.backend,
-                                       "ray_address": address or "local", "argv": redact_argv(sys.argv[1:]),
+                                       "ray_address": redact_text(address) if address else "local", "argv": redact_argv(sys.argv[1:]),
                                        "cells": len(cells)})
         skip = verdict_ids(store.results(run_id)) if args.resume else set()
         store.planned(run_id, planned_dicts(cells))
@@ -206,7 +206,7 @@ def _execute(matrix: Matrix, profile: Profile, cells: Sequence[PlannedCell], arg
         try:
             cluster = connect(address, backend=args.backend, gpus=matrix.gpus)
         except CONNECT_ERRORS as exc:
-            print(f"soakmatrix {kind}: {cannot_reach(address, exc)}", file=stream)
+            print(f"soakmatrix {kind}: {redact_text(cannot_reach(address, exc))}", file=stream)
             return EXIT_INFRA   # no verdict; the run stays unfinished for --resume
         with cluster:
             stop_signals.install()   # again: ray.init put its own handlers in

@@ -129,6 +129,7 @@ def run_main(argv: list[str], monkeypatch) -> tuple[object, str, float]:
     monkeypatch.setattr(module, "main", tripwire)
     err = io.StringIO()
     started = time.monotonic()
+    umask = os.umask(0o077)   # the CLI sets its own; the test process keeps the one it had
     try:
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
             code = cli.main(argv)
@@ -137,7 +138,7 @@ def run_main(argv: list[str], monkeypatch) -> tuple[object, str, float]:
     except Accepted:
         code = "accepted"
     finally:
-        os.umask(0o022)
+        os.umask(umask)
     return code, err.getvalue(), time.monotonic() - started
 
 
@@ -256,9 +257,12 @@ def test_a_write_that_fails_is_exit_3_naming_the_file_and_keeps_the_old_one(plac
     real = files.write_atomic
     monkeypatch.setattr("soakmatrix.reports.junit.write_atomic", lambda path, write: real(path, full))
     err = io.StringIO()
-    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-        code = cli.main(["report", places["store"], "--junit", str(junit)])
-    os.umask(0o022)
+    umask = os.umask(0o077)
+    try:
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            code = cli.main(["report", places["store"], "--junit", str(junit)])
+    finally:
+        os.umask(umask)
     assert code == 3 and "--junit" in err.getvalue() and "No space left" in err.getvalue(), err.getvalue()
     assert junit.read_text() == "previous" and sorted(p.name for p in tmp_path.iterdir()) == ["junit.xml"]
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from soakmatrix.matrix.contracts import flags as flagmod
+from soakmatrix.matrix.contracts.redact import redact_argv
 
 DEFAULT_MAX_MODEL_LEN = 8192
 BLOCK_SIZE = 16
@@ -221,10 +222,10 @@ def parse_sim_argv(argv: Sequence[str], environ: dict[str, str] | None = None) -
             # a vLLM option the simulator does not model: skip it and its value, if it has one
             if inline is None and option not in _VLLM_SWITCHES and i + 1 < len(args) \
                     and not args[i + 1].startswith("-"):
-                notes.append(f"{option} {args[i + 1]}")
+                notes.append(" ".join(redact_argv([option, args[i + 1]])))   # logged: no --api-key value
                 i += 1
             else:
-                notes.append(token)
+                notes.append(redact_argv([token])[0])
         i += 1
 
     model = values.pop("model", None)

@@ -49,6 +49,7 @@ from soakmatrix.matrix.bisect.setup import (
 from soakmatrix.matrix.build_bisect.cli_run import RAY_HINT, BuildUsage, RealProbes, run_for_cell
 from soakmatrix.matrix.contracts.outcomes import EXIT_FOUND, EXIT_INFRA, EXIT_OK, EXIT_USAGE
 from soakmatrix.matrix.build_bisect.specs import parse_range
+from soakmatrix.matrix.contracts.redact import redact_text
 from soakmatrix.matrix.lasting_stream import divert_stderr
 from soakmatrix.matrix.paths import CONFIG_FILE, empty_store_warning, input_dir, output_dir, output_file
 from soakmatrix.matrix.plan import PlannedCell, plan, planned_cell
@@ -187,7 +188,7 @@ def main(args: argparse.Namespace) -> int:
         with stop:
             return _main(args)
     except (_Usage, JournalError) as exc:
-        print(f"soakmatrix bisect: {exc}", file=sys.stderr)
+        print(f"soakmatrix bisect: {redact_text(str(exc))}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         # Ctrl-C or SIGTERM: the probes were stopped and their servers torn down; what was answered is

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from soakmatrix.matrix.arguments import integer, text
 from soakmatrix.matrix.contracts.outcomes import EXIT_INFRA, EXIT_OK, EXIT_USAGE
+from soakmatrix.matrix.contracts.redact import redact_text
 from soakmatrix.matrix.paths import CONFIG_FILE, existing_store, input_file, output_dir, output_file
 
 EXIT_UNWRITTEN = EXIT_INFRA   # an output could not be written: the file system failed us, no verdict
@@ -123,7 +124,7 @@ def _report(args: argparse.Namespace) -> int:
             raise UsageError(f"{store_path}: no run {args.run!r} (latest runs: {known})")
         observations = store.observations()
         states = cell_states(run_ids, observations)
-        out = sys.stdout
+        out = _Redacting(sys.stdout)   # a store written by an older version may hold a URL's password
         out.write(f"{store_path}: {len(runs)} run(s), {len(states)} cell(s)\n\nruns\n")
         out.write(runs_table(runs, observations) if runs else "no runs yet\n")
         out.write("\ncells that need a look (nights: . passed, H hang, C crash, X config error, i infra error)\n")
@@ -141,8 +142,8 @@ def _report(args: argparse.Namespace) -> int:
             if run is None:
                 raise UsageError(f"{store_path}: no run to write JUnit for")
             from soakmatrix.reports.junit import write_junit
-            props = {"run_id": run.id, "matrix": run.matrix, "profile": run.profile, "kind": run.kind,
-                     **{f"meta.{k}": v for k, v in sorted(run.meta.items())}}
+            props = {"run_id": run.id, "matrix": redact_text(run.matrix), "profile": run.profile, "kind": run.kind,
+                     **{f"meta.{k}": redact_text(str(v)) for k, v in sorted(run.meta.items())}}
             path = _writing("--junit", args.junit, lambda: write_junit(
                 store.results(run.id), args.junit, suite_name=f"soakmatrix.{run.profile}", properties=props,
                 known_issues=known))
@@ -152,6 +153,16 @@ def _report(args: argparse.Namespace) -> int:
         page = _writing("--out", args.out, lambda: build_dashboard(store_path, args.out, known_issues=known))
         sys.stdout.write(f"dashboard: {page}\n")
     return EXIT_OK
+
+
+class _Redacting:
+    """A text stream whose every write passes through `redact_text`."""
+
+    def __init__(self, stream) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        return self.stream.write(redact_text(text))
 
 
 def _known_issues(path):
