@@ -23,6 +23,7 @@ from .arguments import MAX_TEXT_CHARS, _typed
 from .contracts.yamlsrc import LIMITS
 
 PSEUDO_ROOTS = ("/proc", "/sys", "/dev")   # kernel views: never a configuration file or a place for output
+REAL_UNDER_PSEUDO = ("/dev/shm",)          # a tmpfs of ordinary files, though it lies under /dev
 STDIN = "-"
 
 
@@ -37,6 +38,8 @@ def _fail(path: str, why: str) -> PathProblem:
 def _pseudo(path: str) -> str | None:
     """The kernel file system `path` lies in (/proc, /sys, /dev), after symlinks, or None."""
     real = os.path.realpath(path)
+    if any(real == root or real.startswith(root + "/") for root in REAL_UNDER_PSEUDO):
+        return None
     for root in PSEUDO_ROOTS:
         if real == root or real.startswith(root + "/"):
             return root

@@ -11,9 +11,11 @@ watched server as a cell), so `soakmatrix report` and the dashboard show it besi
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import signal
 import socket
+import sqlite3
 import sys
 import threading
 import time
@@ -148,15 +150,29 @@ def _store(path: Path | None, incident, note) -> None:
     """One run of kind "watch" per incident: the watched server is its only cell."""
     if path is None:
         return
+    from soakmatrix.reports.history import StoreError
+
+    try:
+        run_id = _record(path, incident)
+    except (StoreError, OSError, sqlite3.Error) as exc:
+        # a full disk or a broken store costs the record, never the watch: the evidence folder stands
+        note(f"could not record the incident in {path}: {exc}; its evidence is in {incident.folder}")
+        return
+    note(f"recorded in {path} as run {run_id}")
+
+
+def _record(path: Path, incident) -> str:
     from soakmatrix.reports.history import HistoryStore
 
     r = incident.result
+    url = redact_url(str(r.extra.get("url", "")))
+    r = dataclasses.replace(r, extra={**r.extra, "url": url})
     with HistoryStore(path) as store:
-        run_id = store.start_run(matrix=redact_url(str(r.extra.get("url", ""))), profile="watch", kind="watch",
+        run_id = store.start_run(matrix=url, profile="watch", kind="watch",
                                  meta={"host": socket.gethostname(), "pid": r.extra.get("pid"),
                                        "evidence_dir": str(incident.folder)})
         store.planned(run_id, [{"id": r.cell_id, "name": r.cell_name, "model": r.model, "gpu": r.gpu_type,
                                 "flags": r.flags, "workload": r.workload}])
         store.record(run_id, r)
         store.finish_run(run_id, "finished")
-    note(f"recorded in {path} as run {run_id}")
+    return run_id
