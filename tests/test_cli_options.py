@@ -333,3 +333,47 @@ def test_sim_engine_refuses_its_hostile_values(places, argv, fragment, monkeypat
         code = run([a.format(**places) for a in argv])
     assert code == 2 and fragment in err.getvalue() and "Traceback" not in err.getvalue(), err.getvalue()
     assert len(err.getvalue()) < 2000
+
+
+# -- values that are legal but would do nothing: refused, or at least warned about ---------------------
+
+def run_in_process(argv: list[str]) -> tuple[object, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    umask = os.umask(0o077)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = cli.main(argv)
+    except SystemExit as exc:
+        code = exc.code
+    finally:
+        os.umask(umask)
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_report_refuses_an_empty_store(tmp_path):
+    (tmp_path / "empty.sqlite").write_bytes(b"")
+    code, _, err = run_in_process(["report", str(tmp_path / "empty.sqlite")])
+    assert code == 2 and "argument store" in err and "an empty file" in err
+
+
+def test_a_signature_the_hang_model_never_plants_is_refused_in_virtual_time(places):
+    code, out, err = run_in_process(["bisect", places["matrix"], "--cell", "e9c7d9144023", "--virtual", "--quiet",
+                                     "--signature", "no_such_hang"])
+    assert code == 2 and out == "" and "--signature 'no_such_hang'" in err and "shm_broadcast_timeout" in err, err
+
+
+def test_a_signature_no_detector_knows_is_a_warning_on_real_probes(capsys):
+    from soakmatrix.matrix.cli.bisect import _check_signature
+
+    _check_signature("no_such_hang", virtual=False, hang_model_path=None, matrix=None)
+    assert "warning: --signature 'no_such_hang'" in capsys.readouterr().err
+    _check_signature("shm_broadcast_timeout", virtual=False, hang_model_path=None, matrix=None)
+    assert capsys.readouterr().err == ""
+
+
+def test_an_empty_store_where_a_new_one_starts_is_warned_about(places, tmp_path):
+    empty = tmp_path / "empty.sqlite"
+    empty.write_bytes(b"")
+    code, _, err = run_in_process(["run", places["matrix"], "--store", str(empty), "--out", str(tmp_path / "o"),
+                                   "--ray-address", "127.0.0.1:1"])
+    assert code == 3 and f"warning: --store {empty} is an empty file" in err, err
