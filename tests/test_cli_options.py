@@ -377,3 +377,27 @@ def test_an_empty_store_where_a_new_one_starts_is_warned_about(places, tmp_path)
     code, _, err = run_in_process(["run", places["matrix"], "--store", str(empty), "--out", str(tmp_path / "o"),
                                    "--ray-address", "127.0.0.1:1"])
     assert code == 3 and f"warning: --store {empty} is an empty file" in err, err
+
+
+def test_watch_metrics_listen_on_loopback_and_a_taken_port_is_a_usage_error(tmp_path):
+    import psutil
+
+    from tests.conftest import free_port
+
+    port = free_port()
+    watch = subprocess.Popen([sys.executable, "-m", "soakmatrix.matrix.cli", "watch", "http://127.0.0.1:9",
+                              "--duration", "30s", "--out", str(tmp_path / "w"), "--metrics-port", str(port)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        assert f"metrics on 127.0.0.1:{port}" in watch.stdout.readline()
+        listening = {c.laddr.ip for c in psutil.Process(watch.pid).net_connections("inet")
+                     if c.status == psutil.CONN_LISTEN and c.laddr.port == port}
+        assert listening == {"127.0.0.1"}
+        taken = subprocess.run([sys.executable, "-m", "soakmatrix.matrix.cli", "watch", "http://127.0.0.1:9",
+                                "--duration", "5s", "--out", str(tmp_path / "w2"), "--metrics-port", str(port)],
+                               capture_output=True, text=True, cwd=REPO, timeout=60)
+        assert taken.returncode == 2 and f"--metrics-port {port}" in taken.stderr, taken.stderr
+        assert "Traceback" not in taken.stderr
+    finally:
+        watch.terminate()
+        watch.communicate(timeout=30)

@@ -20,7 +20,7 @@ from soakmatrix.matrix.contracts.redact import redact_text
 from soakmatrix.matrix.paths import CONFIG_FILE, existing_store, input_file, output_dir, output_file
 
 EXIT_UNWRITTEN = EXIT_INFRA   # an output could not be written: the file system failed us, no verdict
-MAX_JUNIT_BYTES = 256 << 20   # a JUnit file to merge: GitLab's 30 MB times a margin; more is not JUnit
+MAX_JUNIT_BYTES = 64 << 20   # a JUnit file to merge: twice GitLab's 30 MB limit; more is no CI report
 
 EPILOG = """exit codes:
   0  the report was printed and every output asked for (--out, --junit, -o) was written whole

@@ -93,7 +93,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         target = Target(args.url, args.pid)
     except ValueError as exc:
-        print(f"soakmatrix watch: {scrub(str(exc), [args.url])}", file=sys.stderr)
+        print(f"soakmatrix watch: {scrub(str(exc), url_secrets(args.url))}", file=sys.stderr)
         return EXIT_USAGE
     every, budget, hook_timeout = args.canary, args.evidence_budget, args.on_hang_timeout
     duration, floor, ceiling = args.duration, args.floor, args.ceiling
@@ -109,7 +109,12 @@ def main(args: argparse.Namespace) -> int:
     elif args.log:
         log = FileLog(args.log)
     metrics = WatchMetrics()
-    metrics_server = metrics.serve(args.metrics_port, args.metrics_addr) if args.metrics_port else None
+    try:
+        metrics_server = metrics.serve(args.metrics_port, args.metrics_addr) if args.metrics_port else None
+    except OSError as exc:   # the port is taken, or the host name does not resolve to this machine
+        print(f"soakmatrix watch: --metrics-port {args.metrics_port}: cannot listen on {args.metrics_addr}: "
+              f"{exc.strerror or exc}", file=sys.stderr)
+        return EXIT_USAGE
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         if sig == signal.SIGHUP and signal.getsignal(sig) == signal.SIG_IGN:
@@ -134,7 +139,7 @@ def main(args: argparse.Namespace) -> int:
                              max_incidents=args.max_incidents))
     target.resolve()
     note(f"watching {target.describe()}; canary every {every:g} s when no progress; evidence to {args.out}"
-         + (f"; metrics on :{args.metrics_port}" if args.metrics_port else ""))
+         + (f"; metrics on {args.metrics_addr}:{args.metrics_port}" if args.metrics_port else ""))
     until = time.monotonic() + duration if duration is not None else None
     incidents = watcher.run(stop, until)
     for incident in incidents:
