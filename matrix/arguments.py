@@ -27,7 +27,8 @@ PID_MAX_FILE = "/proc/sys/kernel/pid_max"
 PID_MAX_DEFAULT = 4_194_304   # the kernel's ceiling on 64-bit, where /proc cannot tell
 
 
-def _typed(fn: Callable, kind: str, range_text: str = "") -> Callable:
+def typed(fn: Callable, kind: str, range_text: str = "") -> Callable:
+    """`fn` marked with what it checks, for the test that walks every parser (and --help's range)."""
     fn.kind = kind                # type: ignore[attr-defined]
     fn.range_text = range_text    # type: ignore[attr-defined]
     fn.__name__ = kind
@@ -64,7 +65,7 @@ def integer(low: int, high: int, kind: str = "count") -> Callable[[str], int]:
         if not low <= value <= high:
             raise argparse.ArgumentTypeError(f"must be from {_num(low)} to {_num(high)}, got {text}")
         return value
-    return _typed(parse, kind, f"{_num(low)} to {_num(high)}")
+    return typed(parse, kind, f"{_num(low)} to {_num(high)}")
 
 
 def real(low: float, high: float, *, low_open: bool = False, high_open: bool = False,
@@ -75,7 +76,7 @@ def real(low: float, high: float, *, low_open: bool = False, high_open: bool = F
         if (value < low or (low_open and value == low)) or (value > high or (high_open and value == high)):
             raise argparse.ArgumentTypeError(f"must be {_interval(low, high, low_open, high_open)}, got {text}")
         return value
-    return _typed(parse, kind, _interval(low, high, low_open, high_open))
+    return typed(parse, kind, _interval(low, high, low_open, high_open))
 
 
 def _interval(low: float, high: float, low_open: bool, high_open: bool) -> str:
@@ -110,7 +111,7 @@ def duration(low_s: float, high_s: float, *, zero: bool = False) -> Callable[[st
             raise argparse.ArgumentTypeError(f"must be a duration from {_dur(low_s)} to {_dur(high_s)}"
                                              f"{' (or 0)' if zero else ''}, got {text!r}")
         return value
-    return _typed(parse, "duration", f"{'0 or ' if zero else ''}{_dur(low_s)} to {_dur(high_s)}")
+    return typed(parse, "duration", f"{'0 or ' if zero else ''}{_dur(low_s)} to {_dur(high_s)}")
 
 
 def pid_max(path: str = PID_MAX_FILE) -> int:
@@ -131,7 +132,7 @@ def pid(text: str) -> int:
     return value
 
 
-_typed(pid, "pid", "1 to pid_max")
+typed(pid, "pid", "1 to pid_max")
 port = integer(1, 65535, kind="port")
 seed = integer(0, SEED_MAX, kind="seed")
 
@@ -158,7 +159,7 @@ def host(text: str) -> str:
     raise argparse.ArgumentTypeError(f"expected an IP address or a host name, got {text[:80]!r}")
 
 
-_typed(host, "host", "an IP address or host name")
+typed(host, "host", "an IP address or host name")
 
 
 def http_url(text: str) -> str:
@@ -182,7 +183,7 @@ def _shown(parts: urllib.parse.SplitResult) -> str:
     return repr(redact_url(urllib.parse.urlunsplit(parts))[:200])
 
 
-_typed(http_url, "url", "an http(s) URL")
+typed(http_url, "url", "an http(s) URL")
 
 
 def text(value: str) -> str:
@@ -192,4 +193,4 @@ def text(value: str) -> str:
     return value
 
 
-_typed(text, "text")
+typed(text, "text")

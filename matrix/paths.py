@@ -19,7 +19,7 @@ import stat
 from pathlib import Path
 from typing import Callable
 
-from .arguments import MAX_TEXT_CHARS, _typed
+from .arguments import MAX_TEXT_CHARS, typed
 from .contracts.yamlsrc import LIMITS
 
 PSEUDO_ROOTS = ("/proc", "/sys", "/dev")   # kernel views: never a configuration file or a place for output
@@ -100,7 +100,7 @@ def input_file(max_bytes: int | None = None, stdin: bool = False) -> Callable[[s
             return path
         return check_input_file(path, max_bytes)
     parse.max_bytes = max_bytes   # type: ignore[attr-defined]
-    return _typed(parse, "path-in")
+    return typed(parse, "path-in")
 
 
 CONFIG_FILE = input_file(LIMITS.max_bytes)        # a matrix, hang model, builds or known-issues file
@@ -120,7 +120,7 @@ def input_dir(path: str) -> str:
     return path
 
 
-_typed(input_dir, "dir-in")
+typed(input_dir, "dir-in")
 
 
 def _nearest_existing(path: str) -> tuple[Path, os.stat_result]:
@@ -171,7 +171,7 @@ def output_file(path: str) -> str:
     return check_output_file(path)
 
 
-_typed(output_file, "path-out")
+typed(output_file, "path-out")
 
 
 def output_dir(path: str) -> str:
@@ -184,7 +184,7 @@ def output_dir(path: str) -> str:
     return path
 
 
-_typed(output_dir, "dir-out")
+typed(output_dir, "dir-out")
 
 
 def log_to_follow(path: str) -> str:
@@ -208,7 +208,7 @@ def log_to_follow(path: str) -> str:
     return check_input_file(path)
 
 
-_typed(log_to_follow, "log")
+typed(log_to_follow, "log")
 
 
 def existing_store(path: str) -> str:
@@ -222,7 +222,7 @@ def existing_store(path: str) -> str:
     return path
 
 
-_typed(existing_store, "path-in")
+typed(existing_store, "path-in")
 
 
 def empty_store_warning(option: str, path: str | None) -> str | None:

@@ -27,6 +27,7 @@ from soakmatrix.matrix.arguments import (
     positive_number,
     seed,
     text,
+    typed,
 )
 from soakmatrix.matrix.bisect import MAX_ELEMENTS, Settings, bisect
 from soakmatrix.matrix.bisect.emit import write_regression_test
@@ -165,7 +166,7 @@ def builds_source(value: str) -> str:
     return CONFIG_FILE(value)
 
 
-builds_source.kind = "path-in"   # type: ignore[attr-defined]
+typed(builds_source, "path-in")
 
 
 def _open_store(path: str):
