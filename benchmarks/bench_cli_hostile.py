@@ -8,7 +8,8 @@ A case expects a refusal (exit 2, no traceback) or, for a value that is legal bu
 at least a warning. Outcomes: `clean` (exit 2, no traceback, the option or path named), `unnamed`
 (exit 2 without naming them), `traceback`, `hang` (past --timeout), `memory` (over 200 MB resident),
 `accepted` (exit 0 or 1 where a refusal was due), `other` (another exit code, no traceback),
-`warned` (a warning case that warned or refused). `--soakmatrix` runs another checkout's command
+`warned` (a warning case that warned or refused). Wall time on a loaded machine is mostly Python
+starting up; the CPU seconds are the command's own. `--soakmatrix` runs another checkout's command
 (e.g. /work/main/.venv/bin/soakmatrix) for a before/after comparison; the fixtures are made here.
 """
 
@@ -46,7 +47,8 @@ def fixtures(tmp: Path) -> dict[str, str]:
     (tmp / "builds.txt").write_text("a: vllm==0.1\nb: vllm==0.2\n")
     (tmp / "file").write_text("x\n")
     (tmp / "dir").mkdir()
-    (tmp / "empty.sqlite").write_bytes(b"")
+    for name in ("report", "bisect", "watch"):   # one each: a command that starts a store in it fills it
+        (tmp / f"empty-{name}.sqlite").write_bytes(b"")
     os.mkfifo(tmp / "fifo")
     with open(tmp / "sparse", "wb") as f:     # 4 GiB that takes no disk
         f.truncate(4 << 30)
@@ -64,7 +66,7 @@ def fixtures(tmp: Path) -> dict[str, str]:
     return {"M": str(tmp / "matrix.yaml"), "S": str(tmp / "store.sqlite"), "J": str(tmp / "junit.xml"),
             "B": str(tmp / "builds.txt"), "T": str(tmp), "FILE": str(tmp / "file"), "DIR": str(tmp / "dir"),
             "FIFO": str(tmp / "fifo"), "UNDER": str(tmp / "file" / "x"), "SPARSE": str(tmp / "sparse"),
-            "EMPTY": str(tmp / "empty.sqlite"), "RO": str(ro / "x") if mounted else "",
+            **{f"EMPTY_{n}": str(tmp / f"empty-{n}.sqlite") for n in ("report", "bisect", "watch")}, "RO": str(ro / "x") if mounted else "",
             "RODIR": str(ro / "d") if mounted else "", "FULL": full, "ZERO": zero}
 
 
@@ -142,9 +144,9 @@ URLS: list[tuple[str, str, list[str]]] = [
 WARNINGS: list[tuple[str, str]] = [
     ("watch --duration 0", "{watch} --duration 0"),
     ("bisect --signature unknown", "{bisect} --signature no_such_hang"),
-    ("report on a zero-byte store", "report {EMPTY}"),
-    ("bisect --store zero-byte", "{bisect} --store {EMPTY}"),
-    ("watch --store zero-byte", "{watch} --store {EMPTY}"),
+    ("report on a zero-byte store", "report {EMPTY_report}"),
+    ("bisect --store zero-byte", "{bisect} --store {EMPTY_bisect}"),
+    ("watch --store zero-byte", "{watch} --store {EMPTY_watch}"),
 ]
 
 
@@ -205,7 +207,8 @@ def run_case(command: list[str], case: dict, timeout: float, cwd: Path) -> dict:
         seconds = time.monotonic() - started
         err.seek(0)
         stderr = err.read().decode("utf-8", "replace")
-    return {"code": code, "seconds": round(seconds, 2), "rss_mb": round(usage.ru_maxrss / 1024),
+    return {"code": code, "seconds": round(seconds, 2), "cpu_s": round(usage.ru_utime + usage.ru_stime, 2),
+            "rss_mb": round(usage.ru_maxrss / 1024),
             "stderr": stderr[-1500:], "outcome": outcome(case, code, stderr, usage.ru_maxrss / 1024)}
 
 
@@ -243,8 +246,8 @@ def main(argv: list[str] | None = None) -> None:
             for case in todo:
                 got = run_case(command, case, args.timeout, tmp)
                 results.append({**case, **got})
-                print(f"{got['outcome']:<10} exit {got['code']!s:<8} {got['seconds']:6.1f} s {got['rss_mb']:5d} MB  "
-                      f"{case['what']}", flush=True)
+                print(f"{got['outcome']:<10} exit {got['code']!s:<8} {got['seconds']:6.1f} s {got['cpu_s']:5.1f} s CPU "
+                      f"{got['rss_mb']:5d} MB  {case['what']}", flush=True)
         finally:
             if fx["RO"]:
                 subprocess.run(["umount", str(Path(fx["RO"]).parent)], capture_output=True)
@@ -259,7 +262,8 @@ def main(argv: list[str] | None = None) -> None:
     for counts in table.values():
         total.update(counts)
     print(f"{'total':<10} {sum(total.values()):5d} " + " ".join(f"{total[k]:9d}" for k in kinds))
-    print(f"slowest case {max(r['seconds'] for r in results):.1f} s, most memory {max(r['rss_mb'] for r in results)} MB")
+    print(f"slowest case {max(r['seconds'] for r in results):.1f} s ({max(r['cpu_s'] for r in results):.1f} s of CPU), "
+          f"most memory {max(r['rss_mb'] for r in results)} MB")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
 
