@@ -210,7 +210,7 @@ def _execute(matrix: Matrix, profile: Profile, cells: Sequence[PlannedCell], arg
             return EXIT_INFRA   # no verdict; the run stays unfinished for --resume
         with cluster:
             stop_signals.install()   # again: ray.init put its own handlers in
-            print(f"soakmatrix {kind}: on {cluster.description}", file=stream)
+            print(f"soakmatrix {kind}: on {redact_text(cluster.description)}", file=stream)
             launcher = RayLauncher()
             never = unplaceable(todo, launcher.nodes())
             for pc in todo:

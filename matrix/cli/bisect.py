@@ -341,7 +341,7 @@ def _flag_bisection(args: argparse.Namespace, matrix: Matrix, profile: Profile, 
             except CONNECT_ERRORS as exc:
                 raise _Usage(f"{cannot_reach(address_from(args.ray_address), exc)} {RAY_HINT}") from None
             if progress:
-                progress(f"soakmatrix bisect: on {cluster.description}")
+                progress(f"soakmatrix bisect: on {redact_text(cluster.description)}")
     except BaseException:
         if journal is not None:
             journal.close()
