@@ -19,6 +19,9 @@ def test_usage_errors_exit_2():
     assert p.returncode == 2 and "not an http(s) URL" in p.stderr
 
 
+PASSWORD = "pw-planted-0123456789"
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_cli_catches_a_planted_hang_keeps_evidence_runs_hook_and_stores_it(tmp_path):
@@ -29,7 +32,9 @@ def test_cli_catches_a_planted_hang_keeps_evidence_runs_hook_and_stores_it(tmp_p
     store, out = tmp_path / "history.db", tmp_path / "incidents"
     with SimProcess(["--max-num-seqs", "253", "--hang-model", str(hangs)], log) as sim:
         threading.Thread(target=load, args=(sim.url, 4, 60), kwargs={"request_timeout": 70}, daemon=True).start()
-        p = subprocess.run([sys.executable, "-m", "soakmatrix.matrix.cli", "watch", sim.url, "--log", str(log),
+        # with credentials in its URL: none is sent, printed or kept
+        url = sim.url.replace("http://", f"http://watcher:{PASSWORD}@") + f"?api_key={PASSWORD}"
+        p = subprocess.run([sys.executable, "-m", "soakmatrix.matrix.cli", "watch", url, "--log", str(log),
                             "--out", str(out), "--store", str(store), "--max-incidents", "1", "--duration", "90s",
                             "--on-hang", 'echo "$SOAKMATRIX_SIGNATURE" > "$SOAKMATRIX_EVIDENCE_DIR/hook.txt"'],
                            capture_output=True, text=True, timeout=150)
@@ -46,6 +51,8 @@ def test_cli_catches_a_planted_hang_keeps_evidence_runs_hook_and_stores_it(tmp_p
     report = subprocess.run([sys.executable, "-m", "soakmatrix.matrix.cli", "report", str(store)],
                             capture_output=True, text=True, timeout=60)
     assert report.returncode == 0 and "shm_broadcast_timeout" in report.stdout
+    kept = [f.read_bytes() for f in [*out.rglob("*"), store] if f.is_file()]
+    assert not [k for k in kept + [(p.stdout + p.stderr + report.stdout).encode()] if PASSWORD.encode() in k]
 
 
 @pytest.mark.slow

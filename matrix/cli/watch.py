@@ -19,6 +19,7 @@ import sqlite3
 import sys
 import threading
 import time
+import urllib.parse
 from pathlib import Path
 
 from soakmatrix.matrix.arguments import DAY, duration, host, http_url, integer, pid, port, text
@@ -43,8 +44,8 @@ SILENCE = duration(0.5, DAY)              # a floor of 0 would call every pause 
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("url", type=http_url, help="the server's base URL, e.g. http://127.0.0.1:8000 (credentials in "
-                                                    "it are used, never printed or stored)")
+    parser.add_argument("url", type=http_url, help="the server's base URL, e.g. http://127.0.0.1:8000 (credentials or a "
+                                                    "query in it are not sent, and never printed or stored)")
     parser.add_argument("--pid", type=pid, help="the server's root pid (1 to the system's pid_max; default: the "
                                                "process listening on the URL's port)")
     parser.add_argument("--log", metavar="FILE|-", type=log_to_follow,
@@ -90,8 +91,9 @@ def main(args: argparse.Namespace) -> int:
     from soakmatrix.jobs.watch.runner import Watcher, WatchOptions
     from soakmatrix.jobs.watch.target import Target
 
+    url, dropped = plain_url(args.url)
     try:
-        target = Target(args.url, args.pid)
+        target = Target(url, args.pid)
     except ValueError as exc:
         print(f"soakmatrix watch: {scrub(str(exc), url_secrets(args.url))}", file=sys.stderr)
         return EXIT_USAGE
@@ -130,6 +132,9 @@ def main(args: argparse.Namespace) -> int:
     def note(text: str) -> None:
         print(f"{time.strftime('%H:%M:%S')} watch: {scrub(text, secrets)}", file=notes, flush=True)
 
+    if dropped:
+        note(f"the URL's {' and '.join(dropped)} are not sent: the watch's requests (/metrics, /health, the canary) "
+             f"carry no authentication; watching {url}")
     store = Path(args.store) if args.store else None
     watcher = Watcher(
         target, IncidentOptions(Path(args.out), budget_s=budget, on_hang=args.on_hang, on_hang_timeout_s=hook_timeout),
@@ -149,6 +154,17 @@ def main(args: argparse.Namespace) -> int:
         metrics_server.shutdown()
     note(f"stopped after {len(incidents)} incident(s)")
     return EXIT_FOUND if incidents else EXIT_OK
+
+
+def plain_url(url: str) -> tuple[str, list[str]]:
+    """The server's base URL as the watch requests it (`/metrics` and `/v1/...` are appended to it):
+    without credentials, query or fragment; and what was left out, to say so."""
+    parts = urllib.parse.urlsplit(url)
+    dropped = [what for what, there in (("credentials", parts.username is not None or parts.password is not None),
+                                        ("query", bool(parts.query)), ("fragment", bool(parts.fragment))) if there]
+    host = parts.hostname or ""
+    netloc = (f"[{host}]" if ":" in host else host) + (f":{parts.port}" if parts.port else "")
+    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "", "")), dropped
 
 
 def _store(path: Path | None, incident, note) -> None:
