@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from soakmatrix.matrix.contracts.flags import ArgvBuilder, format_value
-from soakmatrix.matrix.contracts.redact import redact_text
+from soakmatrix.matrix.contracts.redact import redact_argv, redact_env, redact_text
 from soakmatrix.matrix.contracts.yamlsrc import Problem
 
 from .cells import Cell
@@ -108,7 +108,7 @@ class Plan:
             "cells": [{
                 "id": pc.id, "name": pc.name, "model": pc.cell.model, "gpu": pc.cell.gpu,
                 "gpu_count": pc.gpu_count, "ray_label": pc.ray_label, "workload": pc.cell.workload,
-                "flags": pc.cell.flag_dict, "command": pc.command, "env": dict(pc.env),
+                "flags": pc.cell.flag_dict, "command": redact_argv(pc.command), "env": redact_env(pc.env),
                 "gpu_hours": round(pc.gpu_hours, 4),
             } for pc in self.cells],
             "excluded": [{"combo": _jsonable(e.combo), "reason": e.reason, "count": e.count}

@@ -18,7 +18,7 @@ from typing import Any, Sequence, TextIO
 from soakmatrix.jobs.soak_spec import SoakSpec
 from soakmatrix.matrix.contracts.durations import format_duration
 from soakmatrix.matrix.contracts.outcomes import EXIT_INFRA, EXIT_OK, Outcome, exit_code
-from soakmatrix.matrix.contracts.redact import redact_argv, redact_env
+from soakmatrix.matrix.contracts.redact import redact_argv, redact_env, redact_text
 from soakmatrix.matrix.contracts.result import CellResult
 from soakmatrix.matrix.contracts.yamlsrc import Problem, SpecError
 
@@ -35,16 +35,19 @@ EXIT_INTERRUPTED = 130
 
 
 def add_run_options(parser: argparse.ArgumentParser, default_profile: str = "the first") -> None:
-    parser.add_argument("matrix", help="matrix YAML file")
-    parser.add_argument("--profile", help=f"profile name (default: {default_profile})")
+    from .arguments import text
+    from .paths import CONFIG_FILE, output_dir, output_file
+
+    parser.add_argument("matrix", type=CONFIG_FILE, help="matrix YAML file")
+    parser.add_argument("--profile", type=text, help=f"profile name (default: {default_profile})")
     parser.add_argument("--backend", choices=("sim", "vllm"), default="sim",
                         help="engine: the simulated vLLM server (default) or real `vllm serve`")
-    parser.add_argument("--ray-address", help="Ray cluster to use (default: $RAY_ADDRESS, else a local cluster)")
-    parser.add_argument("--out", help="output folder (default: out/<matrix name>)")
+    parser.add_argument("--ray-address", type=text, help="Ray cluster to use (default: $RAY_ADDRESS, else a local cluster)")
+    parser.add_argument("--out", type=output_dir, help="output folder (default: out/<matrix name>)")
     parser.add_argument("--resume", action="store_true",
                         help="continue the latest unfinished run of this matrix and profile: "
                              "cells with a verdict are not rerun")
-    parser.add_argument("--store", help="history store (default: <out>/history.sqlite)")
+    parser.add_argument("--store", type=output_file, help="history store (default: <out>/history.sqlite)")
 
 
 def make_plan(matrix: Matrix, profile: Profile, backend: str) -> Plan:
@@ -182,7 +185,7 @@ def _execute(matrix: Matrix, profile: Profile, cells: Sequence[PlannedCell], arg
     try:
         run_id = store.start_run(matrix=matrix.name, profile=profile.name, kind=kind, resume=args.resume,
                                  meta={"matrix_file": matrix.file, "backend": args.backend,
-                                       "ray_address": address or "local", "argv": redact_argv(sys.argv[1:]),
+                                       "ray_address": redact_text(address) if address else "local", "argv": redact_argv(sys.argv[1:]),
                                        "cells": len(cells)})
         skip = verdict_ids(store.results(run_id)) if args.resume else set()
         store.planned(run_id, planned_dicts(cells))
@@ -204,11 +207,11 @@ def _execute(matrix: Matrix, profile: Profile, cells: Sequence[PlannedCell], arg
         try:
             cluster = connect(address, backend=args.backend, gpus=matrix.gpus)
         except CONNECT_ERRORS as exc:
-            print(f"soakmatrix {kind}: {cannot_reach(address, exc)}", file=stream)
+            print(f"soakmatrix {kind}: {redact_text(cannot_reach(address, exc))}", file=stream)
             return EXIT_INFRA   # no verdict; the run stays unfinished for --resume
         with cluster:
             stop_signals.install()   # again: ray.init put its own handlers in
-            print(f"soakmatrix {kind}: on {cluster.description}", file=stream)
+            print(f"soakmatrix {kind}: on {redact_text(cluster.description)}", file=stream)
             launcher = RayLauncher()
             never = unplaceable(todo, launcher.nodes())
             for pc in todo:

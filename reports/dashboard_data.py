@@ -19,6 +19,7 @@ from typing import Any, Mapping, Sequence
 from soakmatrix.matrix.contracts.durations import format_duration
 from soakmatrix.matrix.contracts.flags import format_value
 from soakmatrix.matrix.contracts.outcomes import Outcome
+from soakmatrix.matrix.contracts.redact import redact_text
 from soakmatrix.matrix.contracts.result import CellResult
 
 from .findings import Finding, group_findings
@@ -293,14 +294,14 @@ def run_rows(data: DashboardData) -> list[dict]:
     for run in reversed(data.runs):
         c = per_run[run.id]
         rows.append({
-            "id": run.id, "kind": run.kind, "matrix": run.matrix, "profile": run.profile,
+            "id": run.id, "kind": run.kind, "matrix": redact_text(run.matrix), "profile": run.profile,
             "started": when_text(run.started_at),
             "duration": format_duration(run.finished_at - run.started_at) if run.finished_at else "",
             "status": run.status or "running / unfinished", "planned": run.planned, "recorded": run.recorded,
             "counts": [c.get(o, 0) for o in OUTCOME_ORDER],
             "exposure_h": exposure[run.id] / 3600.0, "gpu_hours": gpu_hours[run.id],
             "new_failures": len(new_failures(run.id, data.states)),
-            "meta": ", ".join(f"{k}={v}" for k, v in sorted(run.meta.items())),
+            "meta": redact_text(", ".join(f"{k}={v}" for k, v in sorted(run.meta.items()))),   # an older store's URLs
         })
     return rows
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -239,14 +240,35 @@ def test_a_store_that_is_not_one_is_refused_before_any_probe(tmp_path):
     assert bad.read_text().startswith("not a database")
 
 
-def test_a_failure_after_the_bisection_keeps_its_result_and_exit_code(tmp_path):
+def test_an_emit_test_path_that_cannot_be_written_is_refused_before_the_bisection(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")
     out = soakmatrix("bisect", str(DEMO), "--cell", FAILING, "--virtual", "--json", "--quiet", "--seed", "3",
                      "--no-shrink", "--emit-test", str(blocker / "test_x.py"))
-    assert out.returncode == 1
-    assert json.loads(out.stdout)["status"] == "found"
-    assert "--emit-test" in out.stderr and "the result above stands" in out.stderr
+    assert out.returncode == 2 and out.stdout == ""
+    assert "argument --emit-test" in out.stderr and "lies under a file" in out.stderr
+
+
+def test_a_failure_after_the_bisection_keeps_its_result_and_exit_code(tmp_path, monkeypatch, capsys):
+    import errno
+
+    from soakmatrix.matrix import cli
+    from soakmatrix.matrix.cli import bisect as bisect_cli
+
+    def disk_full(*_args, **_kwargs):   # what no check up front can foresee: the disk fills during the run
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(bisect_cli, "write_regression_test", disk_full)
+    umask = os.umask(0o077)   # the CLI sets its own; the test process keeps the one it had
+    try:
+        code = cli.main(["bisect", str(DEMO), "--cell", FAILING, "--virtual", "--json", "--quiet", "--seed", "3",
+                         "--no-shrink", "--emit-test", str(tmp_path / "test_x.py")])
+    finally:
+        os.umask(umask)
+    out = capsys.readouterr()
+    assert code == 1
+    assert json.loads(out.out)["status"] == "found"
+    assert "--emit-test" in out.err and "No space left" in out.err and "the result above stands" in out.err
 
 
 def test_a_flag_missing_from_the_baseline_is_a_located_error_or_context(tmp_path):

@@ -1,6 +1,15 @@
 """Redaction: secrets in argv, environments and free text are masked; ordinary vLLM output is not."""
 
-from soakmatrix.matrix.contracts.redact import MASK, redact_argv, redact_env, redact_text, scrub, secret_values
+from soakmatrix.matrix.contracts.redact import (
+    MASK,
+    redact_argv,
+    redact_env,
+    redact_text,
+    redact_url,
+    scrub,
+    secret_values,
+    url_secrets,
+)
 
 KEY = "sk-proj-abcdefghijklmnopqrstuvwx"
 HF = "hf_abcdefghijklmnopqrstuvwxyz"
@@ -51,3 +60,26 @@ def test_url_passwords_and_secret_query_parameters():
     assert redact_text("https://h/x?api_key=abc123&model=m&access_token=t0k") == f"https://h/x?api_key={MASK}&model=m&access_token={MASK}"
     for plain in ("http://127.0.0.1:8000/metrics", "ssh user@host", "at 12:30:45 user@host", "https://h/x?model=m&max_tokens=4"):
         assert redact_text(plain) == plain
+
+
+def test_url_credentials_and_query_tokens_are_masked_and_the_rest_stays():
+    cases = {
+        "http://admin:hunter22@10.0.0.5:8000/v1": f"http://admin:{MASK}@10.0.0.5:8000/v1",
+        "https://ghp_tokenasuser@github.com/org/repo": f"https://{MASK}@github.com/org/repo",
+        "http://h:8000/v1/models?api_key=k123&model=m&access_token=t456":
+            f"http://h:8000/v1/models?api_key={MASK}&model=m&access_token={MASK}",
+        "ray://user:pa%40ss@head:10001": f"ray://user:{MASK}@head:10001",
+        "vllm @ git+https://ci:tok123@git.example.org/vllm.git@abc123":
+            f"vllm @ git+https://ci:{MASK}@git.example.org/vllm.git@abc123",
+    }
+    for url, want in cases.items():
+        assert redact_url(url) == want, url
+    for plain in ("vllm @ git+https://github.com/vllm-project/vllm@abc123", "http://[::1]:8000/metrics",
+                  "http://127.0.0.1:8000/v1/completions?stream=true", "ray://10.0.0.1:10001"):
+        assert redact_url(plain) == plain
+
+
+def test_url_secrets_find_the_literal_values_to_scrub_elsewhere():
+    assert url_secrets("http://u:pa%40ssword@h/?token=abcdef") == sorted(["pa%40ssword", "pa@ssword", "abcdef"])
+    secrets = secret_values(["watch", "http://u:longpassword@h:1"])
+    assert scrub("the server said longpassword", secrets) == f"the server said {MASK}"

@@ -91,7 +91,8 @@ def test_report_junit_of_a_chosen_run_and_merge(store, tmp_path):
 @pytest.mark.parametrize("args, message", [
     (["report", "missing.sqlite"], "missing.sqlite: no such history store"),
     (["report"], "give a history store"),
-    (["report", "--merge", "a.xml"], "--merge needs -o OUT.xml"),
+    (["report", "--merge", "broken.xml"], "--merge needs -o OUT.xml"),
+    (["report", "--merge", "a.xml", "-o", "m.xml"], "argument --merge: a.xml: no such file"),
     (["report", "--merge", "broken.xml", "-o", "m.xml"], "broken.xml:1:"),
     (["report", "STORE", "--run", "nope"], "no run 'nope'"),
 ])

@@ -19,6 +19,9 @@ def test_usage_errors_exit_2():
     assert p.returncode == 2 and "not an http(s) URL" in p.stderr
 
 
+PASSWORD = "pw-planted-0123456789"
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_cli_catches_a_planted_hang_keeps_evidence_runs_hook_and_stores_it(tmp_path):
@@ -29,7 +32,9 @@ def test_cli_catches_a_planted_hang_keeps_evidence_runs_hook_and_stores_it(tmp_p
     store, out = tmp_path / "history.db", tmp_path / "incidents"
     with SimProcess(["--max-num-seqs", "253", "--hang-model", str(hangs)], log) as sim:
         threading.Thread(target=load, args=(sim.url, 4, 60), kwargs={"request_timeout": 70}, daemon=True).start()
-        p = subprocess.run([sys.executable, "-m", "soakmatrix.matrix.cli", "watch", sim.url, "--log", str(log),
+        # with credentials in its URL: none is sent, printed or kept
+        url = sim.url.replace("http://", f"http://watcher:{PASSWORD}@") + f"?api_key={PASSWORD}"
+        p = subprocess.run([sys.executable, "-m", "soakmatrix.matrix.cli", "watch", url, "--log", str(log),
                             "--out", str(out), "--store", str(store), "--max-incidents", "1", "--duration", "90s",
                             "--on-hang", 'echo "$SOAKMATRIX_SIGNATURE" > "$SOAKMATRIX_EVIDENCE_DIR/hook.txt"'],
                            capture_output=True, text=True, timeout=150)
@@ -46,6 +51,8 @@ def test_cli_catches_a_planted_hang_keeps_evidence_runs_hook_and_stores_it(tmp_p
     report = subprocess.run([sys.executable, "-m", "soakmatrix.matrix.cli", "report", str(store)],
                             capture_output=True, text=True, timeout=60)
     assert report.returncode == 0 and "shm_broadcast_timeout" in report.stdout
+    kept = [f.read_bytes() for f in [*out.rglob("*"), store] if f.is_file()]
+    assert not [k for k in kept + [(p.stdout + p.stderr + report.stdout).encode()] if PASSWORD.encode() in k]
 
 
 @pytest.mark.slow
@@ -78,3 +85,20 @@ def test_a_watch_whose_reader_goes_away_keeps_watching_and_writes_its_notes_besi
     assert "the reader of this progress went away" in notes and "HANG detected" in notes
     (folder,) = [p for p in out.iterdir() if p.is_dir()]
     assert (folder / "py-spy.txt").exists()
+
+
+def test_a_store_that_cannot_be_written_costs_the_record_not_the_watch(tmp_path):
+    from types import SimpleNamespace
+
+    from soakmatrix.matrix.cli.watch import _store
+    from soakmatrix.matrix.contracts.result import CellResult
+
+    result = CellResult(cell_id="c", cell_name="m|g|watch|h:1", outcome="hang", model="m", gpu_type="g",
+                        workload="watch", extra={"url": "http://u:secretpw1@h:1"})
+    notes: list[str] = []
+    (tmp_path / "a-folder.sqlite").mkdir()     # what a full disk or a broken store raises, the same way
+    _store(tmp_path / "a-folder.sqlite", SimpleNamespace(result=result, folder=tmp_path / "evidence"), notes.append)
+    assert len(notes) == 1 and "could not record the incident" in notes[0] and "evidence" in notes[0]
+    _store(tmp_path / "store.sqlite", SimpleNamespace(result=result, folder=tmp_path / "evidence"), notes.append)
+    assert "recorded in" in notes[-1]
+    assert b"secretpw1" not in (tmp_path / "store.sqlite").read_bytes()

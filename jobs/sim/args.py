@@ -12,9 +12,11 @@ import json
 import os
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Sequence
 
 from soakmatrix.matrix.contracts import flags as flagmod
+from soakmatrix.matrix.contracts.redact import redact_argv
 
 DEFAULT_MAX_MODEL_LEN = 8192
 BLOCK_SIZE = 16
@@ -123,14 +125,23 @@ def _int(option: str, text: str) -> int:
     try:
         return int(text)
     except (TypeError, ValueError):
-        raise SimUsageError(f"argument {option}: invalid int value: {text!r}") from None
+        raise SimUsageError(f"argument {option}: invalid int value: {str(text)[:40]!r}") from None
+
+
+def _check_record(path: str) -> None:
+    """--hang-record is appended to (a file, or a FIFO a test reads): never a directory, nor under a file."""
+    target = Path(path)
+    if target.is_dir():
+        raise SimUsageError(f"argument --hang-record: {path}: a directory, not a file")
+    if not target.parent.is_dir():
+        raise SimUsageError(f"argument --hang-record: {path}: no folder {target.parent} to write it in")
 
 
 def _float(option: str, text: str) -> float:
     try:
         return float(text)
     except (TypeError, ValueError):
-        raise SimUsageError(f"argument {option}: invalid float value: {text!r}") from None
+        raise SimUsageError(f"argument {option}: invalid float value: {str(text)[:40]!r}") from None
 
 
 def _json(option: str, text: str) -> dict[str, Any]:
@@ -214,10 +225,10 @@ def parse_sim_argv(argv: Sequence[str], environ: dict[str, str] | None = None) -
             # a vLLM option the simulator does not model: skip it and its value, if it has one
             if inline is None and option not in _VLLM_SWITCHES and i + 1 < len(args) \
                     and not args[i + 1].startswith("-"):
-                notes.append(f"{option} {args[i + 1]}")
+                notes.append(" ".join(redact_argv([option, args[i + 1]])))   # logged: no --api-key value
                 i += 1
             else:
-                notes.append(token)
+                notes.append(redact_argv([token])[0])
         i += 1
 
     model = values.pop("model", None)
@@ -313,6 +324,7 @@ def _apply_values(config: SimConfig, values: dict[str, Any], environ: dict[str, 
             raise SimUsageError("argument --step-time-scale: must be >= 0")
     if values.get("hang_record"):
         config.hang_record = values["hang_record"]
+        _check_record(config.hang_record)
     if "torch_device" in values:
         if not re.fullmatch(r"cuda(?::\d+)?|cpu", str(values["torch_device"])):
             raise SimUsageError("argument --torch-device: cuda, cuda:N or cpu, "

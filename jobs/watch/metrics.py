@@ -55,7 +55,7 @@ class WatchMetrics:
         self.hangs.labels(signature=signature or "unclassified", detector=detector).inc()
         self.last_incident.set(at)
 
-    def serve(self, port: int, addr: str = "0.0.0.0") -> Any:
+    def serve(self, port: int, addr: str = "127.0.0.1") -> Any:
         """Serve /metrics on `port`; returns the server (its `.shutdown()` stops it)."""
         server, _thread = start_http_server(port, addr=addr, registry=self.registry)
         return server

@@ -15,11 +15,11 @@ from .model import BisectResult
 
 def write_regression_test(path: str | Path, result: BisectResult, pc: PlannedCell, matrix: Matrix, backend: str,
                           hang_model: str | None) -> Path:
-    """Write the regression test to `path`, creating its folder."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(regression_test(result, pc, matrix, backend, hang_model))
-    return path
+    """Write the regression test to `path` (whole or not at all), creating its folder."""
+    from soakmatrix.reports.files import write_atomic
+
+    source = regression_test(result, pc, matrix, backend, hang_model).encode()
+    return write_atomic(Path(path), lambda fh: fh.write(source))
 
 
 def regression_test(result: BisectResult, pc: PlannedCell, matrix: Matrix, backend: str,

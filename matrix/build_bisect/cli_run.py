@@ -19,6 +19,7 @@ from typing import Callable, TextIO
 from soakmatrix.matrix.bisect.journal import ProbeJournal, journaled
 from soakmatrix.matrix.bisect.model import default_gpu_count
 from soakmatrix.matrix.contracts.outcomes import EXIT_FOUND, EXIT_INFRA, EXIT_OK, EXIT_USAGE
+from soakmatrix.matrix.contracts.redact import redact_text
 from soakmatrix.matrix.plan import PlannedCell
 from soakmatrix.matrix.spec import Matrix, Profile
 from soakmatrix.matrix.spec_types import Build
@@ -96,7 +97,7 @@ def run_for_cell(matrix: Matrix, pc: PlannedCell, profile: Profile, *, builds_ar
             oracle = _virtual_oracle(matrix, pc, profile, hang_model_path, builds, gpus, seed)
         else:
             oracle, cluster = _soak_oracle(matrix, pc, profile, builds, real, hang_model_path, seed, progress)
-            say(f"soakmatrix bisect: on {cluster.description}")
+            say(f"soakmatrix bisect: on {redact_text(cluster.description)}")
     except BaseException:
         if log is not None:
             log.close()

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
+from soakmatrix.matrix.contracts.yamlsrc import SpecError, read_text
+
 RANGE = re.compile(r"^\s*([^.\s]+)\.\.([^.\s]+)\s*$")
 NAMED = re.compile(r"^(?P<name>[^\s:]+):\s+(?P<spec>\S.*)$")
 SHORT_SHA = 12
@@ -68,10 +70,10 @@ def parse_builds_text(text: str, source: str = "builds file") -> list[BuildSpec]
 
 
 def parse_builds_file(path: str | Path) -> list[BuildSpec]:
-    try:
-        text = Path(path).read_text()
-    except OSError as e:
-        raise BuildSpecError(f"cannot read the builds file {path}: {e.strerror or e}") from e
+    try:   # within the limits of every input file: a FIFO, /dev/zero or a huge file is refused
+        text = read_text(path, what="builds file")
+    except SpecError as e:
+        raise BuildSpecError(f"the builds file: {e}") from e
     return parse_builds_text(text, str(path))
 
 

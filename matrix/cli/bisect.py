@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sqlite3
 import sys
 from dataclasses import asdict, dataclass
@@ -19,12 +20,14 @@ from pathlib import Path
 from typing import Any, Callable
 
 from soakmatrix.matrix.arguments import (
-    count,
     half_open_unit_interval,
+    integer,
     open_unit_interval,
     positive_duration,
     positive_number,
     seed,
+    text,
+    typed,
 )
 from soakmatrix.matrix.bisect import MAX_ELEMENTS, Settings, bisect
 from soakmatrix.matrix.bisect.emit import write_regression_test
@@ -46,7 +49,10 @@ from soakmatrix.matrix.bisect.setup import (
 )
 from soakmatrix.matrix.build_bisect.cli_run import RAY_HINT, BuildUsage, RealProbes, run_for_cell
 from soakmatrix.matrix.contracts.outcomes import EXIT_FOUND, EXIT_INFRA, EXIT_OK, EXIT_USAGE
+from soakmatrix.matrix.build_bisect.specs import parse_range
+from soakmatrix.matrix.contracts.redact import redact_text
 from soakmatrix.matrix.lasting_stream import divert_stderr
+from soakmatrix.matrix.paths import CONFIG_FILE, empty_store_warning, input_dir, output_dir, output_file
 from soakmatrix.matrix.plan import PlannedCell, plan, planned_cell
 from soakmatrix.matrix.schedule.cluster import CONNECT_ERRORS, address_from, cannot_reach
 from soakmatrix.matrix.schedule.cluster_loss import ClusterLost
@@ -55,6 +61,8 @@ from soakmatrix.matrix.spec_types import Build
 from soakmatrix.matrix.stop_signals import Stopped, StopSignals
 
 DEFAULT_OUT = "bisect-out"
+MAX_PARALLEL = 64          # probes at once: more than a cluster's GPUs hold, and each holds a server's memory
+MAX_PROBES = 100_000
 EXIT_INCONCLUSIVE = EXIT_INFRA   # the same number as run's infrastructure error; for bisect it means inconclusive
 
 HELP = ("Find the smallest set of flags (relative to the matrix baseline) that still hangs with the failing "
@@ -82,54 +90,57 @@ and its exit code and says what failed on stderr."""
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.epilog = EPILOG
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.add_argument("matrix", help="matrix YAML file")
-    parser.add_argument("--cell", required=True, help="the failing cell: its id or its name (see `soakmatrix plan`)")
-    parser.add_argument("--profile", help="profile (default: the first); gives start-up time and retries")
-    parser.add_argument("--signature", help="the hang to bisect (e.g. shm_broadcast_timeout); other signatures only "
+    parser.add_argument("matrix", type=CONFIG_FILE, help="matrix YAML file")
+    parser.add_argument("--cell", required=True, type=text, help="the failing cell: its id or its name (see `soakmatrix plan`)")
+    parser.add_argument("--profile", type=text, help="profile (default: the first); gives start-up time and retries")
+    parser.add_argument("--signature", type=text, help="the hang to bisect (e.g. shm_broadcast_timeout); other signatures only "
                                             "end probes. Default: the cell's newest hang in --store, else the hang "
                                             "model's (--virtual), else the calibration's first hang (never a crash)")
     parser.add_argument("--confidence", type=open_unit_interval, default=0.95,
-                        help="stated confidence (default 0.95)")
+                        help="stated confidence (above 0 and below 1; default 0.95)")
     parser.add_argument("--mttf-cap", type=positive_duration,
                         help="ask for the smallest set that hangs with MTTF at most this (e.g. 6h): a flag "
                              "without which the hang is slower joins the set (its verdict says so). Default: no "
                              "cap; a flag is necessary only when no hang was seen without it, its absence soaked "
-                             "until an 8x slowdown is ruled out")
+                             "until an 8x slowdown is ruled out. From 1s to 365d")
     parser.add_argument("--virtual", action="store_true", help="virtual time: draw hangs from the hang model")
-    parser.add_argument("--hang-model", help="hang-model file (default: the matrix's sim.hang_model)")
+    parser.add_argument("--hang-model", type=CONFIG_FILE, help="hang-model file (default: the matrix's sim.hang_model)")
     parser.add_argument("--seed", type=seed, help="virtual oracle seed (default: the hang model's); on the simulated engine "
-                                                "(flags or --builds), the base of its probes' engine seeds")
-    parser.add_argument("--calibration-hangs", type=count, default=2, help="hangs of the failing cell first (default 2)")
-    parser.add_argument("--parallel", type=count, default=None,
-                        help="probes per batch (default 1 virtual, 2 on Ray; with --builds 1; more finish sooner but "
-                             "spend more GPU-hours)")
-    parser.add_argument("--budget-gpu-hours", type=positive_number, help="stop (inconclusive) after this many GPU-hours")
-    parser.add_argument("--max-probes", type=count, default=200, help="stop (inconclusive) after this many probes")
+                                                "(flags or --builds), the base of its probes' engine seeds (0 to 2^63-1)")
+    parser.add_argument("--calibration-hangs", type=integer(1, 100), default=2,
+                        help="hangs of the failing cell first (1 to 100; default 2)")
+    parser.add_argument("--parallel", type=integer(1, MAX_PARALLEL), default=None,
+                        help=f"probes per batch (1 to {MAX_PARALLEL}; default 1 virtual, 2 on Ray; with --builds 1; "
+                             "more finish sooner but spend more GPU-hours)")
+    parser.add_argument("--budget-gpu-hours", type=positive_number,
+                        help="stop (inconclusive) after this many GPU-hours (above 0 and at most 1,000,000)")
+    parser.add_argument("--max-probes", type=integer(1, MAX_PROBES), default=200,
+                        help=f"stop (inconclusive) after this many probes (1 to {MAX_PROBES:,}; default 200)")
     parser.add_argument("--modifier-prior", type=half_open_unit_interval, default=Settings.modifier_prior,
                         help="with --mttf-cap: prior probability that one flag outside the set slows the hang x6 or "
                              "more; the rate check after the search settles whether it is needed to hang within the "
-                             f"cap (default {Settings.modifier_prior}; 0 skips the check). Without a cap a flag "
+                             f"cap (at least 0 and below 1; default {Settings.modifier_prior}; 0 skips the check). Without a cap a flag "
                              "without which the hang was seen is a modifier, never part of the set")
     parser.add_argument("--no-shrink", action="store_true", help="do not try other values of the set's flags")
     parser.add_argument("--no-modifiers", action="store_true",
                         help="do not soak the flags outside the set for modifier verdicts (they are reported "
                              "`unmeasured`); saves the measuring soaks when only the set matters")
     parser.add_argument("--json", action="store_true", help="one JSON document")
-    parser.add_argument("--emit-test", metavar="PATH", help="write a pytest regression test for the minimal set")
+    parser.add_argument("--emit-test", metavar="PATH", type=output_file, help="write a pytest regression test for the minimal set")
     parser.add_argument("--backend", choices=("sim", "vllm"), default="sim")
-    parser.add_argument("--ray-address", help="Ray cluster address (default: RAY_ADDRESS or a local cluster)")
-    parser.add_argument("--out", help=f"soak job artifacts and the probe journal (default: {DEFAULT_OUT}; with "
+    parser.add_argument("--ray-address", type=text, help="Ray cluster address (default: RAY_ADDRESS or a local cluster)")
+    parser.add_argument("--out", type=output_dir, help=f"soak job artifacts and the probe journal (default: {DEFAULT_OUT}; with "
                         "--virtual, a journal only when given)")
     parser.add_argument("--max-soak", type=positive_duration, metavar="DURATION",
                         help="soak a longer probe in pieces of at most this much load, each one start-up more, so a "
-                             "crash or a lost node costs one piece (default: 12h with real probes; none with "
-                             "--virtual)")
+                             "crash or a lost node costs one piece (1s to 365d; default: 12h with real probes; none "
+                             "with --virtual)")
     parser.add_argument("--resume", action="store_true",
                         help="continue the bisection whose probe journal is in --out (after a crash, Ctrl-C or a "
                              "budget that ran out): its answered probes are replayed, not soaked again; the cell and "
                              "options must be the same (--budget-gpu-hours and --max-probes may grow)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
-    parser.add_argument("--builds", metavar="FILE|GOOD..BAD",
+    parser.add_argument("--builds", metavar="FILE|GOOD..BAD", type=builds_source,
                         help="bisect engine builds instead of flags: an ordered builds file (`NAME: SPEC` lines, "
                              "oldest first) or the commits GOOD..BAD of --checkout turned into specs by "
                              "--build-template (GOOD..BAD naming two builds of the matrix's `builds:`: the section "
@@ -140,14 +151,24 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="with --builds: once the first bad build is found, bisect the cell's flags on that build "
                              "(both reports are printed; --json nests the flags' under `flags`; the exit code is then "
                              "the flag bisection's)")
-    parser.add_argument("--build-template", metavar="SPEC", help="a pip spec with {sha}, e.g. "
+    parser.add_argument("--build-template", metavar="SPEC", type=text, help="a pip spec with {sha}, e.g. "
                         "'vllm @ git+https://github.com/vllm-project/vllm@{sha}' (with GOOD..BAD)")
-    parser.add_argument("--checkout", default=".", help="the git checkout GOOD..BAD is read from (default: .)")
-    parser.add_argument("--store", metavar="FILE",
+    parser.add_argument("--checkout", default=".", type=input_dir, help="the git checkout GOOD..BAD is read from (default: .)")
+    parser.add_argument("--store", metavar="FILE", type=output_file,
                         help="history store (SQLite; a new file is created) to take the cell's signature from and "
                              "record the result in; `soakmatrix report` shows it. The cell's recorded hangs of the "
                              "target and their load count as free exposure of the failing cell (the report says how "
                              "much and what it spared). Checked before the bisection runs")
+
+
+def builds_source(value: str) -> str:
+    """`--builds`: GOOD..BAD when it reads as one and no such file exists, else a builds file."""
+    if parse_range(value) is not None and not os.path.lexists(value):
+        return text(value)
+    return CONFIG_FILE(value)
+
+
+typed(builds_source, "path-in")
 
 
 def _open_store(path: str):
@@ -199,7 +220,7 @@ def main(args: argparse.Namespace) -> int:
         with stop:
             return _main(args)
     except (_Usage, JournalError) as exc:
-        print(f"soakmatrix bisect: {exc}", file=sys.stderr)
+        print(f"soakmatrix bisect: {redact_text(str(exc))}", file=sys.stderr)
         return EXIT_USAGE
     except ClusterLost as exc:   # the probes under way died with the cluster; the answered ones are journaled
         out = journal_dir(args)
@@ -265,6 +286,9 @@ def _main(args: argparse.Namespace) -> int:
     signature, source = (args.signature, "--signature") if args.signature else (None, "")
     history = None
     if args.store:
+        warning = empty_store_warning("--store", args.store)
+        if warning:
+            print(f"soakmatrix bisect: {warning}", file=sys.stderr)
         store = _open_store(args.store)
         with store:
             if signature is None:
@@ -276,6 +300,8 @@ def _main(args: argparse.Namespace) -> int:
     if signature is None and args.virtual:
         signature, source = model_signature(matrix, pc, hang_model_path)
 
+    if args.signature:
+        _check_signature(args.signature, args.virtual, hang_model_path, matrix)
     progress = None if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
     if journal_dir(args) is not None:
         divert_stderr(journal_dir(args) / "progress.log")   # where progress goes if stderr's reader goes away
@@ -291,6 +317,23 @@ def _main(args: argparse.Namespace) -> int:
     sys.stdout.flush()
     _after(args, run, matrix, hang_model_path, progress)
     return run.code
+
+
+def _check_signature(signature: str, virtual: bool, hang_model_path: str | None, matrix: Matrix) -> None:
+    """A --signature the virtual oracle can never answer is refused (the bisection would only run out of
+    probes); one no detector knows is a warning (a real engine may still show it)."""
+    from soakmatrix.jobs.signatures import SIGNATURES
+    from soakmatrix.matrix.contracts.hangmodel import STYLE_SIGNATURE, load_hang_model
+
+    if virtual and hang_model_path:
+        model = load_hang_model(hang_model_path, registry=matrix.registry)
+        planted = sorted({STYLE_SIGNATURE[h.style] for h in model.hangs})
+        if signature not in planted:
+            raise _Usage(f"--signature {signature!r}: the hang model {hang_model_path} plants no hang with it "
+                         f"(it has: {', '.join(planted) or 'none'})")
+    elif signature not in SIGNATURES and signature not in STYLE_SIGNATURE.values():
+        print(f"soakmatrix bisect: warning: --signature {signature!r} is no signature the detectors name "
+              f"(they know: {', '.join(sorted(SIGNATURES))}); probes will end only on it", file=sys.stderr)
 
 
 @dataclass(frozen=True)
@@ -332,7 +375,7 @@ def _flag_bisection(args: argparse.Namespace, matrix: Matrix, profile: Profile, 
             except CONNECT_ERRORS as exc:
                 raise _Usage(f"{cannot_reach(address_from(args.ray_address), exc)} {RAY_HINT}") from None
             if progress:
-                progress(f"soakmatrix bisect: on {started[1].description}")
+                progress(f"soakmatrix bisect: on {redact_text(started[1].description)}")
             return started
 
         oracle = SoakOnFirstProbe(start)

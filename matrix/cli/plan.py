@@ -8,7 +8,9 @@ import sys
 from collections import Counter
 
 from soakmatrix.matrix.contracts.durations import format_duration
+from soakmatrix.matrix.arguments import text
 from soakmatrix.matrix.contracts.redact import redact_argv, redact_env, redact_text
+from soakmatrix.matrix.paths import CONFIG_FILE
 from soakmatrix.matrix.plan import Plan, describe_combo, plan
 from soakmatrix.matrix.spec import load_matrix
 
@@ -16,8 +18,8 @@ HELP = "Show which cells a matrix profile runs, with which `vllm serve` command,
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("matrix", help="matrix YAML file")
-    parser.add_argument("--profile", help="profile name (default: the first)")
+    parser.add_argument("matrix", type=CONFIG_FILE, help="matrix YAML file")
+    parser.add_argument("--profile", type=text, help="profile name (default: the first)")
     parser.add_argument("--json", action="store_true", help="one JSON document, stable for scripts")
     parser.add_argument("--no-validate", action="store_true", help="skip vLLM's own argv check")
     parser.add_argument("--all-excluded", action="store_true", help="list every excluded combination")

@@ -14,28 +14,42 @@ import argparse
 import sys
 from pathlib import Path
 
-from soakmatrix.matrix.arguments import count
-from soakmatrix.matrix.contracts.outcomes import EXIT_OK, EXIT_USAGE
+from soakmatrix.matrix.arguments import integer, text
+from soakmatrix.matrix.contracts.outcomes import EXIT_INFRA, EXIT_OK, EXIT_USAGE
+from soakmatrix.matrix.contracts.redact import redact_text
+from soakmatrix.matrix.paths import CONFIG_FILE, existing_store, input_file, output_dir, output_file
+
+EXIT_UNWRITTEN = EXIT_INFRA   # an output could not be written: the file system failed us, no verdict
+MAX_JUNIT_BYTES = 64 << 20   # a JUnit file to merge: twice GitLab's 30 MB limit; more is no CI report
+
+EPILOG = """exit codes:
+  0  the report was printed and every output asked for (--out, --junit, -o) was written whole
+  2  usage error: a store, file or option that cannot be used, named with its path; nothing was written
+  3  an output could not be written (a full disk, an I/O error): it names the file; an output is
+     written to a temporary file and renamed, so the previous version of the file stays intact"""
 
 HELP = ("Print what a history store knows (runs, failing and flaky cells, hang signatures, bisections), "
         "write the dashboard (--out) and a run's JUnit (--junit), or merge JUnit files (--merge).")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("store", nargs="?", help="history store (SQLite) written by `soakmatrix run`")
-    parser.add_argument("--out", metavar="DIR", help="write the dashboard to DIR/index.html")
-    parser.add_argument("--run", metavar="RUN_ID", help="run for --junit and the findings list (default: the latest with results)")
-    parser.add_argument("--junit", metavar="FILE", help="write the run's JUnit XML here")
-    parser.add_argument("--merge", nargs="+", metavar="XML", help="JUnit files to merge (needs -o)")
-    parser.add_argument("-o", "--output", metavar="OUT.xml", help="where --merge writes")
-    parser.add_argument("--known-issues", metavar="YAML",
+    parser.epilog = EPILOG
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.add_argument("store", nargs="?", type=existing_store, help="history store (SQLite) written by `soakmatrix run`")
+    parser.add_argument("--out", metavar="DIR", type=output_dir, help="write the dashboard to DIR/index.html")
+    parser.add_argument("--run", metavar="RUN_ID", type=text, help="run for --junit and the findings list (default: the latest with results)")
+    parser.add_argument("--junit", metavar="FILE", type=output_file, help="write the run's JUnit XML here")
+    parser.add_argument("--merge", nargs="+", metavar="XML", type=input_file(MAX_JUNIT_BYTES), help="JUnit files to merge (needs -o)")
+    parser.add_argument("-o", "--output", metavar="OUT.xml", type=output_file, help="where --merge writes")
+    parser.add_argument("--known-issues", metavar="YAML", type=CONFIG_FILE,
                         help="known issues file (fingerprint or frame/log pattern -> upstream issue), matched "
                              "automatically; see matrix/examples/known_issues.yaml")
     parser.add_argument("--refingerprint", action="store_true",
                         help="first re-hash every recorded hang's and crash's fingerprint from the evidence in its "
                              "cell folder with this version's code (after an upgrade that changed fingerprints, "
                              "old nights' findings join the new ones); results whose evidence is gone keep theirs")
-    parser.add_argument("--limit", type=count, default=50, help="rows of the cells table (default 50)")
+    parser.add_argument("--limit", type=integer(1, 100_000), default=50,
+                        help="rows of the cells table (1 to 100,000; default 50)")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -50,10 +64,25 @@ def main(args: argparse.Namespace) -> int:
     except UsageError as exc:
         print(f"soakmatrix report: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except Unwritten as exc:
+        print(f"soakmatrix report: {exc}", file=sys.stderr)
+        return EXIT_UNWRITTEN
 
 
 class UsageError(Exception):
     pass
+
+
+class Unwritten(Exception):
+    """An output the user asked for could not be written."""
+
+
+def _writing(option: str, path, write):
+    """`write()`, its OSError turned into an error that names the option and the file."""
+    try:
+        return write()
+    except OSError as exc:
+        raise Unwritten(f"{option}: could not write {exc.filename or path}: {exc.strerror or exc}") from None
 
 
 def _merge(args: argparse.Namespace) -> int:
@@ -63,7 +92,7 @@ def _merge(args: argparse.Namespace) -> int:
     if args.store:
         raise UsageError(f"--merge takes JUnit files only; did you mean to list {args.store!r} after --merge?")
     try:
-        out = merge_junit(args.merge, args.output)
+        out = _writing("-o", args.output, lambda: merge_junit(args.merge, args.output))
     except JUnitMergeError as exc:
         raise UsageError(str(exc)) from None
     from junitparser import xunit2
@@ -95,7 +124,7 @@ def _report(args: argparse.Namespace) -> int:
             raise UsageError(f"{store_path}: no run {args.run!r} (latest runs: {known})")
         observations = store.observations()
         states = cell_states(run_ids, observations)
-        out = sys.stdout
+        out = _Redacting(sys.stdout)   # a store written by an older version may hold a URL's password
         out.write(f"{store_path}: {len(runs)} run(s), {len(states)} cell(s)\n\nruns\n")
         out.write(runs_table(runs, observations) if runs else "no runs yet\n")
         out.write("\ncells that need a look (nights: . passed, H hang, C crash, X config error, i infra error)\n")
@@ -113,16 +142,27 @@ def _report(args: argparse.Namespace) -> int:
             if run is None:
                 raise UsageError(f"{store_path}: no run to write JUnit for")
             from soakmatrix.reports.junit import write_junit
-            props = {"run_id": run.id, "matrix": run.matrix, "profile": run.profile, "kind": run.kind,
-                     **{f"meta.{k}": v for k, v in sorted(run.meta.items())}}
-            path = write_junit(store.results(run.id), args.junit, suite_name=f"soakmatrix.{run.profile}",
-                               properties=props, known_issues=known)
+            props = {"run_id": run.id, "matrix": redact_text(run.matrix), "profile": run.profile, "kind": run.kind,
+                     **{f"meta.{k}": redact_text(str(v)) for k, v in sorted(run.meta.items())}}
+            path = _writing("--junit", args.junit, lambda: write_junit(
+                store.results(run.id), args.junit, suite_name=f"soakmatrix.{run.profile}", properties=props,
+                known_issues=known))
             out.write(f"\nJUnit for run {run.id}: {path}\n")
     if args.out:
         from soakmatrix.reports.dashboard import build_dashboard
-        page = build_dashboard(store_path, args.out, known_issues=known)
+        page = _writing("--out", args.out, lambda: build_dashboard(store_path, args.out, known_issues=known))
         sys.stdout.write(f"dashboard: {page}\n")
     return EXIT_OK
+
+
+class _Redacting:
+    """A text stream whose every write passes through `redact_text`."""
+
+    def __init__(self, stream) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        return self.stream.write(redact_text(text))
 
 
 def _known_issues(path):

@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
+from soakmatrix.matrix.paths import empty_store_warning
 from soakmatrix.matrix.run import add_run_options, execute, make_plan
 from soakmatrix.matrix.spec import load_matrix
 
@@ -18,6 +20,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    warning = empty_store_warning("--store", args.store)
+    if warning:
+        print(f"soakmatrix run: {warning}", file=sys.stderr)
     matrix = load_matrix(args.matrix)
     profile = matrix.profile(args.profile)
     planned = make_plan(matrix, profile, args.backend)

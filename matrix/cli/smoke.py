@@ -11,6 +11,7 @@ import argparse
 import sys
 
 from soakmatrix.matrix.arguments import positive_number
+from soakmatrix.matrix.paths import CONFIG_OR_STDIN, empty_store_warning
 from soakmatrix.matrix.contracts.outcomes import EXIT_OK
 from soakmatrix.matrix.contracts.yamlsrc import LIMITS, Problem, decode, read_text
 from soakmatrix.matrix.run import add_run_options, execute, make_plan
@@ -32,11 +33,12 @@ DEFAULT_PROFILE = "smoke"
 
 def configure(parser: argparse.ArgumentParser) -> None:
     add_run_options(parser, default_profile=f"{DEFAULT_PROFILE!r} if the matrix has it, else the first")
-    parser.add_argument("--changed-files", metavar="FILE|-",
+    parser.add_argument("--changed-files", metavar="FILE|-", type=CONFIG_OR_STDIN,
                         help="paths changed by the PR, one per line (`git diff --name-only`); - reads stdin")
     parser.add_argument("--fail-fast", action="store_true", help="cancel the rest at the first hang or crash")
     parser.add_argument("--budget", type=positive_number, metavar="GPU_HOURS",
-                        help="GPU-hour budget (default: the profile's budget_gpu_hours)")
+                        help="GPU-hour budget (above 0 and at most 1,000,000; default: the profile's "
+                             "budget_gpu_hours)")
 
 
 def profile_name(matrix: Matrix, requested: str | None) -> str | None:
@@ -61,6 +63,9 @@ def read_changed(source: str) -> list[str]:
 
 
 def main(args: argparse.Namespace) -> int:
+    warning = empty_store_warning("--store", args.store)
+    if warning:
+        print(f"soakmatrix smoke: {warning}", file=sys.stderr)
     matrix = load_matrix(args.matrix)
     profile = matrix.profile(profile_name(matrix, args.profile))
     cells = make_plan(matrix, profile, args.backend).cells

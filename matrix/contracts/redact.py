@@ -1,7 +1,8 @@
 """Secrets never reach an artifact: what redaction means for argv, environments and free text.
 
 A model's `args` may carry `--api-key sk-...`, an engine's environment `HF_TOKEN`, a log line an
-`Authorization: Bearer ...` header, and py-spy prints every process's command line. Everything we
+`Authorization: Bearer ...` header, a URL `https://user:password@host/?api_key=...`, and py-spy
+prints every process's command line. Everything we
 write (command files, logs, evidence, JUnit, the history store, the dashboard, `plan`'s output)
 passes through here first. The patterns are plain data (`SECRET_OPTION`, `SECRET_ENV_NAME`,
 `TOKEN_SHAPES`) so a test or a user can add one.
@@ -34,14 +35,15 @@ TOKEN_SHAPES: list[re.Pattern] = [
 # `Authorization: Bearer X`, `"authorization": "Basic X"`, `Proxy-Authorization: X`
 AUTH_HEADER = re.compile(r"(?i)(\b(?:proxy-)?authorization\b[\"']?\s*[:=]\s*[\"']?)(?:(bearer|basic|token)\s+)?"
                          r"[^\s\"',;}]+")
-# `https://user:password@host`: the password of a URL's user information
-URL_PASSWORD = re.compile(r"(?i)(\b[a-z][a-z0-9+.-]*://[^/\s:@]*:)([^/\s@]+)(@)")
-# `?api_key=X`, `&token=X`: secret-named parameters of a URL's query string
-# (the secret word a whole part of the name, so `max_tokens=4` stays readable)
-QUERY_SECRET = re.compile(r"(?i)([?&](?:[a-z0-9]+[_.-])*(?:api[-_]?key|key|token|secret|passw(?:or)?d|credentials?|auth"
-                          r"|sig|signature)(?:[_.-][a-z0-9]+)*=)([^&#\s\"']+)")
 # `NAME=value` in text (an environment dump, a shell line) where NAME is an upper-case secret's name
 ENV_ASSIGNMENT = re.compile(r"\b([A-Z_][A-Z0-9_]*)(=)([\"']?)([^\s\"']+)")
+# `scheme://user:password@host` and `scheme://TOKEN@host`: the password, or a lone user part (a token
+# is often given as the user), is masked; a path's `@` (`git+https://host/org/repo@sha`) is not userinfo
+URL_USERINFO = re.compile(r"(?i)(\b[a-z][a-z0-9+.-]*://)([^\s/?#@:'\"]*)(?::([^\s/?#@'\"]*))?@")
+# `?api_key=X`, `&token=X`, `&sig=X` in a URL's query (the secret word a whole part of the name, so
+# `max_tokens=4` stays readable)
+QUERY_SECRET = re.compile(r"(?i)([?&;](?:[a-z0-9]+[_.-])*(?:api[-_]?key|key|token|secret|passw(?:or)?d|credentials?|auth"
+                          r"|sig|signature|code)(?:[_.-][a-z0-9]+)*=)([^&#\s\"'<>]+)")
 # `--api-key X` / `--api-key=X` inside a command line written as text
 OPTION_IN_TEXT = re.compile(r"(?<![\w-])(--?[A-Za-z0-9_-]*(?:api[-_]?key|token|secret|passw(?:or)?d|credential)"
                             r"[A-Za-z0-9_-]*)(=|\s+)(['\"]?)([^\s'\"]+)", re.I)
@@ -53,11 +55,41 @@ def redact_text(text: str) -> str:
         return text
     for shape in TOKEN_SHAPES:
         text = shape.sub(MASK, text)
-    text = URL_PASSWORD.sub(lambda m: m.group(1) + MASK + m.group(3), text)
-    text = QUERY_SECRET.sub(lambda m: m.group(1) + MASK, text)
+    text = URL_USERINFO.sub(_userinfo, text)
+    text = QUERY_SECRET.sub(lambda m: m.group(1) + (m.group(2) if m.group(2) == MASK else MASK), text)
     text = AUTH_HEADER.sub(lambda m: m.group(1) + (m.group(2) + " " if m.group(2) else "") + MASK, text)
     text = OPTION_IN_TEXT.sub(lambda m: m.group(1) + m.group(2) + m.group(3) + MASK, text)
     return ENV_ASSIGNMENT.sub(_env_assignment, text)
+
+
+def _userinfo(m: re.Match) -> str:
+    scheme, user, password = m.groups()
+    if password is not None:
+        return f"{scheme}{user}:{MASK}@"
+    return f"{scheme}{MASK}@" if user and user != MASK else m.group(0)
+
+
+def redact_url(url: str) -> str:
+    """A URL fit to print or store: its password (or lone user token) and secret query values masked."""
+    return redact_text(url)
+
+
+def url_secrets(url: str) -> list[str]:
+    """The literal secrets of one URL (its password or lone user part, secret query values), for
+    `scrub` where the URL may appear re-encoded or cut up."""
+    import urllib.parse
+
+    found: list[str] = []
+    try:
+        parts = urllib.parse.urlsplit(url)
+        if parts.password:
+            found += [parts.password, urllib.parse.unquote(parts.password)]
+        elif parts.username:
+            found.append(parts.username)
+    except ValueError:
+        pass
+    found += [m.group(2) for m in QUERY_SECRET.finditer(url)]
+    return sorted({s for s in found if len(s) >= 4})
 
 
 def _env_assignment(m: re.Match) -> str:
@@ -99,6 +131,8 @@ def secret_values(argv: Iterable[str] = (), env: Mapping[str, str] | None = None
     (a server echoing its own `--api-key` value in a log line)."""
     found: list[str] = []
     argv = [str(a) for a in argv]
+    for word in (w for arg in argv for w in arg.split() if "://" in w):
+        found += url_secrets(word)
     for i, arg in enumerate(argv):
         option, eq, value = arg.partition("=")
         if SECRET_OPTION.match(option):

@@ -12,6 +12,8 @@ Each refusal is a `Problem` with its line, never a traceback.
 from __future__ import annotations
 
 import math
+import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -110,10 +112,20 @@ def read_text(path: str | Path, limits: Limits = LIMITS, what: str = "") -> str:
     exhaust memory), decoded as UTF-8. Problems raise SpecError naming the file and line."""
     name = str(path)
     try:
-        with open(path, "rb") as handle:
-            raw = handle.read(limits.max_bytes + 1)
+        # non-blocking: a FIFO's open would wait for a writer for ever; only a regular file is read
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError as exc:
         raise SpecError([Problem(name, 0, "", f"cannot read: {exc.strerror or exc}")]) from exc
+    with os.fdopen(fd, "rb") as handle:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = ("a directory" if stat.S_ISDIR(mode) else "a FIFO (a named pipe)" if stat.S_ISFIFO(mode)
+                    else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a regular file")
+            raise SpecError([Problem(name, 0, "", f"{kind}, not a {what or 'file'}")])
+        try:
+            raw = handle.read(limits.max_bytes + 1)
+        except OSError as exc:
+            raise SpecError([Problem(name, 0, "", f"cannot read: {exc.strerror or exc}")]) from exc
     if len(raw) > limits.max_bytes:
         raise SpecError([Problem(name, 0, "", f"{what or 'file'} larger than {limits.max_bytes // 1024} KiB: "
                                               "not a configuration file?")])
