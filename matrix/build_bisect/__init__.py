@@ -14,6 +14,7 @@ from .algorithm import (
     NOT_A_REGRESSION,
     NOT_REPRODUCED,
     RANGE,
+    RATE_CHANGE,
     BuildBisectResult,
     BuildSettings,
     bisect_builds,
@@ -23,6 +24,8 @@ from .oracle import HANG, PASSED, UNTESTABLE, BuildOracle, BuildProbe, BuildProb
 from .oracle_virtual import VirtualBuildOracle
 from .report import render_text, to_json
 from .run import run_build_bisection
+from .signatures import SignatureAnswer
+from .tuning import Tuning
 from .specs import (
     BuildSpec,
     BuildSpecError,
@@ -35,9 +38,9 @@ from .specs import (
 )
 
 __all__ = [
-    "BAD_UNTESTABLE", "FOUND", "INCONCLUSIVE", "NOT_A_REGRESSION", "NOT_REPRODUCED", "RANGE", "HANG", "PASSED",
+    "BAD_UNTESTABLE", "FOUND", "INCONCLUSIVE", "NOT_A_REGRESSION", "NOT_REPRODUCED", "RANGE", "RATE_CHANGE", "HANG", "PASSED",
     "UNTESTABLE", "BuildBisectResult", "BuildSettings", "bisect_builds", "BuildBound", "lower_bound",
     "BuildOracle", "BuildProbe", "BuildProbeResult", "FlagOracleAdapter", "VirtualBuildOracle", "render_text",
     "to_json", "run_build_bisection", "BuildSpec", "BuildSpecError", "builds_from_range", "git_rev_list",
-    "parse_builds_file", "parse_builds_text", "parse_range", "resolve_builds",
+    "parse_builds_file", "parse_builds_text", "parse_range", "resolve_builds", "SignatureAnswer", "Tuning",
 ]
