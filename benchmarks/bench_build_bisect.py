@@ -25,8 +25,8 @@ Two more shapes users meet every week, in rows of their own (16-512 builds, MTTF
 (the first hang is the unrelated one half the time): right = the target named exactly, as the
 headline; "x4" / "x16": a rate change, the builds before the change point hang with the target too,
 at 4 / 16 times its MTTF: right = its build named exactly (as a rate change, or as the first bad
-build when no old hang was seen). These rows have no
-floor of their own ("-"; the +other rows print the floor of the named problem with that background).
+build when no old hang was seen). The +other rows print the floor of the named problem with that
+background (the unnamed one is harder); the rate-change rows the floor of bound_rate.py.
 
 `--parallel K` runs the algorithm with rounds of up to K probes soaked side by side and reports,
 beside GPU-hours and exactness, the rounds and the wall time (each round lasts as long as its
@@ -223,6 +223,9 @@ def _facf(args: tuple[Case, list[int]]) -> list[tuple[float, int]]:
 
 def floor(case: Case) -> float:
     from soakmatrix.matrix.build_bisect.bound import lower_bound
+    from soakmatrix.matrix.build_bisect.bound_rate import rate_change_bound
+    if case.old_ratio:
+        return rate_change_bound(case.n, case.mttf_s, case.old_ratio, STARTUP_S, CONFIDENCE).gpu_hours
     return lower_bound(case.n, case.mttf_s, STARTUP_S, CONFIDENCE, background_mttf_s=_background(case)).gpu_hours
 
 
@@ -313,9 +316,9 @@ def main(argv: list[str] | None = None) -> int:
             exact = np.mean([r[1] for r in rows])
             probes = np.mean([r[2] for r in rows])
             line = f"{case.name:<24} {gh.mean():>7.2f} {np.percentile(gh, 90):>6.1f} {exact:>6.3f} {probes:>6.1f} | "
-            if case.untestable or case.old_ratio:
+            if case.untestable:
                 # a range that holds the first bad build is a right answer there: an easier question,
-                # which the plain floor does not bound; a rate change has no floor derived
+                # which the plain floor does not bound
                 line += f"{'-':>5} {'-':>5}"
             else:
                 fl = floor(case)

@@ -259,8 +259,8 @@ class _Run:
                 break           # the believed outcomes already stop: the rest would be spent on nothing
             mttf = planning_mttf(believed, groups, mass)
             pool_h, _ = believed.group_pools(groups)
-            choice = choose(groups, mass, lambda length, extra=None, b=believed, g=groups: b.group_passes(g, length, extra),
-                            pool_h, mttf, self.s.startup_s, self.aim, self.s.gpus)
+            choice = choose(groups, mass, believed.passes(groups), pool_h, mttf, self.s.startup_s, self.aim,
+                            self.s.gpus)
             if choice is None:
                 break
             if choice.role == "refute" and not picks and self.s.parallel > 1:

@@ -162,13 +162,25 @@ class ChangePointPosterior:
         """Per group: P(J in it, and a soak of `length` passes) when the soaked build is bad under it
         (at or above its first build), and when it is good (below: the old rate, rho x; 1 for the clean
         regression). The rate is integrated out per hypothesis: (E / (E + m L))^H. `extra` as in pools."""
-        hangs, exposure = self.pools(extra)
+        return self.passes(groups)(length, extra)
+
+    def passes(self, groups: list[tuple[int, int]]):
+        """`group_passes` for one state of the evidence, as a function of (length, extra): the
+        posterior and the pools computed once (the planner asks it for many lengths)."""
         p = self.component_probabilities()
-        with np.errstate(divide="ignore", invalid="ignore"):
-            bad = np.where(exposure > 0, (exposure / (exposure + length)) ** hangs, 0.0)
-            good = np.where(exposure > 0, (exposure / (exposure + self.rho[None, :] * length)) ** hangs, 1.0)
         first = [a for a, _ in groups]
-        return np.add.reduceat((p * bad).sum(axis=1), first), np.add.reduceat((p * good).sum(axis=1), first)
+        pools = {None: self.pools()}
+
+        def at(length: float, extra: tuple[int, float, float] | None = None) -> tuple[np.ndarray, np.ndarray]:
+            if extra not in pools:
+                pools[extra] = self.pools(extra)
+            hangs, exposure = pools[extra]
+            with np.errstate(divide="ignore", invalid="ignore"):
+                bad = np.where(exposure > 0, (exposure / (exposure + length)) ** hangs, 0.0)
+                good = np.where(exposure > 0, (exposure / (exposure + self.rho[None, :] * length)) ** hangs, 1.0)
+            return np.add.reduceat((p * bad).sum(axis=1), first), np.add.reduceat((p * good).sum(axis=1), first)
+
+        return at
 
     def groups(self) -> list[tuple[int, int]]:
         """Hypotheses no probe can tell apart, as (first, last) build indices: a run of untestable
