@@ -201,7 +201,8 @@ class _Run:
 
     def answer(self, signature: str) -> SignatureAnswer:
         return verdict(signature, self.book.posteriors[signature], self.aim, self.s.confidence,
-                       target=signature == self.signature, crash=signature in self.book.crashes)
+                       target=signature == self.signature,
+                       crash=signature in self.book.crashes and signature not in self.book.hung)
 
     def serve(self) -> str | None:
         """Unnamed: the signature to serve next, the open candidate likeliest to be a regression; None
@@ -220,6 +221,8 @@ class _Run:
             if self.told is None:
                 served = self.serve()
                 if served is None:
+                    if not self.book.candidates():
+                        return INCONCLUSIVE
                     self.signature = self.headline()
                     return FOUND
                 self.signature = served

@@ -83,7 +83,8 @@ class SignatureBook:
         self.n, self.prior, self.tuning = n, not_regression_prior, tuning or Tuning()
         self.log: list[tuple[int, str, str | None, float, float]] = []
         self.posteriors: dict[str, ChangePointPosterior] = {}
-        self.crashes: set[str] = set()
+        self.crashes: set[str] = set()          # signatures seen as crashes
+        self.hung: set[str] = set()             # signatures seen as hangs (not crashes)
         self.first_seen: list[str] = []
         self.blank = ChangePointPosterior(n, not_regression_prior, self.tuning)
         self.unclaimed: dict[int, tuple[int, float]] = {}   # known evidence for the first signature seen
@@ -105,8 +106,7 @@ class SignatureBook:
         """One probe's answer, into every posterior (a new signature's first replays the probes before)."""
         hung = signature if outcome == HANG and signature is not None else None
         if hung is not None:
-            if crashed:
-                self.crashes.add(hung)
+            (self.crashes if crashed else self.hung).add(hung)
             if hung not in self.first_seen:
                 self.first_seen.append(hung)
             known, self.unclaimed = (self.unclaimed, {}) if not crashed else ({}, self.unclaimed)
@@ -119,4 +119,4 @@ class SignatureBook:
     def candidates(self) -> list[str]:
         """Signatures that could be the regression when none is named: seen on the newest build, not
         crashes, in the order first seen."""
-        return [s for s in self.first_seen if s not in self.crashes and self.posteriors[s].builds[-1].hangs > 0]
+        return [s for s in self.first_seen if s in self.hung and self.posteriors[s].builds[-1].hangs > 0]
