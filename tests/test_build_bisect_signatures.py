@@ -164,3 +164,16 @@ def test_the_cli_answers_each_signature_with_the_target_first(tmp_path):
     assert sigs["shm_broadcast_timeout"]["verdict"] == "regression" and sigs["shm_broadcast_timeout"]["target"]
     assert set(sigs["silent_stall"]) >= {"verdict", "first_bad", "range", "posterior", "hangs", "mttf_after_s"}
     assert not sigs["silent_stall"]["target"]
+
+
+def test_the_dashboard_view_lists_each_signature_s_answer():
+    from soakmatrix.reports.tables import bisection_view
+
+    o = VirtualBuildOracle(16, 9, M, seed=3, old_mttf_s=16 * M, background_mttf_s=4 * M)
+    r = bisect_builds(names(16), o, BuildSettings(signature="shm_broadcast_timeout"))
+    assert r.status == RATE_CHANGE
+    view = bisection_view({**to_json(r), "kind": "builds", "cell": {"id": "c1", "name": "cell"}})
+    assert view["minimal"].startswith("rate change at b9")
+    rows = dict(view["verdicts"])
+    assert rows["signature shm_broadcast_timeout (target)"].startswith("rate change at b9: MTTF before >= ")
+    assert "signature nccl_watchdog_timeout" in rows
