@@ -39,19 +39,20 @@ from typing import Mapping, Sequence
 from soakmatrix.matrix.contracts.stats import mttf_estimate, mttf_lower_bound
 
 from .oracle import HANG, PASSED, UNTESTABLE, BuildOracle, BuildProbe, BuildProbeResult
-from .planner import Choice, choose
-from .posterior import BuildEvidence, ChangePointPosterior
+from .planner import Choice, choose, planning_mttf
+from .posterior import ChangePointPosterior
+from .result import (
+    BAD_UNTESTABLE,
+    FOUND,
+    INCONCLUSIVE,
+    NOT_A_REGRESSION,
+    NOT_REPRODUCED,
+    RANGE,
+    RATE_CHANGE,
+    BuildBisectResult,
+)
 from .signatures import DECIDED, OLD, RATE_CHANGE as RATE_CHANGE_VERDICT, REGRESSION, SignatureAnswer, SignatureBook, verdict
 from .tuning import Tuning
-
-FOUND = "found"
-RANGE = "range"
-NOT_A_REGRESSION = "not_a_regression"
-NOT_REPRODUCED = "not_reproduced"
-INCONCLUSIVE = "inconclusive"
-BAD_UNTESTABLE = "bad_build_untestable"
-RATE_CHANGE = "rate_change"
-
 
 @dataclass(frozen=True)
 class BuildSettings:
@@ -84,45 +85,6 @@ class BuildSettings:
             raise ValueError(f"error_share must be in (0, 1], got {self.error_share}")
         if self.calibration_hangs < 1:
             raise ValueError("calibration needs at least one hang")
-
-
-@dataclass
-class BuildBisectResult:
-    status: str
-    builds: list[str]
-    confidence: float
-    signature: str | None
-    first_bad: int | None = None         # index of the first bad build (found)
-    range: tuple[int, int] | None = None  # (first, last) index of the likeliest group
-    posterior: float = 0.0               # of that group
-    alternatives: list[tuple[int, int, float]] = field(default_factory=list)   # next likeliest groups
-    mttf_s: float = math.nan             # pooled over the builds known bad
-    mttf_low_s: float = math.nan
-    mttf_high_s: float = math.nan
-    target_hangs: int = 0
-    good_mttf_bound_s: float | None = None   # last good build: MTTF above this at `confidence`
-    evidence: list[BuildEvidence] = field(default_factory=list)
-    probes: int = 0
-    gpu_hours: float = 0.0
-    gpu_hours_by_role: dict[str, float] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
-    rounds: int = 0                      # batches of probes soaked at once (wall time, in soaks)
-    signatures: list[SignatureAnswer] = field(default_factory=list)   # every signature seen, target first
-    mttf_before_low_s: float | None = None    # rate_change: below the change point, MTTF at least this
-
-    @property
-    def first_bad_build(self) -> str | None:
-        return None if self.first_bad is None else self.builds[self.first_bad]
-
-    @property
-    def last_good(self) -> int | None:
-        if self.range is None or self.range[0] == 0:
-            return None
-        return self.range[0] - 1
-
-    @property
-    def untestable(self) -> list[int]:
-        return [i for i, b in enumerate(self.evidence) if b.is_untestable]
 
 
 class _Run:
@@ -344,19 +306,6 @@ class _Run:
         if hangs:
             est = mttf_estimate(int(hangs), exposure, self.s.confidence)
             out.mttf_s, out.mttf_low_s, out.mttf_high_s, out.target_hangs = est.point_s, est.low_s, est.high_s, int(hangs)
-
-
-def planning_mttf(post: ChangePointPosterior, groups: list[tuple[int, int]], mass) -> float:
-    """The MTTF the planner sizes soaks with: pooled over the builds known bad; where a hang below the
-    likeliest change point says the hang is old there (a rate change), over the builds from it on."""
-    top = groups[int(mass.argmax())][0]
-    h, e = post.hangs(), post.exposure()
-    low = post.lowest_bad()
-    if low is not None and low < top and h[top:].sum() > 0:
-        low = top
-    if low is None or not h[low:].sum():
-        return math.nan
-    return float(e[low:].sum() / h[low:].sum())
 
 
 def bisect_builds(builds: Sequence[str], oracle: BuildOracle, settings: BuildSettings | None = None) -> BuildBisectResult:

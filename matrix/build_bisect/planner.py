@@ -159,3 +159,16 @@ def _end_game(best: Choice, groups: list[tuple[int, int]], mass: np.ndarray, top
         return best
     load = b * mttf_s * -math.expm1(-stop / mttf_s) + (1.0 - b) * stop
     return Choice(best.index, stop, best.gain_bits, gpus * (startup_s + load) / 3600.0, b, "refute")
+
+
+def planning_mttf(post, groups: list[tuple[int, int]], mass) -> float:
+    """The MTTF the planner sizes soaks with: pooled over the builds known bad; where a hang below the
+    likeliest change point says the hang is old there (a rate change), over the builds from it on."""
+    top = groups[int(mass.argmax())][0]
+    h, e = post.hangs(), post.exposure()
+    low = post.lowest_bad()
+    if low is not None and low < top and h[top:].sum() > 0:
+        low = top
+    if low is None or not h[low:].sum():
+        return math.nan
+    return float(e[low:].sum() / h[low:].sum())

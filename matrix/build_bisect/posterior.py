@@ -24,7 +24,6 @@ is one of X..Y").
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
