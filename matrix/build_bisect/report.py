@@ -60,6 +60,8 @@ def render_text(r: BuildBisectResult, history: str | None = None) -> str:
             continue
         if b.is_untestable:
             verdict = "untestable"
+        elif b.hangs and r.status == RATE_CHANGE and r.first_bad is not None and i < r.first_bad:
+            verdict = "old rate"
         elif b.hangs:
             verdict = "bad"
         elif b.probes:
@@ -102,7 +104,7 @@ def signature_line(r: BuildBisectResult, a: SignatureAnswer) -> str:
 def signature_json(r: BuildBisectResult, a: SignatureAnswer) -> dict[str, Any]:
     """One signature's answer with named fields (JSON `signatures`, the store, JUnit)."""
     return {"signature": a.signature, "verdict": a.verdict, "target": a.target, "crash": a.crash,
-            "first_bad": None if a.first is None or a.verdict == OLD else r.builds[a.first],
+            "first_bad": r.builds[a.first] if a.verdict in (REGRESSION, RATE_CHANGE_VERDICT) else None,
             "range": None if a.first is None else [r.builds[a.first], r.builds[a.last]],
             "posterior": round(a.posterior, 6), "hangs": a.hangs, "hangs_on_bad_build": a.hangs_on_bad_build,
             "hangs_before": a.hangs_before, "mttf_after_s": _num(a.mttf_after_s),
