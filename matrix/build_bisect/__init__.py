@@ -1,10 +1,12 @@
 """Build bisection (issue 21): which build of an ordered list brought the hang in.
 
 Pure: `bisect_builds(builds, oracle, settings)` (algorithm.py) over a posterior on the change point
-(posterior.py) with probes chosen for information per GPU-hour (planner.py); the oracle is injected
+per signature (posterior.py, signatures.py: a clean regression or a rate change; tuning.py) with
+probes chosen for information per GPU-hour (planner.py); the oracle is injected
 (oracle.py; oracle_virtual.py draws virtual times). `run_build_bisection` (run.py) is what the CLI
 calls, with builds from a file or a commit range (specs.py), and `render_text` / `to_json`
-(report.py) print the answer. bound.py is the floor any procedure must pay. docs/build-bisect.md.
+(report.py) print the answer. bound.py is the floor any procedure must pay, bound_rate.py the
+same for a rate change. docs/build-bisect.md.
 """
 
 from .algorithm import (

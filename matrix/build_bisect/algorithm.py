@@ -62,7 +62,7 @@ class BuildSettings:
     calibration_hangs: int = 2
     calibration_max_s: float = 24 * 3600.0
     not_regression_prior: float = 0.05   # prior that the good build hangs too
-    signature: str | None = None         # the target signature; None: the calibration's first hang's
+    signature: str | None = None         # the target; None: each signature of the bad build answered, a regression heads
     max_probes: int = 500
     # the search stops at posterior 1 - error_share x (1 - confidence): stopping right at the stated
     # confidence measured 0.983-0.993 exact (the posterior's rate is integrated under a 1/lambda
@@ -142,6 +142,10 @@ class _Run:
         hangs = [self.book.posteriors[sig].builds[-1].hangs for sig in self.book.candidates()]
         return sum(hangs) >= self.s.tuning.untold_calibration_hangs and max(hangs) >= self.s.calibration_hangs
 
+    def enough_for_one(self) -> bool:
+        return any(self.book.posteriors[sig].builds[-1].hangs >= self.s.calibration_hangs
+                   for sig in self.book.candidates())
+
     def calibrate(self) -> str | None:
         """Soak the bad build to `calibration_hangs` target hangs; a status when that fails."""
         last = len(self.builds) - 1
@@ -151,7 +155,8 @@ class _Run:
             bad = self.book.blank.builds[last]
             left = self.s.calibration_max_s - bad.exposure_s
             if left <= 0:
-                return NOT_REPRODUCED
+                # unnamed, the extra hangs are a margin: a signature with its calibration hangs goes on
+                return None if self.told is None and self.enough_for_one() else NOT_REPRODUCED
             have = 0 if self.told is None else self.book.posteriors[self.told].builds[last].hangs
             copies = min(self.s.parallel, max(1, self.s.calibration_hangs - have if self.told else
                                               self.s.tuning.untold_calibration_hangs))
