@@ -20,6 +20,14 @@ each case's GPU-hours (load on the bad and good builds, start-ups) against the f
     python -m benchmarks.bench_build_bisect --parallel 4   # rounds of 4 probes at once: wall time
     python -m benchmarks.bench_build_bisect --setting error_share=0.7   # an ablation of a BuildSettings field
 
+Two more shapes users meet every week, in rows of their own (16-512 builds, MTTF 10 min to 8 h):
+"+other": another signature hangs on every build at the target's own MTTF, and no signature is named
+(the first hang is the unrelated one half the time): right = the target named exactly, as the
+headline; "x4" / "x16": a rate change, the builds before the change point hang with the target too,
+at 4 / 16 times its MTTF: right = its build named exactly (as a rate change, or as the first bad
+build when no old hang was seen). The +other rows print the floor of the named problem with that
+background (the unnamed one is harder); the rate-change rows the floor of bound_rate.py.
+
 `--parallel K` runs the algorithm with rounds of up to K probes soaked side by side and reports,
 beside GPU-hours and exactness, the rounds and the wall time (each round lasts as long as its
 longest probe, start-up included) against one probe at a time.
@@ -51,11 +59,14 @@ class Case:
     mttf_s: float
     background: bool = False
     untestable: float = 0.0
+    other: bool = False          # another signature on every build at the target's MTTF; none named
+    old_ratio: float = 0.0       # a rate change: builds before the change point at old_ratio x the MTTF
 
     @property
     def name(self) -> str:
         m = f"{self.mttf_s / 60:.0f}m" if self.mttf_s < 3600 else f"{self.mttf_s / 3600:.0f}h"
         extra = (" +flaky" if self.background else "") + (f" {self.untestable:.0%} untestable" if self.untestable else "")
+        extra += (" +other" if self.other else "") + (f" x{self.old_ratio:.0f}" if self.old_ratio else "")
         return f"n={self.n:<3} MTTF {m:<3}{extra}"
 
 
@@ -63,6 +74,8 @@ def cases(untestable: float = 0.0) -> list[Case]:
     out = [Case(n, m, bg) for bg in (False, True) for n in (8, 32, 128, 512) for m in (600.0, 2280.0, 7200.0)]
     if untestable:
         out += [Case(n, 2280.0, False, untestable) for n in (32, 128)]
+    out += [Case(n, m, other=True) for n, m in ((16, 600.0), (32, 2280.0), (128, 7200.0), (512, 2280.0), (16, 28800.0))]
+    out += [Case(n, m, old_ratio=k) for k in (4.0, 16.0) for n, m in ((16, 1800.0), (128, 1800.0), (512, 600.0), (16, 28800.0))]
     return out
 
 
@@ -72,15 +85,16 @@ def change_point(case: Case, seed: int) -> int:
 
 def oracle(case: Case, seed: int):
     from soakmatrix.matrix.build_bisect import VirtualBuildOracle
+    background = BACKGROUND_MTTF_S if case.background else case.mttf_s if case.other else None
     return VirtualBuildOracle(case.n, change_point(case, seed), case.mttf_s, startup_s=STARTUP_S, seed=seed + 7_000_000,
-                              background_mttf_s=BACKGROUND_MTTF_S if case.background else None,
-                              untestable_fraction=case.untestable)
+                              background_mttf_s=background, untestable_fraction=case.untestable,
+                              old_mttf_s=case.old_ratio * case.mttf_s if case.old_ratio else None)
 
 
 # -- the algorithm under test -----------------------------------------------------------------------
 
 def _run_ours(args: tuple[Case, list[int], int, dict]) -> list[tuple[float, int, int]]:
-    from soakmatrix.matrix.build_bisect import FOUND, RANGE, BuildSettings, bisect_builds
+    from soakmatrix.matrix.build_bisect import FOUND, RANGE, RATE_CHANGE, BuildSettings, bisect_builds
     case, seeds, width, overrides = args
     out = []
     for seed in seeds:
@@ -88,10 +102,14 @@ def _run_ours(args: tuple[Case, list[int], int, dict]) -> list[tuple[float, int,
         o = oracle(case, seed)
         timed = _Timed(o)
         r = bisect_builds([f"b{i}" for i in range(case.n)], timed,
-                          BuildSettings(**{"confidence": CONFIDENCE, "startup_s": STARTUP_S, "signature": SIGNATURE,
-                                           "parallel": width, **overrides}))
-        exact = (r.status == FOUND and r.first_bad == cp) or (
-            r.status == RANGE and r.range[0] <= cp <= r.range[1] and all(i in o.untestable for i in range(r.range[0], cp)))
+                          BuildSettings(**{"confidence": CONFIDENCE, "startup_s": STARTUP_S,
+                                           "signature": None if case.other else SIGNATURE, "parallel": width,
+                                           **overrides}))
+        # a rate change's build named as a clean regression (no old hang seen, the build below bounded
+        # from its passes) is the right build too
+        expected = (FOUND, RATE_CHANGE) if case.old_ratio else (FOUND,)
+        exact = r.signature == SIGNATURE and ((r.status in expected and r.first_bad == cp) or (
+            r.status == RANGE and r.range[0] <= cp <= r.range[1] and all(i in o.untestable for i in range(r.range[0], cp))))
         out.append((r.gpu_hours, int(exact), r.probes, _where(r, cp, case), r.rounds, timed.wall_s / 3600.0))
     return out
 
@@ -205,12 +223,15 @@ def _facf(args: tuple[Case, list[int]]) -> list[tuple[float, int]]:
 
 def floor(case: Case) -> float:
     from soakmatrix.matrix.build_bisect.bound import lower_bound
+    from soakmatrix.matrix.build_bisect.bound_rate import rate_change_bound
+    if case.old_ratio:
+        return rate_change_bound(case.n, case.mttf_s, case.old_ratio, STARTUP_S, CONFIDENCE).gpu_hours
     return lower_bound(case.n, case.mttf_s, STARTUP_S, CONFIDENCE, background_mttf_s=_background(case)).gpu_hours
 
 
 def _background(case: Case) -> float | None:
     """The flaky hang's MTTF in "+flaky" rows: the floor of that problem counts the probes it ends."""
-    return BACKGROUND_MTTF_S if case.background else None
+    return BACKGROUND_MTTF_S if case.background else case.mttf_s if case.other else None
 
 
 def _where_line(case: Case, mean: np.ndarray) -> str:
@@ -302,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 fl = floor(case)
                 line += f"{fl:>5.1f} {gh.mean() / fl:>5.2f}"
-            if not args.no_baselines and not case.untestable:
+            if not args.no_baselines and not case.untestable and not case.other and not case.old_ratio:
                 for fn, extra in ((_plain, (1,)), (_plain, (3,)), (_facf, ())):
                     res = [row for part in pool.map(fn, [(case, c, *extra) for c in chunks]) for row in part]
                     width = 7 if fn is _facf else 10

@@ -165,7 +165,8 @@ def _build_bisection_view(report: Mapping[str, Any], cell_id: Any, cell_name: An
     the builds probed."""
     first_bad, last_good, rng = report.get("first_bad"), report.get("last_good"), report.get("range")
     if first_bad:
-        answer = f"{first_bad}" + (f" (last good {last_good})" if last_good else "")
+        answer = ("rate change at " if report.get("status") == "rate_change" else "") + f"{first_bad}" + (
+            f" (last good {last_good})" if last_good else "")
     elif isinstance(rng, (list, tuple)) and len(rng) == 2:
         answer = f"one of {rng[0]}..{rng[1]}"
     else:
@@ -181,11 +182,34 @@ def _build_bisection_view(report: Mapping[str, Any], cell_id: Any, cell_name: An
     notes = [("MTTF on the bad builds", _dur(mttf.get("mttf_s")))] if mttf.get("mttf_s") else []
     if report.get("good_mttf_bound_s"):
         notes.append(("last good build", f"MTTF > {_dur(report.get('good_mttf_bound_s'))}"))
+    if report.get("mttf_before_low_s"):
+        notes.append(("before the rate change", f"MTTF >= {_dur(report.get('mttf_before_low_s'))}"))
+    for sig in report.get("signatures") or []:
+        if isinstance(sig, Mapping):
+            notes.append((f"signature {sig.get('signature', '')}" + (" (target)" if sig.get("target") else ""),
+                          _signature_text(sig)))
     return {"kind": "builds", "cell_id": cell_id, "cell_name": cell_name, "signature": report.get("signature") or "",
             "status": report.get("status") or "", "minimal": answer, "confidence": report.get("confidence"),
             "posterior": report.get("posterior"), "gpu_hours": report.get("gpu_hours"), "certified_soak": "",
             "configs": rows, "verdicts": notes, "run_id": report.get("run_id") or "",
             "recorded_at": report.get("recorded_at")}
+
+
+def _signature_text(sig: Mapping[str, Any]) -> str:
+    """One signature's answer of a build bisection (`report.signature_json`) in a few words."""
+    verdict, where, p = sig.get("verdict", ""), sig.get("range") or [], sig.get("posterior")
+    at = "" if not where else where[0] + (f"..{where[1]}" if len(where) == 2 and where[1] != where[0] else "")
+    post = f", posterior {p:.3f}" if isinstance(p, (int, float)) else ""
+    if verdict == "old":
+        return f"old: hangs on the good build too{post}"
+    if verdict == "regression":
+        return f"regression: first bad build {at}{post}"
+    if verdict == "rate_change":
+        before = f"MTTF before >= {_dur(sig.get('mttf_before_low_s'))}, " if sig.get("mttf_before_low_s") else ""
+        return f"rate change at {at}: {before}after {_dur(sig.get('mttf_after_s'))}{post}"
+    if verdict == "undecided":
+        return f"undecided: likeliest {at}{post}"
+    return str(verdict)
 
 
 def bisections_table(bisections: Sequence[Mapping[str, Any]]) -> str:

@@ -146,13 +146,14 @@ def test_a_lost_node_in_the_refuting_soak_leaves_the_answer_a_build_not_a_range(
     names = [f"b{i}" for i in range(16)]
     cut = 2 * HOUR        # the end game's refuting soak of the last good build runs longer: it is cut
     whole = LosesItsNodeOnce(change_point=9, lost_at=0)
-    expected = bisect_builds(names, ChunkedOracle(whole, cut, BUILD_PIECES), BuildSettings())
+    settings = BuildSettings(signature="shm_broadcast_timeout")
+    expected = bisect_builds(names, ChunkedOracle(whole, cut, BUILD_PIECES), settings)
     assert expected.status == FOUND and expected.first_bad == 9
     # lose the node on the second piece of the last good build's first cut probe
     second = next(i for i in range(1, len(whole.asked)) if whole.asked[i].index == 8
                   and whole.asked[i - 1].index == 8 and whole.asked[i - 1].soak_s == cut)
     lossy = LosesItsNodeOnce(change_point=9, lost_at=second + 1)
-    r = bisect_builds(names, ChunkedOracle(lossy, cut, BUILD_PIECES), BuildSettings())
+    r = bisect_builds(names, ChunkedOracle(lossy, cut, BUILD_PIECES), settings)
     assert r.status == FOUND and r.first_bad == 9 and r.last_good == 8 and not r.untestable
     assert r.posterior >= 0.99
     # what the lost node cost is its piece's start-up: the piece that passed before it is not soaked again

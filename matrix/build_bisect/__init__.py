@@ -1,10 +1,12 @@
 """Build bisection (issue 21): which build of an ordered list brought the hang in.
 
 Pure: `bisect_builds(builds, oracle, settings)` (algorithm.py) over a posterior on the change point
-(posterior.py) with probes chosen for information per GPU-hour (planner.py); the oracle is injected
+per signature (posterior.py, signatures.py: a clean regression or a rate change; tuning.py) with
+probes chosen for information per GPU-hour (planner.py); the oracle is injected
 (oracle.py; oracle_virtual.py draws virtual times). `run_build_bisection` (run.py) is what the CLI
 calls, with builds from a file or a commit range (specs.py), and `render_text` / `to_json`
-(report.py) print the answer. bound.py is the floor any procedure must pay. docs/build-bisect.md.
+(report.py) print the answer. bound.py is the floor any procedure must pay, bound_rate.py the
+same for a rate change. docs/build-bisect.md.
 """
 
 from .algorithm import (
@@ -14,6 +16,7 @@ from .algorithm import (
     NOT_A_REGRESSION,
     NOT_REPRODUCED,
     RANGE,
+    RATE_CHANGE,
     BuildBisectResult,
     BuildSettings,
     bisect_builds,
@@ -23,6 +26,8 @@ from .oracle import HANG, PASSED, UNTESTABLE, BuildOracle, BuildProbe, BuildProb
 from .oracle_virtual import VirtualBuildOracle
 from .report import render_text, to_json
 from .run import run_build_bisection
+from .signatures import SignatureAnswer
+from .tuning import Tuning
 from .specs import (
     BuildSpec,
     BuildSpecError,
@@ -35,9 +40,9 @@ from .specs import (
 )
 
 __all__ = [
-    "BAD_UNTESTABLE", "FOUND", "INCONCLUSIVE", "NOT_A_REGRESSION", "NOT_REPRODUCED", "RANGE", "HANG", "PASSED",
+    "BAD_UNTESTABLE", "FOUND", "INCONCLUSIVE", "NOT_A_REGRESSION", "NOT_REPRODUCED", "RANGE", "RATE_CHANGE", "HANG", "PASSED",
     "UNTESTABLE", "BuildBisectResult", "BuildSettings", "bisect_builds", "BuildBound", "lower_bound",
     "BuildOracle", "BuildProbe", "BuildProbeResult", "FlagOracleAdapter", "VirtualBuildOracle", "render_text",
     "to_json", "run_build_bisection", "BuildSpec", "BuildSpecError", "builds_from_range", "git_rev_list",
-    "parse_builds_file", "parse_builds_text", "parse_range", "resolve_builds",
+    "parse_builds_file", "parse_builds_text", "parse_range", "resolve_builds", "SignatureAnswer", "Tuning",
 ]

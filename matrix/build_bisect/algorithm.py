@@ -6,10 +6,13 @@ oracle (`oracle.BuildOracle`). It
 1. **calibrates** on the bad build (the last): soaks it, each probe to its first hang, until
    `calibration_hangs` hangs of the target signature (the first hang's, never a crash's, unless
    `signature` names it); none within `calibration_max_s` of load is `not_reproduced`;
-2. keeps a **posterior over the change point** (`posterior.ChangePointPosterior`: exposure pooled
-   per build, one rate for every bad build, integrated out; only the target signature counts, other
-   signatures end a probe and are counted apart; untestable builds merge with the next testable
-   one into a group);
+2. keeps a **posterior over the change point per signature** (`signatures.SignatureBook`, each a
+   `posterior.ChangePointPosterior`: exposure pooled per build, the rate integrated out, a clean
+   regression or a rate change; a hang of another signature is, for each signature, a pass censored
+   at it; untestable builds merge with the next testable one into a group). Named (`signature`),
+   the target is served and the others are answered as far as its probes go; unnamed, every
+   signature seen on the bad build is served in turn, likeliest regression first, until each is
+   answered, and the headline is the regression among them;
 3. **probes** the build and soak length that bring most information per expected GPU-hour
    (`planner.choose`): a soak ends at the first hang or at its length, the last ones being the
    length confidence demands on the build just below the likeliest first bad one;
@@ -36,16 +39,20 @@ from typing import Mapping, Sequence
 from soakmatrix.matrix.contracts.stats import mttf_estimate, mttf_lower_bound
 
 from .oracle import HANG, PASSED, UNTESTABLE, BuildOracle, BuildProbe, BuildProbeResult
-from .planner import Choice, choose
-from .posterior import BuildEvidence, ChangePointPosterior
-
-FOUND = "found"
-RANGE = "range"
-NOT_A_REGRESSION = "not_a_regression"
-NOT_REPRODUCED = "not_reproduced"
-INCONCLUSIVE = "inconclusive"
-BAD_UNTESTABLE = "bad_build_untestable"
-
+from .planner import Choice, choose, planning_mttf
+from .posterior import ChangePointPosterior
+from .result import (
+    BAD_UNTESTABLE,
+    FOUND,
+    INCONCLUSIVE,
+    NOT_A_REGRESSION,
+    NOT_REPRODUCED,
+    RANGE,
+    RATE_CHANGE,
+    BuildBisectResult,
+)
+from .signatures import DECIDED, OLD, RATE_CHANGE as RATE_CHANGE_VERDICT, REGRESSION, SignatureAnswer, SignatureBook, verdict
+from .tuning import Tuning
 
 @dataclass(frozen=True)
 class BuildSettings:
@@ -55,7 +62,7 @@ class BuildSettings:
     calibration_hangs: int = 2
     calibration_max_s: float = 24 * 3600.0
     not_regression_prior: float = 0.05   # prior that the good build hangs too
-    signature: str | None = None         # the target signature; None: the calibration's first hang's
+    signature: str | None = None         # the target; None: each signature of the bad build answered, a regression heads
     max_probes: int = 500
     # the search stops at posterior 1 - error_share x (1 - confidence): stopping right at the stated
     # confidence measured 0.983-0.993 exact (the posterior's rate is integrated under a 1/lambda
@@ -67,6 +74,7 @@ class BuildSettings:
     # exposure seconds); it pools into the posterior like any probe but costs nothing here
     known: Mapping[int, tuple[int, float]] = field(default_factory=dict)
     parallel: int = 1                    # probes soaked at once per round
+    tuning: Tuning = field(default_factory=Tuning)   # the rate-change model's constants (tuning.py)
 
     def __post_init__(self):
         if self.parallel < 1:
@@ -79,60 +87,30 @@ class BuildSettings:
             raise ValueError("calibration needs at least one hang")
 
 
-@dataclass
-class BuildBisectResult:
-    status: str
-    builds: list[str]
-    confidence: float
-    signature: str | None
-    first_bad: int | None = None         # index of the first bad build (found)
-    range: tuple[int, int] | None = None  # (first, last) index of the likeliest group
-    posterior: float = 0.0               # of that group
-    alternatives: list[tuple[int, int, float]] = field(default_factory=list)   # next likeliest groups
-    mttf_s: float = math.nan             # pooled over the builds known bad
-    mttf_low_s: float = math.nan
-    mttf_high_s: float = math.nan
-    target_hangs: int = 0
-    good_mttf_bound_s: float | None = None   # last good build: MTTF above this at `confidence`
-    evidence: list[BuildEvidence] = field(default_factory=list)
-    probes: int = 0
-    gpu_hours: float = 0.0
-    gpu_hours_by_role: dict[str, float] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
-    rounds: int = 0                      # batches of probes soaked at once (wall time, in soaks)
-
-    @property
-    def first_bad_build(self) -> str | None:
-        return None if self.first_bad is None else self.builds[self.first_bad]
-
-    @property
-    def last_good(self) -> int | None:
-        if self.range is None or self.range[0] == 0:
-            return None
-        return self.range[0] - 1
-
-    @property
-    def untestable(self) -> list[int]:
-        return [i for i, b in enumerate(self.evidence) if b.is_untestable]
-
-
 class _Run:
-    """One bisection's state: the posterior, the spend, the target signature."""
+    """One bisection's state: the signatures' posteriors, the spend, the served signature."""
 
     def __init__(self, builds: Sequence[str], oracle: BuildOracle, settings: BuildSettings):
         self.builds = list(builds)
         self.oracle = oracle
         self.s = settings
-        self.post = ChangePointPosterior(len(builds), settings.not_regression_prior)
-        for index, (hangs, exposure) in settings.known.items():
-            b = self.post.builds[index]
-            b.hangs += int(hangs)
-            b.exposure_s += float(exposure)
+        self.book = SignatureBook(len(builds), settings.not_regression_prior, settings.tuning)
+        self.told = settings.signature
+        if self.told is not None:
+            self.book.add(self.told, dict(settings.known))
+        else:   # the history's evidence is of the signature it hung with: the first one seen here
+            self.book.unclaimed = dict(settings.known)
         self.signature = settings.signature
         self.probes = 0
         self.rounds = 0
         self.gpu_hours = 0.0
         self.by_role: dict[str, float] = {}
+        self.progress: dict[str | None, tuple[float, int]] = {}   # signature -> (best top mass, at probe)
+
+    @property
+    def post(self) -> ChangePointPosterior:
+        """The served signature's posterior (before any hang when none is named: every probe, no target)."""
+        return self.book.posteriors[self.signature] if self.signature is not None else self.book.blank
 
     @property
     def aim(self) -> float:
@@ -144,52 +122,101 @@ class _Run:
         return self.s.budget_gpu_hours is not None and self.gpu_hours >= self.s.budget_gpu_hours
 
     def probe_batch(self, picks: Sequence[tuple[int, float, str]]) -> list[BuildProbeResult]:
-        """Soak (build index, soak seconds, role) probes at once; every answer enters the posterior."""
+        """Soak (build index, soak seconds, role) probes at once; every answer enters every posterior."""
         results = self.oracle.run([BuildProbe(i, self.builds[i], soak_s) for i, soak_s, _ in picks])
         self.rounds += 1
         for (index, _, role), result in zip(picks, results):
-            # unnamed, the target is the first hang's signature, never a crash's (as in the flag
-            # bisection): a frequent unrelated crash would otherwise be what gets bisected
-            if self.signature is None and result.outcome == HANG and not result.crashed:
-                self.signature = result.signature
-            target = result.outcome == HANG and result.signature == self.signature
-            self.post.observe(index, result.outcome, target, result.exposure_s, result.gpu_hours)
+            self.book.observe(index, result.outcome, result.signature, result.exposure_s, result.gpu_hours,
+                              crashed=result.crashed)
             self.probes += 1
             self.gpu_hours += result.gpu_hours
             self.by_role[role] = self.by_role.get(role, 0.0) + result.gpu_hours
         return results
 
-    def probe(self, index: int, soak_s: float, role: str) -> BuildProbeResult:
-        return self.probe_batch([(index, soak_s, role)])[0]
+    def calibrated(self) -> bool:
+        """The bad build has hung `calibration_hangs` times with the target (unnamed:
+        `Tuning.untold_calibration_hangs` times with signatures that are not crashes', one of them
+        `calibration_hangs` times)."""
+        if self.told is not None:
+            return self.book.posteriors[self.told].builds[-1].hangs >= self.s.calibration_hangs
+        hangs = [self.book.posteriors[sig].builds[-1].hangs for sig in self.book.candidates()]
+        return sum(hangs) >= self.s.tuning.untold_calibration_hangs and max(hangs) >= self.s.calibration_hangs
+
+    def enough_for_one(self) -> bool:
+        return any(self.book.posteriors[sig].builds[-1].hangs >= self.s.calibration_hangs
+                   for sig in self.book.candidates())
 
     def calibrate(self) -> str | None:
         """Soak the bad build to `calibration_hangs` target hangs; a status when that fails."""
         last = len(self.builds) - 1
-        bad = self.post.builds[last]
-        while bad.hangs < self.s.calibration_hangs:
+        while not self.calibrated():
             if self.out_of_budget():
                 return INCONCLUSIVE
+            bad = self.book.blank.builds[last]
             left = self.s.calibration_max_s - bad.exposure_s
             if left <= 0:
-                return NOT_REPRODUCED
-            copies = min(self.s.parallel, self.s.calibration_hangs - bad.hangs)
+                # unnamed, the extra hangs are a margin: a signature with its calibration hangs goes on
+                return None if self.told is None and self.enough_for_one() else NOT_REPRODUCED
+            have = 0 if self.told is None else self.book.posteriors[self.told].builds[last].hangs
+            copies = min(self.s.parallel, max(1, self.s.calibration_hangs - have if self.told else
+                                              self.s.tuning.untold_calibration_hangs))
             # side by side, each copy may soak what is left: the whole round stays within twice the cap
             results = self.probe_batch([(last, left, "calibration")] * copies)
             if all(r.outcome == UNTESTABLE for r in results):
                 return BAD_UNTESTABLE
         return None
 
+    def answer(self, signature: str) -> SignatureAnswer:
+        return verdict(signature, self.book.posteriors[signature], self.aim, self.s.confidence,
+                       target=signature == self.signature,
+                       crash=signature in self.book.crashes and signature not in self.book.hung)
+
+    def serve(self) -> str | None:
+        """Unnamed: the signature to serve next, the open candidate likeliest to be a regression; None
+        when every candidate is answered."""
+        answers = {sig: self.answer(sig).verdict for sig in self.book.candidates()}
+        open_ = [sig for sig, v in answers.items() if v not in DECIDED]
+        if any(v not in (OLD,) and v in DECIDED for v in answers.values()):
+            # a regression is answered: the others are reported as far as the evidence goes
+            return None
+        if not open_:
+            return None
+        return max(open_, key=lambda sig: 1.0 - self.book.posteriors[sig].probabilities()[0])
+
     def search(self) -> str:
         while True:
-            groups, mass = self.post.group_probabilities()
-            if mass.max() >= self.aim:
+            if self.told is None:
+                served = self.serve()
+                if served is None:
+                    if not self.book.candidates():
+                        return INCONCLUSIVE
+                    self.signature = self.headline()
+                    return FOUND
+                self.signature = served
+            elif self.answer(self.told).verdict in DECIDED:
                 return FOUND
-            if self.out_of_budget():
+            if self.out_of_budget() or self.stalled():
                 return INCONCLUSIVE
             picks = self.round_of_probes()
             if not picks:
                 return INCONCLUSIVE
             self.probe_batch([(c.index, c.soak_s, "search") for c in picks])
+
+    def stalled(self) -> bool:
+        """The served signature's likeliest answer has not gained for `Tuning.stall_probes` probes."""
+        top = float(self.post.group_probabilities()[1].max())
+        best, since = self.progress.get(self.signature, (-1.0, self.probes))
+        if top > best + 1e-3:
+            self.progress[self.signature] = (top, self.probes)
+            return False
+        return self.probes - since >= self.s.tuning.stall_probes
+
+    def headline(self) -> str:
+        """Unnamed, every candidate answered: the regression (or rate change) with the most hangs on
+        the bad build; none: the bad build's first signature (then old: not a regression)."""
+        found = [sig for sig in self.book.candidates() if self.answer(sig).verdict in (REGRESSION, RATE_CHANGE_VERDICT)]
+        pool = found or self.book.candidates()
+        return max(pool, key=lambda sig: (self.book.posteriors[sig].builds[-1].hangs, -pool.index(sig)))
 
     def round_of_probes(self) -> list[Choice]:
         """The next round's probes (one unless `parallel`): each picked on a copy of the posterior that
@@ -200,10 +227,10 @@ class _Run:
             groups, mass = believed.group_probabilities()
             if picks and mass.max() >= self.aim:
                 break           # the believed outcomes already stop: the rest would be spent on nothing
-            hangs, exposure = believed.known_bad_pool()
-            pool_h, pool_e = believed.group_pools(groups)
-            mttf = exposure / hangs if hangs else math.nan
-            choice = choose(groups, mass, pool_h, pool_e, mttf, self.s.startup_s, self.aim, self.s.gpus)
+            mttf = planning_mttf(believed, groups, mass)
+            pool_h, _ = believed.group_pools(groups)
+            choice = choose(groups, mass, believed.passes(groups), pool_h, mttf, self.s.startup_s, self.aim,
+                            self.s.gpus)
             if choice is None:
                 break
             if choice.role == "refute" and not picks and self.s.parallel > 1:
@@ -221,36 +248,41 @@ class _Run:
         return picks
 
     def result(self, status: str) -> BuildBisectResult:
+        if self.signature is None and self.book.candidates():
+            self.signature = self.headline()
+        post = self.post
         out = BuildBisectResult(status, self.builds, self.s.confidence, self.signature,
-                                evidence=self.post.builds, probes=self.probes, gpu_hours=self.gpu_hours,
+                                evidence=post.builds, probes=self.probes, gpu_hours=self.gpu_hours,
                                 gpu_hours_by_role=dict(self.by_role), rounds=self.rounds)
-        hangs, exposure = self.post.known_bad_pool()
-        if hangs:
-            est = mttf_estimate(int(hangs), exposure, self.s.confidence)
-            out.mttf_s, out.mttf_low_s, out.mttf_high_s, out.target_hangs = est.point_s, est.low_s, est.high_s, int(hangs)
+        out.signatures = sorted((self.answer(sig) for sig in self.book.posteriors),
+                                key=lambda a: (not a.target, a.crash, self.book.first_seen.index(a.signature)
+                                               if a.signature in self.book.first_seen else -1))
         if status in (NOT_REPRODUCED, BAD_UNTESTABLE):
-            bad = self.post.builds[-1]
+            self._mttf(out, post, post.lowest_bad())
+            bad = post.builds[-1]
             out.notes.append(f"the bad build {self.builds[-1]} " + (
                 "could not be installed or started" if status == BAD_UNTESTABLE else
                 f"did not hang in {bad.exposure_s / 3600:.1f} h of load: "
                 f"MTTF > {mttf_lower_bound(bad.exposure_s, self.s.confidence) / 3600:.1f} h "
                 f"at {self.s.confidence:.0%}"))
             return out
-        groups, mass = self.post.group_probabilities()
+        groups, mass = post.group_probabilities()
         order = sorted(range(len(groups)), key=lambda k: -mass[k])
         top = order[0]
         out.range, out.posterior = groups[top], float(mass[top])
         out.alternatives = [(groups[k][0], groups[k][1], float(mass[k])) for k in order[1:4] if mass[k] > 1e-4]
         lo, hi = out.range
+        rate_change = lo >= 1 and post.hangs()[:lo].sum() > 0
         if status == FOUND:
             if (lo, hi) == (0, 0):
                 status = NOT_A_REGRESSION
                 out.notes.append(f"the good build {self.builds[0]} hangs with {self.signature} too: not a regression")
             elif lo == hi:
                 out.first_bad = lo
+                status = RATE_CHANGE if rate_change else FOUND
             else:
                 status = RANGE
-                out.notes.append(f"builds {', '.join(self.builds[i] for i in range(lo, hi) if self.post.builds[i].is_untestable)}"
+                out.notes.append(f"builds {', '.join(self.builds[i] for i in range(lo, hi) if post.builds[i].is_untestable)}"
                                  f" could not be tested: the first bad build is one of {self.builds[lo]}..{self.builds[hi]}")
                 if lo == 0:
                     out.notes.append("the good build could not be tested: this may not be a regression")
@@ -258,14 +290,27 @@ class _Run:
             out.notes.append(f"the budget ran out: likeliest first bad {self.builds[lo]}"
                              + (f"..{self.builds[hi]}" if hi > lo else "") + f" at {out.posterior:.3f}")
         out.status = status
+        self._mttf(out, post, lo if rate_change else post.lowest_bad())
         if lo >= 1:
-            good = self.post.builds[lo - 1]
-            if good.exposure_s > 0:
+            good = post.builds[lo - 1]
+            if rate_change:
+                answer = verdict(self.signature, post, self.aim, self.s.confidence)
+                out.mttf_before_low_s = answer.mttf_before_low_s
+            elif good.exposure_s > 0:
                 out.good_mttf_bound_s = mttf_lower_bound(good.exposure_s, self.s.confidence)
-        others = sum(b.other_hangs for b in self.post.builds)
-        if others:
-            out.notes.append(f"{others} hang(s) of other signatures ended probes early; they do not count")
+        others = len(out.signatures) - 1
+        if others > 0:
+            out.notes.append(f"{others} other signature(s) hung too; each is answered on its own below")
         return out
+
+    def _mttf(self, out: BuildBisectResult, post: ChangePointPosterior, low: int | None) -> None:
+        """The MTTF pooled over the builds from `low` on (the builds known bad, or the rate change's after)."""
+        if low is None:
+            return
+        hangs, exposure = float(post.hangs()[low:].sum()), float(post.exposure()[low:].sum())
+        if hangs:
+            est = mttf_estimate(int(hangs), exposure, self.s.confidence)
+            out.mttf_s, out.mttf_low_s, out.mttf_high_s, out.target_hangs = est.point_s, est.low_s, est.high_s, int(hangs)
 
 
 def bisect_builds(builds: Sequence[str], oracle: BuildOracle, settings: BuildSettings | None = None) -> BuildBisectResult:

@@ -25,7 +25,7 @@ from soakmatrix.matrix.spec import Matrix, Profile
 from soakmatrix.matrix.spec_types import Build
 
 from . import history as hist
-from .algorithm import BAD_UNTESTABLE, FOUND, NOT_A_REGRESSION, NOT_REPRODUCED, RANGE
+from .algorithm import BAD_UNTESTABLE, FOUND, NOT_A_REGRESSION, NOT_REPRODUCED, RANGE, RATE_CHANGE
 from .journal import BUILD_CODEC
 from .matrix_builds import UnknownBuild, section_range, to_builds
 from .oracle import BUILD_PIECES
@@ -34,7 +34,7 @@ from .report import render_text, to_json
 from .run import run_build_bisection
 from .specs import BuildSpecError, git_rev_list, resolve_builds
 
-EXIT_OF = {FOUND: EXIT_FOUND, RANGE: EXIT_FOUND, NOT_A_REGRESSION: EXIT_OK, NOT_REPRODUCED: EXIT_OK,
+EXIT_OF = {FOUND: EXIT_FOUND, RANGE: EXIT_FOUND, RATE_CHANGE: EXIT_FOUND, NOT_A_REGRESSION: EXIT_OK, NOT_REPRODUCED: EXIT_OK,
            BAD_UNTESTABLE: EXIT_USAGE}
 
 
@@ -118,7 +118,7 @@ def run_for_cell(matrix: Matrix, pc: PlannedCell, profile: Profile, *, builds_ar
     if not as_json:   # printed before the flag bisection: hours of probes are not lost if it fails
         print(text, file=out, flush=True)
     flag_doc = None
-    if then is not None and result.status == FOUND and result.first_bad is not None:
+    if then is not None and result.status in (FOUND, RATE_CHANGE) and result.first_bad is not None:
         first_bad = builds[result.first_bad]
         if as_json and progress:
             progress(f"soakmatrix bisect: first bad build {first_bad.name} (last good {names[result.first_bad - 1]})")

@@ -5,7 +5,9 @@ load, as the flag bisection's virtual oracle); builds before it never do (a `cha
 means the good build hangs too: not a regression). Optionally every build also has an unrelated
 flaky hang of another signature at MTTF `background_mttf_s`, which ends a probe as a real one
 would, and a share `untestable_fraction` of the builds (never the oldest or the newest) cannot be
-installed or started: such a probe costs its install and start-up and answers `untestable`. Each
+installed or started: such a probe costs its install and start-up and answers `untestable`. With
+`old_mttf_s` the builds before the change point hang with the target signature too, at that MTTF
+(a rate change rather than a clean regression). Each
 probe costs GPUs x (start-up + install + load actually run). A seeded numpy generator makes every
 run reproducible.
 """
@@ -28,12 +30,13 @@ class VirtualBuildOracle:
                  seed: int | None = None, background_mttf_s: float | None = None,
                  untestable_fraction: float = 0.0, untestable: Iterable[int] | None = None,
                  gpus: int = 1, signature: str = TARGET_SIGNATURE,
-                 background_signature: str = BACKGROUND_SIGNATURE):
+                 background_signature: str = BACKGROUND_SIGNATURE, old_mttf_s: float | None = None):
         if not 0 <= change_point < n_builds:
             raise ValueError(f"the change point must be a build index in 0..{n_builds - 1}, got {change_point}")
         self.n = n_builds
         self.change_point = change_point
         self.mttf_s = mttf_s
+        self.old_mttf_s = old_mttf_s
         self.startup_s = startup_s
         self.background_mttf_s = background_mttf_s
         self.gpus = gpus
@@ -59,7 +62,10 @@ class VirtualBuildOracle:
     def _one(self, probe: BuildProbe) -> BuildProbeResult:
         if probe.index in self.untestable:
             return BuildProbeResult(probe, UNTESTABLE, None, 0.0, self._hours(0.0), "install failed")
-        target = self.rng.exponential(self.mttf_s) if probe.index >= self.change_point else math.inf
+        if probe.index >= self.change_point:
+            target = self.rng.exponential(self.mttf_s)
+        else:
+            target = self.rng.exponential(self.old_mttf_s) if self.old_mttf_s else math.inf
         other = self.rng.exponential(self.background_mttf_s) if self.background_mttf_s else math.inf
         first = min(target, other)
         if first >= probe.soak_s:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -57,43 +58,52 @@ def _plogp(p: np.ndarray) -> np.ndarray:
     return np.where(p > 0, p * np.log(safe), 0.0)
 
 
+Passes = Callable[..., tuple[np.ndarray, np.ndarray]]
+"""passes(length, extra=None) -> per group, P(J in it and a soak of that length passes) when the
+soaked build is bad under it and when it is good (`ChangePointPosterior.group_passes`)."""
+
+
 def pass_factor(hangs: np.ndarray, exposure: np.ndarray, length: float) -> np.ndarray:
     """f_J(L): the chance that a bad build passes L under each hypothesis, rate integrated out."""
     with np.errstate(divide="ignore", invalid="ignore"):
         return np.where(exposure > 0, (exposure / (exposure + length)) ** hangs, 0.0)
 
 
-def stop_length(mass: np.ndarray, best: int, hangs: np.ndarray, exposure: np.ndarray,
-                confidence: float) -> float | None:
+def stop_length(mass: np.ndarray, best: int, passes: Passes, confidence: float,
+                extra: tuple[int, float, float] | None = None) -> float | None:
     """The pass length on the build just below group `best` that brings it to `confidence`; None
-    when no pass can (too much mass above it) or it already has."""
+    when no pass can (too much mass above it) or it already has. After a pass of L the groups below
+    keep their bad-build pass mass, `best` and those above their good-build one (all of it for a
+    clean regression, less where the build below may hang at an old rate)."""
     p = float(mass[best])
     if p >= confidence or best == 0:
         return None
-    # a hair beyond the exact length, so the pass lands at the confidence, not a rounding under it
-    allowed = (p * (1.0 - confidence) / confidence - float(mass[best + 1:].sum())) * (1.0 - 1e-6)
-    if allowed <= 0:
-        return None
-    below, h, e = mass[:best], hangs[:best], exposure[:best]
+    odds = (1.0 - confidence) / confidence
 
     def left(length: float) -> float:
-        return float((below * pass_factor(h, e, length)).sum())
+        bad, good = passes(length, extra)
+        # a hair beyond the exact length, so the pass lands at the confidence, not a rounding under it
+        allowed = (float(good[best]) * odds - float(good[best + 1:].sum())) * (1.0 - 1e-6)
+        return float(bad[:best].sum()) - allowed
 
-    lo, hi = 0.0, max(float(e.max()), 1.0)
-    while left(hi) > allowed:
+    if float(mass[best]) * odds - float(mass[best + 1:].sum()) <= 0:
+        return None     # a pass takes no mass off the groups above: no length is enough
+    lo, hi = 0.0, max(float(mass.size), 1.0) * 3600.0
+    while left(hi) > 0:
         hi *= 2.0
         if hi > 1e12:
             return None
     for _ in range(60):
         mid = 0.5 * (lo + hi)
-        lo, hi = (mid, hi) if left(mid) > allowed else (lo, mid)
+        lo, hi = (mid, hi) if left(mid) > 0 else (lo, mid)
     return hi
 
 
-def choose(groups: list[tuple[int, int]], mass: np.ndarray, hangs: np.ndarray, exposure: np.ndarray,
+def choose(groups: list[tuple[int, int]], mass: np.ndarray, passes: Passes, pool_hangs: np.ndarray,
            mttf_s: float, startup_s: float, confidence: float, gpus: int = 1) -> Choice | None:
-    """The next probe, or None when no probe can tell the groups apart. `hangs`/`exposure`: each
-    group's pool; `mttf_s`: pooled over the builds known bad (sets the grid and the cost)."""
+    """The next probe, or None when no probe can tell the groups apart. `passes`: the posterior's
+    pass masses per group (`Passes`); `pool_hangs`: the hangs each group's clean regression pools;
+    `mttf_s`: the rate after the change point (sets the grid and the cost)."""
     if len(groups) < 2 or not mttf_s > 0 or not math.isfinite(mttf_s):
         return None
     total_entropy = -float(_plogp(mass).sum())
@@ -102,13 +112,14 @@ def choose(groups: list[tuple[int, int]], mass: np.ndarray, hangs: np.ndarray, e
     best_ratio = -math.inf
     for factor in LENGTH_GRID:
         length = factor * mttf_s
-        f = pass_factor(hangs, exposure, length)
-        passed, hung = mass * f, mass * (1.0 - f)
-        z_pass = np.cumsum(passed)[:-1] + (1.0 - cum_p)
-        z_hang = np.cumsum(hung)[:-1]
-        plogp = _plogp(mass)
-        s_pass = np.cumsum(_plogp(passed))[:-1] + (plogp.sum() - np.cumsum(plogp)[:-1])
-        s_hang = np.cumsum(_plogp(hung))[:-1]
+        bad_pass, good_pass = passes(length)
+        good_hang = mass - good_pass
+        bad_hang = mass - bad_pass
+        # a probe of group k's last build: groups 0..k call it bad, those above good
+        z_pass = np.cumsum(bad_pass)[:-1] + _suffix(good_pass)
+        z_hang = np.cumsum(bad_hang)[:-1] + _suffix(good_hang)
+        s_pass = np.cumsum(_plogp(bad_pass))[:-1] + _suffix(_plogp(good_pass))
+        s_hang = np.cumsum(_plogp(bad_hang))[:-1] + _suffix(_plogp(good_hang))
         with np.errstate(divide="ignore", invalid="ignore"):
             h_pass = np.where(z_pass > 0, -s_pass / z_pass + np.log(np.where(z_pass > 0, z_pass, 1.0)), 0.0)
             h_hang = np.where(z_hang > 0, -s_hang / z_hang + np.log(np.where(z_hang > 0, z_hang, 1.0)), 0.0)
@@ -125,24 +136,39 @@ def choose(groups: list[tuple[int, int]], mass: np.ndarray, hangs: np.ndarray, e
     top = int(np.argmax(mass))
     if top == 0 or best.index != groups[top - 1][1]:
         return best
-    return _end_game(best, groups, mass, top, hangs, exposure, mttf_s, startup_s, confidence, gpus)
+    return _end_game(best, groups, mass, top, passes, pool_hangs, mttf_s, startup_s, confidence, gpus)
 
 
-def _end_game(best: Choice, groups: list[tuple[int, int]], mass: np.ndarray, top: int, hangs: np.ndarray,
-              exposure: np.ndarray, mttf_s: float, startup_s: float, confidence: float, gpus: int) -> Choice:
-    stop = stop_length(mass, top, hangs, exposure, confidence)
+def _suffix(x: np.ndarray) -> np.ndarray:
+    """sum of x[k + 1:] for each k < len(x) - 1."""
+    return np.cumsum(x[::-1])[::-1][1:]
+
+
+def _end_game(best: Choice, groups: list[tuple[int, int]], mass: np.ndarray, top: int, passes: Passes,
+              pool_hangs: np.ndarray, mttf_s: float, startup_s: float, confidence: float, gpus: int) -> Choice:
+    stop = stop_length(mass, top, passes, confidence)
     if stop is None:
         return best
     b = float(mass[:top].sum())
     # one more hang on a bad build pools into every hypothesis at or below the likeliest group
-    pooled_h, pooled_e = hangs.copy(), exposure.copy()
-    pooled_h[:top + 1] += 1.0
-    pooled_e[:top + 1] += mttf_s
-    pooled = stop_length(mass, top, pooled_h, pooled_e, confidence)
-    if hangs[top] < min_pooled_hangs(confidence) or pooled is not None and (1.0 - b) * (stop - pooled) > startup_s + mttf_s:
+    pooled = stop_length(mass, top, passes, confidence, extra=(groups[top][1], 1.0, mttf_s))
+    if pool_hangs[top] < min_pooled_hangs(confidence) or pooled is not None and (1.0 - b) * (stop - pooled) > startup_s + mttf_s:
         return Choice(groups[top][1], POOL_SOAK_MTTFS * mttf_s, 0.0, gpus * (startup_s + mttf_s) / 3600.0,
                       1.0 - b, "pool")
     if stop > MAX_SOAK_MTTFS * mttf_s:
         return best
     load = b * mttf_s * -math.expm1(-stop / mttf_s) + (1.0 - b) * stop
     return Choice(best.index, stop, best.gain_bits, gpus * (startup_s + load) / 3600.0, b, "refute")
+
+
+def planning_mttf(post, groups: list[tuple[int, int]], mass) -> float:
+    """The MTTF the planner sizes soaks with: pooled over the builds known bad; where a hang below the
+    likeliest change point says the hang is old there (a rate change), over the builds from it on."""
+    top = groups[int(mass.argmax())][0]
+    h, e = post.hangs(), post.exposure()
+    low = post.lowest_bad()
+    if low is not None and low < top and h[top:].sum() > 0:
+        low = top
+    if low is None or not h[low:].sum():
+        return math.nan
+    return float(e[low:].sum() / h[low:].sum())

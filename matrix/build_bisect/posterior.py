@@ -9,6 +9,14 @@ build before J hung with the target signature (a hang is conclusive, a pass only
 1/lambda prior is the scale-invariant one, so the answer does not depend on the unit of time and the
 posterior holds its stated confidence across MTTFs (the benchmark measures it).
 
+**Rate changes.** Beside that clean regression (the old rate is 0), each J > 0 also stands for a
+rate change: builds before J hang too, at rho x the rate after, rho <= 1 / `Tuning.min_ratio`. With
+rho on a log-uniform grid (prior `Tuning.rate_change_prior` over the grid) and the rate after
+integrated out as above, the likelihood of (J, rho) is Gamma(H) rho^H0 / (E1 + rho E0)^H: H all the
+hangs, H0 and E0 the hangs and exposure before J, E1 the exposure from J on. A hang below J no
+longer rules J out; it makes the rate change likelier than the clean regression. J = 0 is one rate
+everywhere: the hang is old.
+
 A build that could not be tested merges with the next testable one: their hypotheses have the same
 likelihood whatever is soaked, so the posterior is read over such **groups** ("the first bad build
 is one of X..Y").
@@ -16,11 +24,12 @@ is one of X..Y").
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
 from scipy import special
+
+from .tuning import Tuning
 
 
 @dataclass
@@ -42,7 +51,7 @@ class BuildEvidence:
 
 
 class ChangePointPosterior:
-    def __init__(self, n: int, not_regression_prior: float = 0.05):
+    def __init__(self, n: int, not_regression_prior: float = 0.05, tuning: Tuning | None = None):
         if n < 2:
             raise ValueError(f"build bisection needs at least two builds (a good one and a bad one), got {n}")
         if not 0.0 <= not_regression_prior < 1.0:
@@ -53,6 +62,13 @@ class ChangePointPosterior:
         with np.errstate(divide="ignore"):
             self.log_prior = np.log(prior)
         self.builds = [BuildEvidence() for _ in range(n)]
+        self.tuning = tuning or Tuning()
+        # the old rate's share per component: 0 (the clean regression), then the rate-change grid
+        self.rho = np.concatenate([[0.0], self.tuning.shares()]) if self.tuning.rate_change_prior > 0 else np.zeros(1)
+        rest = len(self.rho) - 1
+        with np.errstate(divide="ignore"):
+            self.log_component_prior = np.log(np.concatenate(
+                [[1.0 - self.tuning.rate_change_prior], np.full(rest, self.tuning.rate_change_prior / max(rest, 1))]))
 
     # -- evidence ---------------------------------------------------------------------------------
 
@@ -91,25 +107,79 @@ class ChangePointPosterior:
 
     # -- the posterior ----------------------------------------------------------------------------
 
-    def log_likelihood(self) -> np.ndarray:
+    def pools(self, extra: tuple[int, float, float] | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(H, E) per (J, component): the hangs and the rate-weighted exposure each hypothesis pools
+        (clean regression: builds J.. only; rate change rho: every build, those before J at rho).
+        `extra` = (upto, hangs, exposure) adds a bad build's hangs and load to every J <= upto."""
+        h, e = self.hangs(), self.exposure()
+        suffix_h, suffix_e = np.cumsum(h[::-1])[::-1], np.cumsum(e[::-1])[::-1]
+        before_e = e.sum() - suffix_e
+        hangs = np.where(self.rho[None, :] > 0, h.sum(), suffix_h[:, None])
+        exposure = suffix_e[:, None] + self.rho[None, :] * before_e[:, None]
+        if extra is not None:
+            upto, more_h, more_e = extra
+            hangs[:upto + 1] += more_h
+            exposure[:upto + 1] += more_e
+        return hangs, exposure
+
+    def log_weights(self) -> np.ndarray:
+        """log P(J, component) up to a constant: the prior times the likelihood, the rate integrated out."""
         h = self.hangs()
-        e = self.exposure()
-        suffix_h = np.cumsum(h[::-1])[::-1]
-        suffix_e = np.cumsum(e[::-1])[::-1]
-        out = np.zeros(self.n)
-        pooled = suffix_h > 0
-        out[pooled] = special.gammaln(suffix_h[pooled]) - suffix_h[pooled] * np.log(suffix_e[pooled])
-        # with no target hang anywhere (before calibration) the rate is not identified: the prior
-        low = self.lowest_bad()
-        if low is not None:
-            out[low + 1:] = -math.inf
-        return out
+        out = self.log_prior[:, None] + self.log_component_prior[None, :]
+        if not h.any():
+            return out      # with no target hang anywhere (before calibration) the rate is not identified
+        hangs, exposure = self.pools()
+        before_h = h.sum() - np.cumsum(h[::-1])[::-1]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            lik = np.where(hangs > 0, special.gammaln(np.maximum(hangs, 1.0))
+                           - hangs * np.log(np.maximum(exposure, 1e-300)), 0.0)
+            old = np.where(before_h[:, None] > 0, before_h[:, None] * np.log(self.rho[None, :]), 0.0)
+        return out + lik + old
+
+    def log_likelihood(self) -> np.ndarray:
+        """log P(evidence | J), each J's components mixed with their prior."""
+        lw = self.log_weights() - self.log_prior[:, None]
+        with np.errstate(divide="ignore"):
+            return special.logsumexp(lw, axis=1)
+
+    def component_probabilities(self) -> np.ndarray:
+        """P(J, component): column 0 the clean regression, the rest the rate-change grid."""
+        lw = self.log_weights()
+        return np.exp(lw - special.logsumexp(lw))
 
     def probabilities(self) -> np.ndarray:
         """P(J = i) for each build i."""
-        logp = self.log_prior + self.log_likelihood()
-        logp -= special.logsumexp(logp)
-        return np.exp(logp)
+        return self.component_probabilities().sum(axis=1)
+
+    def rate_change_probability(self) -> float:
+        """P(the hang was there before the change point, at a lower rate), J = 0 left out."""
+        p = self.component_probabilities()
+        return float(p[1:, 1:].sum())
+
+    def group_passes(self, groups: list[tuple[int, int]], length: float,
+                     extra: tuple[int, float, float] | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Per group: P(J in it, and a soak of `length` passes) when the soaked build is bad under it
+        (at or above its first build), and when it is good (below: the old rate, rho x; 1 for the clean
+        regression). The rate is integrated out per hypothesis: (E / (E + m L))^H. `extra` as in pools."""
+        return self.passes(groups)(length, extra)
+
+    def passes(self, groups: list[tuple[int, int]]):
+        """`group_passes` for one state of the evidence, as a function of (length, extra): the
+        posterior and the pools computed once (the planner asks it for many lengths)."""
+        p = self.component_probabilities()
+        first = [a for a, _ in groups]
+        pools = {None: self.pools()}
+
+        def at(length: float, extra: tuple[int, float, float] | None = None) -> tuple[np.ndarray, np.ndarray]:
+            if extra not in pools:
+                pools[extra] = self.pools(extra)
+            hangs, exposure = pools[extra]
+            with np.errstate(divide="ignore", invalid="ignore"):
+                bad = np.where(exposure > 0, (exposure / (exposure + length)) ** hangs, 0.0)
+                good = np.where(exposure > 0, (exposure / (exposure + self.rho[None, :] * length)) ** hangs, 1.0)
+            return np.add.reduceat((p * bad).sum(axis=1), first), np.add.reduceat((p * good).sum(axis=1), first)
+
+        return at
 
     def groups(self) -> list[tuple[int, int]]:
         """Hypotheses no probe can tell apart, as (first, last) build indices: a run of untestable

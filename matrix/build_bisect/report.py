@@ -1,4 +1,6 @@
-"""The build bisection's answer for people (`render_text`) and for machines (`to_json`)."""
+"""The build bisection's answer for people (`render_text`) and for machines (`to_json`): the
+headline (the target signature's answer), then one line (text) or one object (JSON `signatures`)
+per signature seen: old, a regression, a rate change, undecided or not reproduced."""
 
 from __future__ import annotations
 
@@ -7,7 +9,9 @@ from typing import Any
 
 from soakmatrix.matrix.contracts.durations import format_duration
 
-from .algorithm import FOUND, NOT_A_REGRESSION, RANGE, BuildBisectResult
+from .algorithm import FOUND, NOT_A_REGRESSION, RANGE, RATE_CHANGE, BuildBisectResult
+from .signatures import OLD, REGRESSION, UNDECIDED, SignatureAnswer
+from .signatures import RATE_CHANGE as RATE_CHANGE_VERDICT
 
 HEADLINES = {
     "inconclusive": "inconclusive: the budget ran out before any build reached the stated confidence",
@@ -25,6 +29,9 @@ def headline(r: BuildBisectResult) -> str:
     if r.status == FOUND:
         last_good = "" if r.last_good is None else f", last good {r.builds[r.last_good]}"
         return f"first bad build: {r.first_bad_build}{last_good}, posterior {pct}"
+    if r.status == RATE_CHANGE and r.first_bad is not None:
+        before = "" if r.mttf_before_low_s is None else f"MTTF before at least {_hours(r.mttf_before_low_s)}, "
+        return (f"rate change at {r.first_bad_build}: {before}after {_hours(r.mttf_s)}, posterior {pct}")
     if r.status == RANGE and r.range:
         lo, hi = r.range
         return f"the first bad build is one of {r.builds[lo]}..{r.builds[hi]} (untestable builds between), posterior {pct}"
@@ -53,6 +60,8 @@ def render_text(r: BuildBisectResult, history: str | None = None) -> str:
             continue
         if b.is_untestable:
             verdict = "untestable"
+        elif b.hangs and r.status == RATE_CHANGE and r.first_bad is not None and i < r.first_bad:
+            verdict = "old rate"
         elif b.hangs:
             verdict = "bad"
         elif b.probes:
@@ -63,11 +72,43 @@ def render_text(r: BuildBisectResult, history: str | None = None) -> str:
             verdict = "not probed"
         lines.append(f"{name[:24]:<24} {b.probes:>6} {b.hangs:>6} {b.other_hangs:>6} {_hours(b.exposure_s):>10} "
                      f"{b.gpu_hours:>7.2f}  {verdict}")
+    if r.signatures:
+        lines.append("")
+        lines.append("signatures (each on its own, from the same probes):")
+        lines.extend(f"  {signature_line(r, a)}" for a in r.signatures)
     lines.extend(f"note: {n}" for n in r.notes)
     roles = ", ".join(f"{k} {v:.1f}" for k, v in r.gpu_hours_by_role.items())
     rounds = f" in {r.rounds} rounds" if 0 < r.rounds < r.probes else ""
     lines.append(f"{r.probes} probes{rounds}, {r.gpu_hours:.1f} GPU-hours" + (f" ({roles})" if roles else ""))
     return "\n".join(lines) + "\n"
+
+
+def signature_line(r: BuildBisectResult, a: SignatureAnswer) -> str:
+    """One signature's answer in words, e.g. "nccl_watchdog_timeout: old (hangs on the good build b0 too)"."""
+    name = a.signature + (" (target)" if a.target else "") + (" (crash)" if a.crash else "")
+    at = "" if a.first is None else r.builds[a.first] + (f"..{r.builds[a.last]}" if a.last != a.first else "")
+    counts = f"{a.hangs} hang(s), {a.hangs_on_bad_build} on the bad build"
+    if a.verdict == OLD:
+        return f"{name}: old, present at the last-good end {r.builds[0]}, posterior {a.posterior:.3f}; {counts}"
+    if a.verdict == REGRESSION:
+        return f"{name}: regression, first bad build {at}, posterior {a.posterior:.3f}; {counts}"
+    if a.verdict == RATE_CHANGE_VERDICT:
+        before = "" if a.mttf_before_low_s is None else f"MTTF before at least {_hours(a.mttf_before_low_s)}, "
+        return (f"{name}: rate change at {at}: {before}after {_hours(a.mttf_after_s)}, posterior {a.posterior:.3f}; "
+                f"{counts}, {a.hangs_before} before")
+    if a.verdict == UNDECIDED:
+        return f"{name}: undecided, likeliest change point {at} at {a.posterior:.3f}; {counts}"
+    return f"{name}: not reproduced"
+
+
+def signature_json(r: BuildBisectResult, a: SignatureAnswer) -> dict[str, Any]:
+    """One signature's answer with named fields (JSON `signatures`, the store, JUnit)."""
+    return {"signature": a.signature, "verdict": a.verdict, "target": a.target, "crash": a.crash,
+            "first_bad": r.builds[a.first] if a.verdict in (REGRESSION, RATE_CHANGE_VERDICT) else None,
+            "range": None if a.first is None else [r.builds[a.first], r.builds[a.last]],
+            "posterior": round(a.posterior, 6), "hangs": a.hangs, "hangs_on_bad_build": a.hangs_on_bad_build,
+            "hangs_before": a.hangs_before, "mttf_after_s": _num(a.mttf_after_s),
+            "mttf_before_low_s": _num(a.mttf_before_low_s)}
 
 
 def _num(x: float | None) -> float | None:
@@ -91,6 +132,8 @@ def to_json(r: BuildBisectResult, history: dict[str, Any] | None = None) -> dict
         "mttf": {"hangs": r.target_hangs, "mttf_s": _num(r.mttf_s), "low_s": _num(r.mttf_low_s),
                  "high_s": _num(r.mttf_high_s)},
         "good_mttf_bound_s": _num(r.good_mttf_bound_s),
+        "mttf_before_low_s": _num(r.mttf_before_low_s),
+        "signatures": [signature_json(r, a) for a in r.signatures],
         "builds": [{"build": name, "probes": b.probes, "hangs": b.hangs, "other_hangs": b.other_hangs,
                     "exposure_s": round(b.exposure_s, 3), "gpu_hours": round(b.gpu_hours, 4),
                     "untestable": b.is_untestable} for name, b in zip(r.builds, r.evidence)],

@@ -1,0 +1,58 @@
+"""The build bisection's tuning of the rate-change model and of signatures found untold, in one place.
+
+Every field says why it has its value; `BuildSettings.tuning` carries one of these, so an ablation
+(`benchmarks/bench_build_bisect.py --tuning KEY=VALUE`) changes a value without editing code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Tuning:
+    # Prior that a signature's hang was there before the change point too, at a rate at least
+    # `min_ratio` times lower (a rate change), rather than absent (a clean regression). It is what
+    # the clean rows pay for: to name build J a clean regression, the rate change at J + 1 (J's hang
+    # an old one) must be refuted too, by more hangs on J. Measured (n = 32, MTTF 38 min, 20 seeds):
+    # 0.05 finds a x16 change in 0.95 of runs, a x4 in 0.70, and costs the clean rows 8-10 %; 0.02
+    # 0.65 at x16 for 4 %; 0 is the clean-regression model alone, exactly as without rate changes.
+    # Opening it only once the good build hung kept the clean rows' cost but found 0.15-0.30: a hang
+    # below the change point mostly reads as a clean regression there before the good build hangs.
+    rate_change_prior: float = 0.05
+    # The smallest rate change reported: a build that multiplies the hang rate by less is no change
+    # point of this model (its hangs read as one rate, "old").
+    min_ratio: float = 4.0
+    # The largest ratio the grid of old rates reaches: beyond it an old rate is indistinguishable
+    # from none within any affordable soak (1000 x a 10 min MTTF is a week of load).
+    max_ratio: float = 1000.0
+    # Points of the log-uniform grid over the old rate's share (1/max_ratio .. 1/min_ratio) on which
+    # it is integrated out; 10 puts neighbours within a factor 2.2, finer changed no answer.
+    ratio_points: int = 10
+    # With no signature named, the bad build is soaked to this many hangs (of any signatures but
+    # crashes) before the search: each signature behind them is then answered on its own. One behind
+    # half of the bad build's hangs escapes 6 with probability 1/64, a third with 9 %; its hangs pool
+    # into its posterior, so they are not wasted (the end game pools 6 at 0.99 anyway).
+    untold_calibration_hangs: int = 6
+    # A search that has not raised its signature's likeliest answer for this many probes stops as
+    # far as it got (that signature undecided, the budget kept): rates within a few times of each
+    # other, an old hang against a rate change, can take more load than any answer is worth.
+    stall_probes: int = 30
+    # A signature that hung on the good build is answered old once that answer holds this much of its
+    # posterior (and is the likeliest): the hang there shows it is present at the last-good end; what
+    # is left weighs a rate change of min_ratio or more above it, stated with the answer's posterior.
+    old_posterior: float = 0.9
+
+    def __post_init__(self):
+        if not 0.0 <= self.rate_change_prior < 1.0:
+            raise ValueError(f"rate_change_prior must be in [0, 1), got {self.rate_change_prior}")
+        if not 1.0 < self.min_ratio < self.max_ratio:
+            raise ValueError(f"need 1 < min_ratio < max_ratio, got {self.min_ratio}, {self.max_ratio}")
+        if self.ratio_points < 1:
+            raise ValueError(f"ratio_points must be >= 1, got {self.ratio_points}")
+
+    def shares(self) -> np.ndarray:
+        """The old rate as a share rho of the new one, on the grid (0 is the clean regression, apart)."""
+        return np.geomspace(1.0 / self.min_ratio, 1.0 / self.max_ratio, self.ratio_points)
