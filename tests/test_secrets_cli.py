@@ -135,7 +135,7 @@ def test_watch_prints_and_keeps_no_credential(tmp_path):
                            "--canary", "1s", "--out", str(out), "--store", str(tmp_path / "store.sqlite")],
                           capture_output=True, text=True, timeout=120, cwd=REPO, env=env)
     assert proc.returncode == 0, proc.stderr
-    assert "credentials and query are not sent" in proc.stdout and "watching http://127.0.0.1:9/v1 " in proc.stdout, \
+    assert "query is not sent" in proc.stdout and "watching http://admin:[redacted]@127.0.0.1:9/v1 " in proc.stdout, \
         proc.stdout
     assert not leaks(proc.stdout, proc.stderr, folder=out)
 

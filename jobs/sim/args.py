@@ -133,8 +133,9 @@ def _check_record(path: str) -> None:
     target = Path(path)
     if target.is_dir():
         raise SimUsageError(f"argument --hang-record: {path}: a directory, not a file")
-    if not target.parent.is_dir():
-        raise SimUsageError(f"argument --hang-record: {path}: no folder {target.parent} to write it in")
+    above = next((p for p in target.parents if p.exists()), None)
+    if above is not None and not above.is_dir():
+        raise SimUsageError(f"argument --hang-record: {path}: {above} is a file, not a folder")
 
 
 def _float(option: str, text: str) -> float:

@@ -13,7 +13,9 @@ import sys
 
 from soakmatrix.jobs.doctor import GPU_BACKENDS, run_doctor
 from soakmatrix.jobs.doctor.checks import GpuExpectation
+from soakmatrix.matrix.arguments import text
 from soakmatrix.matrix.contracts.outcomes import EXIT_INFRA, EXIT_OK, EXIT_USAGE
+from soakmatrix.matrix.paths import CONFIG_FILE
 
 HELP = ("Check this node before cells run on it: its GPUs (and their type as a matrix names them), that they are "
         "free, NVML, ptrace for py-spy, /dev/shm, vLLM built for the driver's CUDA, Xid errors. "
@@ -21,8 +23,8 @@ HELP = ("Check this node before cells run on it: its GPUs (and their type as a m
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--matrix", help="matrix YAML file whose gpus: section names this node's GPU type")
-    parser.add_argument("--gpu", help="the matrix's GPU type this node is to run (with --matrix)")
+    parser.add_argument("--matrix", type=CONFIG_FILE, help="matrix YAML file whose gpus: section names this node's GPU type")
+    parser.add_argument("--gpu", type=text, help="the matrix's GPU type this node is to run (with --matrix)")
     parser.add_argument("--backend", choices=("vllm", "sim"), default="vllm",
                         help="the engine cells will run: sim checks no GPU (default: vllm)")
     parser.add_argument("--json", action="store_true", help="one JSON document, stable for scripts")

@@ -44,8 +44,8 @@ SILENCE = duration(0.5, DAY)              # a floor of 0 would call every pause 
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("url", type=http_url, help="the server's base URL, e.g. http://127.0.0.1:8000 (credentials or a "
-                                                    "query in it are not sent, and never printed or stored)")
+    parser.add_argument("url", type=http_url, help="the server's base URL, e.g. http://127.0.0.1:8000 (credentials in it are sent "
+                                                    "as HTTP basic auth and never printed or stored; a query is not sent)")
     parser.add_argument("--pid", type=pid, help="the server's root pid (1 to the system's pid_max; default: the "
                                                "process listening on the URL's port)")
     parser.add_argument("--log", metavar="FILE|-", type=log_to_follow,
@@ -133,8 +133,8 @@ def main(args: argparse.Namespace) -> int:
         print(f"{time.strftime('%H:%M:%S')} watch: {scrub(text, secrets)}", file=notes, flush=True)
 
     if dropped:
-        note(f"the URL's {' and '.join(dropped)} are not sent: the watch's requests (/metrics, /health, the canary) "
-             f"carry no authentication; watching {url}")
+        note(f"the URL's {' and '.join(dropped)} {'are' if len(dropped) > 1 else 'is'} not sent: the watch's requests "
+             f"(/metrics, /health, the canary) go to {target.display_url}")
     store = Path(args.store) if args.store else None
     watcher = Watcher(
         target, IncidentOptions(Path(args.out), budget_s=budget, on_hang=args.on_hang, on_hang_timeout_s=hook_timeout),
@@ -158,13 +158,11 @@ def main(args: argparse.Namespace) -> int:
 
 def plain_url(url: str) -> tuple[str, list[str]]:
     """The server's base URL as the watch requests it (`/metrics` and `/v1/...` are appended to it):
-    without credentials, query or fragment; and what was left out, to say so."""
+    without query or fragment, and what was left out, to say so. Credentials stay: the requests send
+    them as HTTP basic auth (jobs/watch/bounded_http.py), and what is shown or kept masks them."""
     parts = urllib.parse.urlsplit(url)
-    dropped = [what for what, there in (("credentials", parts.username is not None or parts.password is not None),
-                                        ("query", bool(parts.query)), ("fragment", bool(parts.fragment))) if there]
-    host = parts.hostname or ""
-    netloc = (f"[{host}]" if ":" in host else host) + (f":{parts.port}" if parts.port else "")
-    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "", "")), dropped
+    dropped = [what for what, there in (("query", bool(parts.query)), ("fragment", bool(parts.fragment))) if there]
+    return urllib.parse.urlunsplit((parts.scheme, parts.netloc, parts.path, "", "")), dropped
 
 
 def _store(path: Path | None, incident, note) -> None:
