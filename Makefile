@@ -10,13 +10,15 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
-# core: seconds on a warm pip cache; the real engine is an optional extra (make install-vllm)
+# every extra (Ray, the dashboard, bisection's statistics): seconds on a warm pip cache; the real
+# engine is an extra of its own (make install-vllm). `pip install soakmatrix` alone is the light core
+# that `watch`, `plan`, `sim-engine` and the pytest plugin need (docs/install.md).
 $(VENV)/.core: $(BIN)/python pyproject.toml
-	$(BIN)/pip install -q -e .
+	$(BIN)/pip install -q -e '.[all]'
 	touch $@
 
 $(VENV)/.test: $(VENV)/.core
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q -e '.[all,test]'
 	touch $@
 
 install: $(VENV)/.core

@@ -156,6 +156,9 @@ def loopback_only() -> None:
 def connect(address: str | None, *, backend: str, gpus: Mapping[str, GpuType],
             runtime_env: Mapping[str, Any] | None = None) -> ClusterHandle:
     """Connect to `address`, or start a local cluster (fake GPU nodes for the sim backend)."""
+    from soakmatrix.matrix.extras import require
+
+    require("ray")   # an install without the extra: a line saying what to install, not a traceback
     import ray
 
     quiet = {"log_to_driver": False, "logging_level": logging.WARNING, "include_dashboard": False}

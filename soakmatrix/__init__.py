@@ -1,0 +1,20 @@
+"""soakmatrix: find the vLLM flag combinations that hang, bisect them, and watch production servers.
+
+The code lives in four folders that install as subpackages: `soakmatrix.matrix` (the matrix, planning,
+scheduling on Ray, bisection, the CLI), `soakmatrix.jobs` (one soak of one cell, `watch`),
+`soakmatrix.fixtures` (the pytest and vLLM plugins) and `soakmatrix.reports` (JUnit, the history
+store, the dashboard). Importing this package loads none of them.
+"""
+
+from __future__ import annotations
+
+from soakmatrix._version import version as _version_of
+
+__all__ = ["__version__"]
+
+
+def __getattr__(name: str) -> str:
+    # computed on first use: every `import soakmatrix.<folder>` runs this file, and most never ask
+    if name == "__version__":
+        return _version_of()
+    raise AttributeError(f"module 'soakmatrix' has no attribute {name!r}")
