@@ -8,7 +8,13 @@ store, the dashboard). Importing this package loads none of them.
 
 from __future__ import annotations
 
-from soakmatrix._version import version as _version_of
+import pkgutil
+
+# a source checkout's `soakmatrix/` (first on sys.path when run from the checkout) holds this file
+# only: an installed copy's subpackages stay reachable beside it
+__path__ = pkgutil.extend_path(__path__, __name__)
+
+from soakmatrix._version import version as _version_of  # noqa: E402 - after __path__ is complete
 
 __all__ = ["__version__"]
 
