@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-fast install install-test install-vllm chromium demo-vllm record-cassettes bench clean
+.PHONY: demo test test-fast test-ray-oldest install install-test install-vllm chromium demo-vllm record-cassettes bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -52,6 +52,15 @@ demo-vllm: install-vllm
 	  code=$$?; echo "JUnit: out/demo-vllm/junit.xml  dashboard: out/demo-vllm/dashboard/index.html  (exit $$code)"; \
 	  [ $$code -le 1 ]
 
+# the oldest Ray release of the tested range (pyproject's `ray` extra, docs/ray.md "Ray versions"):
+# the Ray-using tests and the demo in a venv of their own, so .venv keeps the newest
+RAY_OLDEST ?= 2.59.0
+RAY_OLDEST_VENV := .venv-ray-oldest
+test-ray-oldest:
+	test -x $(RAY_OLDEST_VENV)/bin/python || $(PYTHON) -m venv $(RAY_OLDEST_VENV)
+	$(RAY_OLDEST_VENV)/bin/pip install -q -e '.[all,test]' 'ray[default]==$(RAY_OLDEST)'
+	$(RAY_OLDEST_VENV)/bin/python -m pytest -p no:xdist -m "not vllm" tests/test_cluster.py tests/test_schedule.py tests/test_run_cli.py $(PYTEST_ARGS)
+
 # what a developer runs between edits: no servers, no clusters, no vLLM
 test-fast: install-test
 	$(BIN)/python -m pytest -m "not slow and not vllm" $(PYTEST_ARGS)
@@ -64,4 +73,4 @@ bench: install-test
 	$(BIN)/python -m benchmarks
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info out
+	rm -rf $(VENV) $(RAY_OLDEST_VENV) build dist *.egg-info out

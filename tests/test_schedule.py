@@ -403,7 +403,7 @@ def ray_cluster():
         import os
 
         import psutil
-        from test_cluster import ray_processes_of
+        from tests.test_cluster import ray_processes_of
 
         psutil.wait_procs(ray_processes_of(os.getpid()), timeout=30)
         assert ray_processes_of(os.getpid()) == [], "Ray processes left behind"

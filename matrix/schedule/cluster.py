@@ -148,8 +148,10 @@ def loopback_only() -> None:
     processes Ray starts, the module attribute to this already-imported one.
     """
     os.environ[LOOPBACK_ENV] = "0"
-    import ray._private.ray_constants as ray_constants
-
+    try:
+        import ray._private.ray_constants as ray_constants
+    except ImportError:   # a private API: the processes Ray starts still read the environment
+        return
     ray_constants.ENABLE_RAY_CLUSTER = False
 
 
