@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-fast test-ray-oldest install install-test install-vllm chromium demo-vllm record-cassettes bench clean
+.PHONY: demo test test-fast test-gpu test-ray-oldest install install-test install-vllm chromium demo-vllm record-cassettes bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -61,9 +61,13 @@ test-ray-oldest:
 	$(RAY_OLDEST_VENV)/bin/pip install -q -e '.[all,test]' 'ray[default]==$(RAY_OLDEST)'
 	$(RAY_OLDEST_VENV)/bin/python -m pytest -p no:xdist -m "not vllm" tests/test_cluster.py tests/test_schedule.py tests/test_run_cli.py $(PYTEST_ARGS)
 
+# the GPU loop (tests/test_gpu_loop.py) on a node with torch and a CUDA GPU; elsewhere every test skips, saying why
+test-gpu: install-test
+	$(BIN)/python -m pytest -m gpu -rs $(PYTEST_ARGS)
+
 # what a developer runs between edits: no servers, no clusters, no vLLM
 test-fast: install-test
-	$(BIN)/python -m pytest -m "not slow and not vllm" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n 2 --dist worksteal -m "not slow and not vllm and not gpu" $(PYTEST_ARGS)
 
 # the real-engine bisection that tests/test_bisect_cassette.py replays, recorded again (8-17 minutes)
 record-cassettes: install-vllm

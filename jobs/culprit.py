@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 CULPRIT, VICTIM, IDLE = "culprit", "victim", "idle"
+COLLECTIVE_REASON = "NCCL/gloo collective"   # a culprit's reason jobs.signatures names `collective_stall`
 WEAK = "weak"
 
 
@@ -49,9 +50,9 @@ PATTERNS: dict[str, Pattern] = {
                     r"^(?:cu(?:Event|Stream|Ctx|Device)Synchronize|cuda(?:Event|Stream|Device)Synchronize|"
                     r".*synchronize(?:Event|Stream|Device)|THPEvent_synchronize|THCPStream_synchronize|"
                     r"synchronize|cuMemcpyDtoH\w*|cudaMemcpy(?:Async)?)$"),
-    "nccl_native": _p(CULPRIT, "NCCL/gloo collective", r"^(?:nccl\w+|.*ncclKernel\w*|.*ProcessGroup(?:NCCL|Gloo)\W.*|"
+    "nccl_native": _p(CULPRIT, COLLECTIVE_REASON, r"^(?:nccl\w+|.*ncclKernel\w*|.*ProcessGroup(?:NCCL|Gloo)\W.*|"
                                                        r"gloo::.*|c10d::.*)$"),
-    "collective": _p(CULPRIT, "NCCL/gloo collective",
+    "collective": _p(CULPRIT, COLLECTIVE_REASON,
                      r"^(?:all_reduce|_all_reduce\w*|custom_all_reduce|all_gather\w*|reduce_scatter\w*|all_to_all\w*|"
                      r"broadcast|barrier|send|recv|irecv|isend)$",
                      r"distributed|parallel_state|communicat|c10d"),
@@ -86,9 +87,37 @@ LOOP_FRAMES = re.compile(r"^(?:step|step_with_batch_queue|_process_engine_step|r
                          r"run_with_fault_tolerance|worker_busy_loop|worker_main|run|_bootstrap|_bootstrap_inner|"
                          r"_main|spawn_main|<module>|_run_code|_run_module_as_main|thread_run|__enter__|__exit__)$")
 PROCESS_START = re.compile(r"(?:^|[/\\])multiprocessing[/\\]process\.py$")
-# Native frames that vary by build, load address and Python version, not by bug.
-NATIVE_NOISE = re.compile(r"^0x[0-9a-fA-F]+$|^(?:lib(?:c|pthread|python[\d.]*|m|dl|rt)|ld-linux[\w.-]*)(?:\.so.*)?$|"
-                          r"\.(?:c|h|cc|cpp)(?::\d+)?$|^<frozen ")
+# Native frames that vary by build, load address and Python version, not by bug: raw addresses, the C
+# library and the dynamic loader, the interpreter however it is linked (`libpython3.11.so.1.0`, or a
+# static `python3.12` / `python` binary as uv's and Debian's builds are), C sources with debug lines.
+NATIVE_NOISE = re.compile(r"^0x[0-9a-fA-F]+$|"
+                          r"(?:^|/)(?:lib(?:c|pthread|python[\d.]*|m|dl|rt)|ld-linux[\w.-]*)"
+                          r"(?:[-.][\d.]+)?(?:\.so.*)?$|"
+                          r"(?:^|/)(?:python|pypy)[\d.]*[dmu]*$|\.(?:c|h|cc|cpp)(?::\d+)?$|^<frozen ")
+# Interpreter, C library and threading-library internals by function name, wherever the library they
+# were found in (a static interpreter, a libc another distribution names otherwise): which of them a
+# thread's wait passes through changes with the Python and glibc version, while the bug stays the
+# same. CUDA, NCCL and torch's own frames are not among them.
+RUNTIME_INTERNALS = re.compile(
+    r"^(?:_?Py[A-Z_]\w*|_?PyThread_\w+|take_gil|drop_gil|_?PyEval_\w+|"
+    r"(?:method|cfunction|function|builtin|vectorcall|slot|wrapper|thread)_\w+|\w+_vectorcall\w*|"
+    r"lock_PyThread_\w+|rlock_\w+|acquire_timed|pythread_wrapper|pymain_\w+|time_sleep|pysleep|"
+    r"select_\w+|_queue_\w+|_asyncio_\w+|_?PyObject_\w+|Py_\w+|"
+    r"pthread_\w+|__pthread_\w+|__?futex\w*|futex_\w+|__lll_\w+|do_futex_wait\w*|__new_sem_wait\w*|"
+    r"sem_\w*wait\w*|__GI_\w+|__libc_\w+|__clock_nanosleep\w*|clock_nanosleep\w*|__?nanosleep\w*|"
+    r"syscall|__syscall\w*|clone3?|__clone\w*|start_thread|_start|epoll_p?wait|__?poll|__?select|"
+    r"execute_native_thread_routine|std::(?:condition_variable|mutex|thread|__\w+)\b.*|__gthread_\w+)"
+    r"(?:\.(?:constprop|isra|part|cold)\.\d+)*$")
+
+
+def runtime_internal(function: str, module: str) -> bool:
+    """A frame of the interpreter, the C library or a threading library, not of the code that waits."""
+    return bool(NATIVE_NOISE.search(function) or (module and NATIVE_NOISE.search(module))
+                or (not _python_source(module) and RUNTIME_INTERNALS.match(function)))
+
+
+def _python_source(module: str) -> bool:
+    return module.endswith(".py") or module.startswith("<")
 
 # Process titles vLLM sets (setproctitle): `VLLM::EngineCore`, `VLLM::Worker_TP0`, `VLLM::Worker`.
 ROLE_PATTERNS: dict[str, re.Pattern] = {
@@ -136,16 +165,18 @@ def frame_name(function: str) -> str:
     return function if "::" in function else function.rsplit(".", 1)[-1]
 
 
-def _module(location: str) -> str:
+def module_of(location: str) -> str:
     """The file (or library) a frame is in, without line number."""
     loc = location.strip()
     return re.sub(r":\d+\S*$", "", loc)
 
 
+
+
 def _matches(p: Pattern, function: str, location: str) -> bool:
     if not p.function.match(frame_name(function)):
         return False
-    return p.module is None or bool(p.module.search(_module(location)))
+    return p.module is None or bool(p.module.search(module_of(location)))
 
 
 def classify_thread(frames: Sequence[tuple[str, str]],
@@ -168,10 +199,10 @@ def classify_thread(frames: Sequence[tuple[str, str]],
     if first_strong is not None:
         same = [p for p in table.values() if p in strong_kinds and p.kind == first_strong.kind]
         return ThreadClass(first_strong.kind, same[0].reason, True)
-    working = any(ENGINE_WORK.match(frame_name(f)) or ENGINE_MODULE.search(_module(loc)) for f, loc in frames)
+    working = any(ENGINE_WORK.match(frame_name(f)) or ENGINE_MODULE.search(module_of(loc)) for f, loc in frames)
     if not working:
         return ThreadClass(IDLE, weak.reason if weak else "no engine work", False)
-    where = next((frame_name(f) for f, loc in frames if not NATIVE_NOISE.search(_module(loc) or f)), "?")
+    where = next((frame_name(f) for f, loc in frames if not runtime_internal(f, module_of(loc))), "?")
     if weak is not None:
         return ThreadClass(CULPRIT, f"{weak.reason} in engine code ({where})", False)
     return ThreadClass(CULPRIT, f"running in engine code ({where})", False)
@@ -241,17 +272,18 @@ def _frame_text(function: str, location: str) -> str:
 
 def normalised(frames: Iterable[tuple[str, str]]) -> list[str]:
     """`module:function` of each frame that may identify a bug: no line numbers, addresses or paths
-    (only the file's stem, or the library's name without its version), no libc/libpython/CPython
-    internals, no engine loops, and nothing outward of the process's start (`multiprocessing`'s
+    (only the file's stem, or the library's name without its version), no interpreter, C library or
+    threading-library internals (`runtime_internal`: one bug under Python 3.11 and 3.12 hashes
+    alike), no engine loops, and nothing outward of the process's start (`multiprocessing`'s
     `_bootstrap`): in a forked worker those are the parent's frames at the fork, the same for every
     worker and absent where the model runs in the engine core (TP 1), so a stuck step would be another
     finding at every TP size."""
     out = []
     for function, location in frames:
-        module = _module(location)
+        module = module_of(location)
         if PROCESS_START.search(module) and frame_name(function) == "_bootstrap":
             break
-        if NATIVE_NOISE.search(function) or (module and NATIVE_NOISE.search(module)):
+        if runtime_internal(function, module):
             continue
         name = frame_name(function)
         if LOOP_FRAMES.match(name):

@@ -18,7 +18,8 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from .culprit import CulpritReport, culprit_report, from_call_site, normalised
+from .culprit import (COLLECTIVE_REASON, CulpritReport, culprit_report, from_call_site, module_of, normalised,
+                      runtime_internal)
 
 # ---------------------------------------------------------------- stacks
 
@@ -180,6 +181,15 @@ EVENT_SYNC_FRAME = re.compile(r"^(?:_to_list|cuEventSynchronize|cudaEventSynchro
 SHM_FRAME = re.compile(r"^(?:acquire_read|dequeue)$")
 
 
+COLLECTIVE_FRAME = re.compile(r"^(?:all_reduce|_all_reduce\w*|custom_all_reduce|all_gather\w*|reduce_scatter\w*|"
+                              r"all_to_all\w*|broadcast|barrier)$")
+
+
+def _culprit_in_collective(c: Clues) -> bool:
+    culprit = culprit_report(c.stacks).culprit if c.stacks else None
+    return culprit is not None and culprit.reason == COLLECTIVE_REASON
+
+
 def _hangish(c: Clues) -> bool:
     return c.verdict_kind in (None, "hang")
 
@@ -230,6 +240,11 @@ register(Signature(
     "seed 000: the engine thread parked in _to_list -> transfer_event.synchronize (cuEventSynchronize)",
     lambda c: _hangish(c) and c.stack_has(EVENT_SYNC_FRAME), priority=40,
     anchor=re.compile(r"^_to_list$"), fingerprint_depth=6))
+register(Signature(
+    "collective_stall", "hang",
+    "a worker waits in an NCCL/gloo collective whose peer never arrives (a lost all-reduce), seen in its "
+    "stacks before NCCL's or gloo's own timeout says so in the log",
+    lambda c: _hangish(c) and _culprit_in_collective(c), priority=45, anchor=COLLECTIVE_FRAME))
 register(Signature(
     "shm_broadcast_timeout", "hang",
     "seeds 002-004: the engine waits on the shm ring for its workers (warnings, then `RPC call to "
@@ -321,10 +336,6 @@ def _looks_idle(t: ThreadStack) -> bool:
         _IDLE_LOOP.match(f.name) for f in t.frames[:6])
 
 
-_NATIVE_NOISE = re.compile(r"^0x[0-9a-fA-F]+ |\((?:libc|libpthread|libpython[\d.]*|ld-linux[\w.-]*)\.so[\d.]*\)|"
-                           r" lib(?:c|pthread|python[\d.]*)\.so[\d.]*$")
-
-
 CULPRIT_DEPTH = 6   # normalised culprit frames hashed when the signature's anchor is not among them
 STUCK_FRAMES_KEPT = 12   # the stuck thread's innermost frames a result keeps (matrix/refingerprint.py reads them back)
 
@@ -341,8 +352,8 @@ def fingerprint(sig: Signature, frames: Sequence[Frame], clues: Clues,
         names = names[idx: idx + sig.fingerprint_depth] if idx is not None else from_call_site(names)[:CULPRIT_DEPTH]
         if names:
             return hashlib.sha1((sig.name + "|culprit|" + "|".join(names)).encode()).hexdigest()[:12]
-    # native frames (raw addresses, libc, libpython) vary by build and load address: not the bug
-    names = [f.name for f in frames if not _NATIVE_NOISE.search(f"{f.function} {f.location}")]
+    # native frames (raw addresses, libc, the interpreter) vary by build, load address and Python version: not the bug
+    names = [f.name for f in frames if not runtime_internal(f.function, module_of(f.location))]
     if sig.anchor is not None:
         idx = next((i for i, n in enumerate(names) if sig.anchor.search(n)), None)
         if idx is not None:

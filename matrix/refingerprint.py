@@ -1,15 +1,18 @@
 """Re-hash a history store's fingerprints with today's code, from the evidence each finding kept.
 
 A fingerprint groups one bug's results across cells and nights (reports.findings). When the way it
-is computed changes (2026-12-01: a culprit inside a standard-library wait is hashed from the engine
-code that waits, not from where py-spy happened to sample it), the nights recorded before show the
-same bug under another fingerprint, as a finding of its own. `soakmatrix report STORE
---refingerprint` reads each hang's and crash's stacks and server log back from its cell folder,
+is computed changes (a culprit inside a standard-library wait is hashed from the engine code that
+waits, not from where py-spy happened to sample it; the interpreter's, the C library's and threading
+libraries' own frames are left out, so a static and a shared Python build hash one bug alike), the
+nights recorded before show the same bug under another fingerprint, as a finding of its own.
+`soakmatrix report STORE --refingerprint` reads each hang's and crash's stacks and server log back from its cell folder,
 hashes them as a new night would, and writes the new fingerprint where it differs.
 
 A result is changed only when its evidence reads back as it was: the stuck frames computed from the
 files must equal the ones recorded. Missing or rotated files, a signature no longer registered, or
 frames that differ leave the recorded fingerprint as it is, and the summary says how many and why.
+There is no scheme version to compare: every pass re-hashes every result from its evidence, so
+running it after an upgrade is always safe, and a second run changes nothing.
 `recompute` decides; reading files and writing the store are passed in.
 """
 

@@ -2,8 +2,9 @@
 `soakmatrix run` and `soakmatrix smoke` (their CLI modules only choose the cells).
 
 Each finished cell goes to the history store at once (a driver crash loses nothing; `--resume`
-reruns only cells without a verdict), the JUnit file is rewritten at most every 10 s and the
-dashboard at most every 30 s, and both at the end.
+reruns only cells without a verdict), the JUnit file is rewritten at most every 2 s and the
+dashboard at most every 30 s, and both at the end, also when the Ray cluster was lost mid-run
+(exit 3 unless a finding outranks it; the run stays open for `--resume`).
 """
 
 from __future__ import annotations
@@ -221,16 +222,21 @@ def _execute(matrix: Matrix, profile: Profile, cells: Sequence[PlannedCell], arg
                                 cap_s=cap, fail_fast=fail_fast, order=list if keep_order else None)
             progress.close()
             interrupted, stopped_early = summary.interrupted, summary.stopped_early
-            if summary.unfinished:
+            if summary.unfinished and not summary.lost:
                 print(f"soakmatrix {kind}: {len(summary.unfinished)} cell(s) cancelled before a verdict"
                       + ("; `--resume` runs them" if interrupted else ""), file=stream)
-        status = None if interrupted else "stopped" if stopped_early else "finished"
-        results = store.results(run_id)
-        sink.write_junit()
-        dashboard = sink.write_dashboard()
-        for warning in sink.warnings:
-            print(f"soakmatrix {kind}: {warning}", file=stream)
-        print(summary_text(results, sink.junit_path, dashboard, store_path), file=stream)
+            # written before the cluster is closed: after a lost head, closing takes a while, and Ray
+            # ends a driver whose GCS stays unreachable
+            status = None if interrupted or summary.lost else "stopped" if stopped_early else "finished"
+            results = store.results(run_id)
+            sink.write_junit()
+            dashboard = sink.write_dashboard()
+            for warning in sink.warnings:
+                print(f"soakmatrix {kind}: {warning}", file=stream)
+            print(summary_text(results, sink.junit_path, dashboard, store_path), file=stream)
+            if summary.lost:
+                print(lost_line(kind, summary.lost, len(results), len(summary.unfinished)), file=stream, flush=True)
+                return exit_code([*(r.outcome for r in results), Outcome.INFRA_ERROR])
         if interrupted:
             print(f"soakmatrix {kind}: stopped by {signal_name(stop_signals.received)}", file=stream)
             return stop_signals.exit_code(EXIT_INTERRUPTED)
@@ -241,6 +247,12 @@ def _execute(matrix: Matrix, profile: Profile, cells: Sequence[PlannedCell], arg
                 store.finish_run(run_id, status)
         finally:
             store.close()
+
+
+def lost_line(kind: str, why: str, finished: int, unfinished: int) -> str:
+    """The one line a run that lost its cluster ends with (no verdict; the run stays open)."""
+    return (f"soakmatrix {kind}: {why}; {finished} finished cell(s) kept, {unfinished} unfinished; "
+            "the run stays open: once the cluster is back, `--resume` runs the unfinished cells")
 
 
 def summary_text(results: Sequence[CellResult], junit: Path, dashboard: Path | None, store: Path) -> str:

@@ -23,6 +23,7 @@ from soakmatrix.matrix.contracts.result import CellResult
 
 from .findings import Finding, group_findings
 from .history import CellInfo, HistoryStore, RecordedResult, Run
+from .nodes import node_rows
 from .state import CellState, CellStatus, SignatureSummary, cell_states, new_failures, signature_summaries
 from .tables import bisection_view
 
@@ -59,6 +60,7 @@ class DashboardData:
     generated_at: float = 0.0
     latest_obs: dict[str, RecordedResult] = field(default_factory=dict)
     findings: list[Finding] = field(default_factory=list)  # one per fingerprint (reports.findings)
+    latest_results: list[CellResult] = field(default_factory=list)   # every result of the latest run
 
 
 def collect(store: HistoryStore, now: float, known_issues: Sequence[Any] = ()) -> DashboardData:
@@ -77,7 +79,8 @@ def collect(store: HistoryStore, now: float, known_issues: Sequence[Any] = ()) -
     return DashboardData(str(store.path), runs, store.cells(), observations, states,
                          signature_summaries(run_ids, observations), examples, findings,
                          store.bisections(), now, latest_obs, group_findings(store.fingerprinted(), observations,
-                                                                             run_ids, known_issues))
+                                                                             run_ids, known_issues),
+                         store.results(latest.id) if latest else [])
 
 
 def finding_rows(data: DashboardData) -> list[dict[str, Any]]:
@@ -315,7 +318,8 @@ def latest_run_view(data: DashboardData) -> dict | None:
                          "time_to_hang": _dur(r.time_to_hang_s), "new": r.cell_id in new,
                          "status": state.status.value if state else "",
                          "frames": _lines(r.stuck_frames, FINDING_LINES), "log": _lines(r.log_tail, FINDING_LINES)})
-    return {"id": run.id, "findings": findings, "total": len(data.latest_findings), "new": len(new)}
+    return {"id": run.id, "findings": findings, "total": len(data.latest_findings), "new": len(new),
+            "nodes": node_rows(data.latest_results)}
 
 
 # -- helpers ----------------------------------------------------------------------------------------

@@ -197,5 +197,8 @@ def pytest_configure(config):
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
+    for item in items:   # a test that runs a pytest of its own in a subprocess is an end-to-end one
+        if "pytester" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)
     if hasattr(config, "workerinput"):   # the order a worker reports is the order units are handed out
         xdist_suite.real_engine_first(items)

@@ -4,8 +4,12 @@ answers stay right, and nothing is left patched after."""
 
 from __future__ import annotations
 
+import pytest
+
 from benchmarks.bench_bisect import Case, _run_bisect
 from soakmatrix.matrix.bisect import ablation, modifiers
+
+pytestmark = pytest.mark.slow   # the benchmark's own bisections over twelve seeds each
 
 
 def _run(case: Case, told: bool, holm_least: int | None = None) -> list[tuple]:

@@ -126,6 +126,7 @@ def test_the_cap_rises_when_the_calibration_hung_by_luck_early():
     assert result.minimal_mttf.point_s < result.mttf_cap_s
 
 
+@pytest.mark.slow   # many seeded bisections
 def test_stated_error_rate_holds_over_many_seeds():
     model = planted(6, ["f2", "f4"])
     seeds = 80
@@ -242,6 +243,7 @@ def test_a_flag_whose_removal_hung_once_at_once_is_not_called_a_modifier_that_sl
     assert "faster without it, but on 1 hang(s) without it: too few to call" in verdict_f2.text
 
 
+@pytest.mark.slow   # many seeded bisections
 def test_two_independent_triggers_give_one_minimal_set_and_say_so():
     a = Hang("a", "shm_broadcast", {"f0": (True,), "f1": (True,)}, MTTF)
     b = Hang("b", "shm_broadcast", {"f3": (True,)}, MTTF)
@@ -478,6 +480,7 @@ def test_p_as_fast_is_the_pooled_rate_predictive_and_exposure_until_inverts_it()
     assert exposure_until(0, 0.0, 1e6, 1e6 * MTTF, 0.001) == pytest.approx(MTTF * 6.9078, rel=1e-3)
 
 
+@pytest.mark.slow   # many seeded bisections
 def test_each_flag_of_the_answer_is_necessary_on_its_own_evidence():
     # one culprit among six: an unlucky pass of the failing cell without an innocent flag x keeps
     # {f3, x} unless x's absence is soaked until it rejects "as fast" on its own evidence (ablation:
@@ -562,6 +565,7 @@ def test_an_x8_modifier_stays_out_of_the_set_and_is_named_with_its_factor():
         assert ratio > 1 and f4.ratio_low <= 8.0 <= (f4.ratio_high or float("inf"))
 
 
+@pytest.mark.slow   # many seeded bisections
 def test_seed_002s_shape_at_the_default_settings():
     # MTP and expert parallel needed, MTTF 38 min; autotune off makes it 8.2x slower (5h12m): the
     # answer is the seed's own table, MTP and EP necessary, autotune a modifier ~x8, in >= 95 % of runs
@@ -723,6 +727,7 @@ def test_a_modifier_soak_runs_on_to_where_a_pass_would_decide():
     assert not is_called(2 * MTTF + 0.97 * (until - 2 * MTTF))
 
 
+@pytest.mark.slow   # many seeded bisections
 def test_the_modifiers_removal_is_soaked_in_fewer_pieces(monkeypatch):
     # the worst benchmark row's shape (one culprit among 12 flags, MTTF 10 min, an x8 modifier):
     # the modifier's removal passes most 2-MTTF pieces, each with its own start-up; run on to where
@@ -747,6 +752,7 @@ def test_the_modifiers_removal_is_soaked_in_fewer_pieces(monkeypatch):
     assert new_right >= old_right - 1 and new_right >= 13, (new_right, old_right)
 
 
+@pytest.mark.slow   # many seeded bisections
 def test_a_group_holding_the_modifier_finds_it_from_the_sets_side_and_clears_the_rest_at_once(monkeypatch):
     # one culprit among 10 flags, MTTF 10 min, an x8 modifier: the set alone (every flag outside
     # it off) is slow, so its group does not clear. Found by adding flags back to the set (the half

@@ -15,6 +15,8 @@ import pytest
 
 from tests.conftest import EXAMPLES, REPO
 
+pytestmark = pytest.mark.slow   # every test runs `soakmatrix bisect` as a subprocess
+
 DEMO = EXAMPLES / "demo.yaml"
 FAILING = "tiny-moe|H200|async_scheduling=true,cudagraph_mode=FULL_AND_PIECEWISE,mtp=1,tp=2|staggered"
 

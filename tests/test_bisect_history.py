@@ -100,6 +100,7 @@ def test_history_of_another_signature_than_the_target_is_refused():
                history=HistoryExposure(SIG, 1, 100.0, 1, ("n1",)))
 
 
+@pytest.mark.slow   # the CLI as a subprocess
 def test_cli_bisect_with_the_nightlys_results_in_the_store_spends_less_for_the_same_answer(tmp_path):
     from soakmatrix.matrix.contracts.result import CellResult
     from soakmatrix.reports.history import HistoryStore

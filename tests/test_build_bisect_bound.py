@@ -16,6 +16,8 @@ from soakmatrix.matrix.build_bisect import BuildSettings, VirtualBuildOracle, bi
 from soakmatrix.matrix.build_bisect.bound import (lower_bound, probe_bits, probe_cost, search_bits, search_rate,
                                                    spread_floor, spread_value)
 
+pytestmark = pytest.mark.slow   # the floors are checked against many seeded bisections and brute force
+
 
 def test_the_evidence_is_against_the_neighbour_below():
     b = lower_bound(32, 2280.0, 600.0, 0.99)

@@ -7,7 +7,11 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import EXAMPLES, REPO, free_port
+
+pytestmark = pytest.mark.slow   # every test runs `soakmatrix bisect --builds` as a subprocess
 
 DEMO = EXAMPLES / "demo.yaml"
 CELL = "tiny-moe|H200|async_scheduling=false,cudagraph_mode=FULL_DECODE_ONLY,mtp=1,tp=1|staggered"

@@ -9,10 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from soakmatrix.matrix.build_bisect import history as hist
 from soakmatrix.matrix.contracts.outcomes import Outcome
 from soakmatrix.matrix.contracts.result import CellResult
 from soakmatrix.reports.history import HistoryStore
+
 from tests.conftest import REPO
 
 CLI = [sys.executable, "-m", "soakmatrix.matrix.cli"]
@@ -88,6 +90,7 @@ def bisect(matrix: Path, builds: Path, *extra: str) -> subprocess.CompletedProce
                            "--seed", "4", "--quiet", *extra], capture_output=True, text=True, timeout=120, cwd=REPO)
 
 
+@pytest.mark.slow   # the CLI as a subprocess
 def test_history_enters_the_virtual_build_bisection_and_the_report_says_how_much(tmp_path):
     matrix, builds, store = write(tmp_path, HISTORY)
     proc = bisect(matrix, builds, "--json", "--store", str(store))
@@ -108,6 +111,7 @@ def test_history_enters_the_virtual_build_bisection_and_the_report_says_how_much
     assert "history" not in without and without["gpu_hours_by_role"]["calibration"] > 0
 
 
+@pytest.mark.slow   # the CLI as a subprocess
 def test_a_store_without_the_cell_adds_nothing_and_says_so(tmp_path):
     matrix, builds, store = write(tmp_path, [r for r in HISTORY if r.model != "m"])
     proc = bisect(matrix, builds, "--store", str(store))

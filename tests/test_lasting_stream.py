@@ -8,7 +8,10 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 from soakmatrix.matrix.lasting_stream import LastingStream
+
+pytestmark = pytest.mark.slow   # the CLI's commands run as subprocesses with their streams closed
 
 
 def closed_pipe() -> io.TextIOWrapper:

@@ -9,6 +9,8 @@ import pytest
 
 from soakmatrix.matrix.cli import main
 
+pytestmark = pytest.mark.slow   # every test runs `soakmatrix plan` as a subprocess
+
 
 def run_cli(*args):
     proc = subprocess.run([sys.executable, "-m", "soakmatrix.matrix.cli", *args], capture_output=True, text=True,

@@ -11,6 +11,10 @@ from soakmatrix.matrix.contracts.result import CellResult
 from soakmatrix.reports.history import HistoryStore
 from tests.conftest import REPO
 
+import pytest
+
+pytestmark = pytest.mark.slow   # the README's commands run as written, as subprocesses
+
 CLI = [sys.executable, "-m", "soakmatrix.matrix.cli"]
 
 

@@ -15,6 +15,8 @@ import pytest
 
 from tests.conftest import REPO
 
+pytestmark = pytest.mark.slow   # every answer is the CLI's, run as a subprocess
+
 RECORDED = REPO / "tests" / "data" / "recorded"
 BISECT_CASES = json.loads((RECORDED / "virtual_answers.json").read_text())
 

@@ -97,3 +97,19 @@ def test_recompute_leaves_what_it_cannot_read_back(tmp_path):
     assert rf.recompute(no_frames, files.get) == (None, rf.NO_FRAMES)
     # a server log that rotated away does not matter when the stacks carry the culprit
     assert rf.recompute(result, lambda p: files[p] if p.endswith("py-spy.txt") else None) == (new, rf.CHANGED)
+
+
+def test_a_deadlock_recorded_under_a_static_python_rejoins_its_finding(tmp_path):
+    """A static interpreter's `PyThread_acquire_lock_timed (python3.11)` entered the hash before: the
+    night recorded so gets the fingerprint every other Python build gives the same deadlock."""
+    from tests.test_fingerprint_versions import PYSPY, recorded
+
+    static = recorded("host_deadlock_schedule_py311_static_native.txt")
+    (tmp_path / "py-spy.txt").write_text(static)
+    cls = classify(clues_from_texts([static], verdict_kind="hang"))
+    result = CellResult(cell_id="s", cell_name="cell-s", outcome="hang", signature=cls.signature,
+                        fingerprint="72f7de56ee60", stuck_frames=list(cls.stuck_frames), culprit=cls.culprit,
+                        artifacts={"py_spy": str(tmp_path / "py-spy.txt")})
+    shared = classify(clues_from_texts([recorded("host_deadlock_schedule_py312_shared_native.txt")],
+                                       verdict_kind="hang")).fingerprint
+    assert PYSPY.is_dir() and rf.recompute(result, rf.read_text_or_none) == (shared, rf.CHANGED)

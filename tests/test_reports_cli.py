@@ -14,6 +14,8 @@ from soakmatrix.matrix.cells import Cell
 from soakmatrix.matrix.contracts.result import CellResult
 from soakmatrix.reports.history import HistoryStore
 
+pytestmark = pytest.mark.slow   # every test runs `soakmatrix report` as a subprocess
+
 EXTENDED_XSD = Path(__file__).parent / "data" / "junit-10-testcase-properties.xsd"
 CELLS = [Cell.make("zai-org/GLM-5.1", "H200", {"tp": 8, "mtp": m}, "chat") for m in (0, 1, 2)]
 NIGHTS = ["PHP", "PPH", "XXX"]   # per cell: one letter per night

@@ -108,7 +108,7 @@ def cluster():
         yield c.address
     finally:
         c.shutdown()
-        from test_cluster import ray_processes_of
+        from tests.test_cluster import ray_processes_of
         psutil.wait_procs(ray_processes_of(os.getpid()), timeout=30)
         assert ray_processes_of(os.getpid()) == []
         shutil.rmtree(temp_dir, ignore_errors=True)
@@ -170,6 +170,8 @@ def test_demo_end_to_end_finds_the_planted_hangs(tmp_path):
         else:
             assert r.flags["mtp"] == 1 and r.flags["cudagraph_mode"] == "FULL_AND_PIECEWISE", seen
     assert all(r.outcome is Outcome.PASSED for r in results if r not in hangs)
+    # every node passed its preflight (the simulated backend's: ptrace alone), kept in each result
+    assert all(r.extra["preflight"]["backend"] == "sim" and r.extra["preflight"]["ok"] for r in results)
     # one planted bug, one finding: the shm broadcast hang's stuck step is the same at TP 1 (a thread
     # of the engine core) and TP 2 (a worker process)
     shm = [r for r in hangs if r.signature == "shm_broadcast_timeout"]

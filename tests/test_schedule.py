@@ -641,3 +641,51 @@ def test_ray_worker_killed_mid_cell_leaves_no_engine_behind(ray_cluster, fleet, 
         p.kill()
     assert [p.pid for p in left] == [], "the killed worker's engine lives on"
 
+
+
+def first_node_fails_its_preflight(folder, backend, expected, indices):
+    """A stand-in doctor: the first node it runs on fails (a marker made atomically says which), the
+    others pass; every run is counted per node."""
+    import os
+
+    import ray
+
+    node = ray.get_runtime_context().get_node_id()
+    with open(os.path.join(folder, f"doctor-{node}"), "a") as fh:
+        fh.write("x")
+    try:
+        fd = os.open(os.path.join(folder, "bad-node"), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        os.write(fd, node.encode())
+        os.close(fd)
+    except FileExistsError:
+        pass
+    bad = open(os.path.join(folder, "bad-node")).read()
+    status = "fail" if node == bad else "ok"
+    return {"node": node, "backend": backend, "ok": status == "ok", "notes": [],
+            "checks": [{"name": "shm", "status": status, "detail": f"/dev/shm on {node[:8]}"}]}
+
+
+@pytest.mark.slow
+def test_ray_a_node_that_fails_its_preflight_refuses_its_cells_and_each_node_is_checked_once(
+        ray_cluster, fleet, tmp_path):
+    from functools import partial
+
+    from soakmatrix.matrix.schedule import RayLauncher
+
+    matrix, cells = fleet
+    pcs = [cell(cells, "H200", 8, 0), cell(cells, "H200", 8, 1)]
+    launcher = RayLauncher(run_cell=sleepy_run_cell, diagnose=partial(first_node_fails_its_preflight, str(tmp_path)))
+    rec = Recorder()
+    summary = run_cells(pcs, lambda pc: spec_of(matrix, pc, backend="vllm", soak_s=1.0), launcher, rec,
+                        retries=2, cap_s=120, poll_s=0.2)
+    bad = (tmp_path / "bad-node").read_text()
+    assert [r.outcome for r in summary.results] == [Outcome.PASSED, Outcome.PASSED]
+    refused = [r for r in rec.retrying if "failed its preflight" in r.message]
+    assert refused and all(r.outcome is Outcome.INFRA_ERROR and r.extra["ray_node_id"] == bad for r in refused)
+    assert refused[0].message.endswith(f"shm: /dev/shm on {bad[:8]}")
+    assert refused[0].extra["preflight"]["checks"][0]["status"] == "fail"
+    for r in summary.results:
+        assert r.extra["ray_node_id"] != bad and r.extra["preflight"]["ok"]
+    # once per node per run, however many cells went there
+    counts = {p.name: len(p.read_text()) for p in tmp_path.glob("doctor-*")}
+    assert set(counts.values()) == {1} and f"doctor-{bad}" in counts, counts

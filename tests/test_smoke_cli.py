@@ -87,5 +87,5 @@ def test_smoke_runs_touched_cells_most_informative_first_and_fails_fast(tmp_path
     m = load_matrix(matrix)
     expected = informative_order(cells_touching(plan(m, "smoke").cells, {"mtp"}, m.baseline), 2, m.baseline, {"mtp"})
     assert planned == [pc.id for pc in expected[:2]]
-    from test_run_cli import assert_gone
+    from tests.test_run_cli import assert_gone
     assert_gone(str(out))

@@ -9,8 +9,12 @@ import subprocess
 import sys
 from types import SimpleNamespace
 
+import pytest
+
 from tests.conftest import REPO
 from tests.xdist_suite import real_engine_first, runs_the_real_engine
+
+pytestmark = pytest.mark.slow   # each test runs a small suite of its own on two xdist workers
 
 
 class Item:

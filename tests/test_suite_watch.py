@@ -10,7 +10,11 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from tests.conftest import REPO
+
+pytestmark = pytest.mark.slow   # each test runs a small suite of its own under the suite watch
 
 CONFTEST = f'''
 import sys

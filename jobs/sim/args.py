@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -43,6 +44,7 @@ class SimConfig:
     seed: int = 0
     hang_record: str | None = None
     step_time_scale: float = 1.0                 # benchmarks: 0 = an infinitely fast GPU
+    torch_device: str | None = None              # --torch-device cuda:0: torch drives a real GPU (torch_device.py)
     access_log: bool = True
     log_stats: bool = True
     explicit: set[str] = field(default_factory=set)   # canonical flags given on the command line
@@ -74,6 +76,7 @@ _SIM_OPTIONS = {
     "--time-scale": "time_scale",
     "--hang-record": "hang_record",
     "--step-time-scale": "step_time_scale",
+    "--torch-device": "torch_device",
 }
 
 # vLLM options that take a value and that the simulator reads.
@@ -310,6 +313,11 @@ def _apply_values(config: SimConfig, values: dict[str, Any], environ: dict[str, 
             raise SimUsageError("argument --step-time-scale: must be >= 0")
     if values.get("hang_record"):
         config.hang_record = values["hang_record"]
+    if "torch_device" in values:
+        if not re.fullmatch(r"cuda(?::\d+)?|cpu", str(values["torch_device"])):
+            raise SimUsageError("argument --torch-device: cuda, cuda:N or cpu, "
+                                f"got {values['torch_device']!r}")
+        config.torch_device = values["torch_device"]
     config.access_log = values.get("access_log", True)
     config.log_stats = values.get("log_stats", True)
 

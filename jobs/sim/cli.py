@@ -25,6 +25,8 @@ our options:
   --seed N             seeds the output tokens, step-time jitter and the hangs' times (with the model's seed)
   --hang-record FILE   append one JSON line per hang at the moment it begins
   --step-time-scale F  multiply the simulated GPU step times (default 1; 0 = no GPU time, for benchmarks)
+  --torch-device DEV   run each step with torch on a real device (cuda, cuda:N, or cpu); planted hangs then
+                       stall in real CUDA and gloo calls (jobs/sim/torch_device.py, docs/gpu-nodes.md)
 
 vLLM flags read: --model, --host, --port, --served-model-name, --max-model-len, --num-gpu-blocks-override,
   --disable-log-stats, --disable-uvicorn-access-log, and every flag of the flag registry

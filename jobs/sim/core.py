@@ -55,6 +55,11 @@ class EngineCore:
         self.clock = HangClock(arm(self.hang_model, config.flags, config.gpu_type, config.seed,
                                    config.time_scale, config.build))
         self.executor = Executor(config, clocks)
+        if (config.torch_device or "").startswith("cuda"):   # after the workers' fork: CUDA is touched from now
+            from .torch_device import CudaTransferEvent
+
+            self.scheduler.transfer_event = CudaTransferEvent(config.torch_device)
+            self.scheduler.transfer_event.synchronize()   # CUDA's set-up now, not in the first step
         self.hung: ArmedHang | None = None
         self.recorder = HangRecorder(config.hang_record)
 
@@ -176,13 +181,20 @@ class EngineCore:
         }))
 
     # -- hangs
+    def _signature_of(self, style: str) -> str:
+        """What the soak job must call this hang: with torch driving a device at TP > 1 the silent
+        worker of `shm_broadcast` waits in a lost collective (torch_device.py)."""
+        if style == "shm_broadcast" and self.config.torch_device and self.executor.tp > 1:
+            return "collective_stall"
+        return STYLE_SIGNATURE[style]
+
     def _begin_hang(self, armed: ArmedHang, running: int) -> None:
         """`running`: the requests running while the hang's clock ran out (the step just taken may
         have finished them since)."""
         self.hung = armed
         style = armed.hang.style
         record = {
-            "hang_id": armed.hang.id, "style": style, "signature": STYLE_SIGNATURE[style],
+            "hang_id": armed.hang.id, "style": style, "signature": self._signature_of(style),
             "began_at": time.time(), "engine_time_s": round(self.clock.exposure_s, 6),
             "running": running, "waiting": len(self.scheduler.waiting),
             "mttf_s": armed.mttf_s, "fires_after_s": armed.fires_after_s, "accrued_s": round(armed.accrued_s, 6),

@@ -9,6 +9,8 @@ context, so a long prompt without chunking makes a legitimately slow step of sec
 Two hangs happen here: `shm_broadcast` silences one model runner (`sample_tokens_stuck`) while the
 engine core waits in `Executor.sample_tokens` -> `MessageQueue.acquire_read` (warnings, then
 `RPC call to sample_tokens timed out`); `crash` raises a CUDA error in `Executor.execute_model`.
+With `--torch-device` each model runner also runs its step on a real GPU (`torch_device.py`), and
+the silent runner of a TP > 1 engine waits in a gloo all-reduce its peers never join.
 """
 
 from __future__ import annotations
@@ -17,9 +19,11 @@ import logging
 import math
 import os
 import random
+import socket
 import threading
 import time
-from typing import Any
+from functools import partial
+from typing import Any, Callable
 
 from .args import SimConfig
 from .clocks import Clocks
@@ -53,9 +57,14 @@ def sample_tokens_stuck() -> None:
     threading.Event().wait()
 
 
-def execute_model(step: dict[str, Any], rank: int) -> None:
+def execute_model(step: dict[str, Any], rank: int, runner: Any = None) -> None:
+    """One step of one model runner; `runner` (torch_device.DeviceRunner) when torch drives a GPU."""
     if step.get("hang_rank") == rank:
+        if runner is not None and runner.world > 1:
+            runner.lost_all_reduce()
         sample_tokens_stuck()
+    if runner is not None:
+        runner.step()
     if step["step_s"] > 0:
         time.sleep(step["step_s"])
 
@@ -66,7 +75,7 @@ WORKER_READY_TIMEOUT_S = 120.0  # generous: two busy cores fork TP workers slowl
 
 # vLLM's own names for a worker's loop and entry point (WorkerProc.worker_busy_loop, worker_main): a
 # hang's fingerprint leaves them out, so one stuck step is one finding at every TP size.
-def worker_busy_loop(inbox: Any, outbox: Any, rank: int) -> None:
+def worker_busy_loop(inbox: Any, outbox: Any, rank: int, runner: Any = None) -> None:
     while True:
         try:
             step = inbox.recv()
@@ -74,14 +83,15 @@ def worker_busy_loop(inbox: Any, outbox: Any, rank: int) -> None:
             return
         if step is None:
             return
-        execute_model(step, rank)
+        execute_model(step, rank, runner)
         try:
             outbox.send(rank)
         except (BrokenPipeError, OSError):
             return
 
 
-def worker_main(inbox: Any, outbox: Any, rank: int, config: SimConfig, parent_pid: int) -> None:
+def worker_main(inbox: Any, outbox: Any, rank: int, config: SimConfig, parent_pid: int,
+                store: str | None = None) -> None:
     set_process_title(f"VLLM::Worker_TP{rank}")
     die_with_parent(parent_pid)
     reset_child_signals()
@@ -89,12 +99,34 @@ def worker_main(inbox: Any, outbox: Any, rank: int, config: SimConfig, parent_pi
     vlog(logging.INFO, "parallel_state.py:1325",
          "rank %d in world size %d is assigned as DP rank 0, PP rank 0, TP rank %d, EP rank %d",
          rank, config.flags["tp"], rank, rank)
+    # torch imported, the device and the workers' group set up before READY, as vLLM's workers load
+    # their model first: the engine is up only once every runner can step
+    make_runner = device_runner(config, rank, store)
+    runner = make_runner() if make_runner is not None else None
     try:
         outbox.send(READY)
     except (BrokenPipeError, OSError):
         os._exit(0)
-    worker_busy_loop(inbox, outbox, rank)
+    worker_busy_loop(inbox, outbox, rank, runner)
     os._exit(0)
+
+
+def gloo_rendezvous() -> str:
+    """Where the workers' gloo group meets: a loopback TCP store rank 0 serves (gone with the workers,
+    where a file store would outlive a killed engine)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return f"tcp://127.0.0.1:{probe.getsockname()[1]}"
+
+
+def device_runner(config: SimConfig, rank: int, store: str | None) -> Callable[[], Any] | None:
+    """What makes a model runner's torch side (`--torch-device`), or None for the simulated GPU."""
+    if not config.torch_device:
+        return None
+    from .torch_device import DeviceRunner
+
+    tp = int(config.flags["tp"])
+    return partial(DeviceRunner, config.torch_device, rank, tp, store)
 
 
 class Executor:
@@ -104,6 +136,7 @@ class Executor:
         self.tp = int(config.flags["tp"])
         self.clocks = clocks
         ctx = mp.get_context("fork")
+        store = gloo_rendezvous() if config.torch_device and self.tp > 1 else None
         writers, readers = [], []
         self.procs: list[Any] = []
         self.threads: list[threading.Thread] = []
@@ -113,11 +146,15 @@ class Executor:
             writers.append(in_w)
             readers.append(out_r)
             if self.tp == 1:
-                t = threading.Thread(target=worker_busy_loop, args=(in_r, out_w, rank), name="model-runner", daemon=True)
+                make_runner = device_runner(config, rank, None)   # TP 1: torch in the engine core itself
+                runner = make_runner() if make_runner is not None else None
+                t = threading.Thread(target=worker_busy_loop, args=(in_r, out_w, rank, runner), name="model-runner",
+                                     daemon=True)
                 t.start()
                 self.threads.append(t)
             else:
-                p = ctx.Process(target=worker_main, args=(in_r, out_w, rank, config, os.getpid()),
+                extra = (store,) if store else ()
+                p = ctx.Process(target=worker_main, args=(in_r, out_w, rank, config, os.getpid(), *extra),
                                 name=f"Worker_TP{rank}", daemon=False)
                 p.start()
                 in_r.close()
@@ -169,3 +206,4 @@ class Executor:
                 p.kill()
         for p in self.procs:
             p.join(timeout=2)
+

@@ -89,6 +89,25 @@ def _to_list(sampled: list[list[int]], event: _TransferEvent) -> list[list[int]]
     return [list(t) for t in sampled]
 
 
+def lock_order_deadlock() -> None:
+    """A host deadlock (`--torch-device`'s silent_stall): this thread takes the scheduler's lock then
+    the block pool's, a KV-events thread the other way round, each after the other holds its first."""
+    scheduler_lock, block_pool_lock = threading.Lock(), threading.Lock()
+    both_held = threading.Barrier(2)
+
+    def publish_kv_events() -> None:
+        with block_pool_lock:
+            both_held.wait()
+            with scheduler_lock:
+                pass
+
+    threading.Thread(target=publish_kv_events, name="kv-events", daemon=True).start()
+    with scheduler_lock:
+        both_held.wait()
+        with block_pool_lock:
+            pass
+
+
 class Scheduler:
     def __init__(self, config: SimConfig, num_gpu_blocks: int) -> None:
         f = config.flags
@@ -107,6 +126,7 @@ class Scheduler:
         self.step_counter = 0
         self.transfer_event = _TransferEvent()
         self.stalled = False
+        self.stall_as_deadlock = bool(config.torch_device)   # the GPU tree's host stall: a true deadlock
         self._never = threading.Event()
         self._reset_step_stats()
 
@@ -242,6 +262,8 @@ class Scheduler:
         return SchedulerOutput(items, self.step_counter)
 
     def _stall(self) -> None:
+        if self.stall_as_deadlock:
+            lock_order_deadlock()
         while True:            # silent_stall: the scheduler step never returns
             self._never.wait(0.5)
 

@@ -107,7 +107,7 @@ class SoakOracle:
 
     def run(self, probes: Sequence[Probe]) -> list[ProbeResult]:
         """One round: every probe at once, repeats of one config as copies of it (`side_by_side`)."""
-        from soakmatrix.matrix.schedule import cap_seconds, run_cells
+        from soakmatrix.matrix.schedule import ClusterLost, cap_seconds, run_cells
 
         if not probes:
             return []
@@ -135,6 +135,8 @@ class SoakOracle:
             # Ctrl-C or SIGTERM: the loop stopped the probes; cancelled probes are no answers (the
             # bisection would read them as infrastructure errors and go on soaking)
             raise KeyboardInterrupt
+        if summary.lost:
+            raise ClusterLost(summary.lost)   # no answers: the round is not journaled, a resume soaks it again
         results: list[ProbeResult | None] = [None] * len(probes)
         for result in summary.results:
             i = by_id.get(result.cell_id)

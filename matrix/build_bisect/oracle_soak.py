@@ -72,7 +72,7 @@ class BuildSoakOracle:
 
     def run(self, probes: Sequence[BuildProbe]) -> list[BuildProbeResult]:
         """One round: every probe at once, repeats of one build as copies of its cell (`side_by_side`)."""
-        from soakmatrix.matrix.schedule import cap_seconds, run_cells
+        from soakmatrix.matrix.schedule import ClusterLost, cap_seconds, run_cells
 
         if not probes:
             return []
@@ -102,6 +102,8 @@ class BuildSoakOracle:
                             retries=self.profile.retries, cap_s=cap, order=list)
         if summary.interrupted:
             raise KeyboardInterrupt   # Ctrl-C: the loop stopped the probes; the bisection stops too
+        if summary.lost:
+            raise ClusterLost(summary.lost)   # no answers: the round is not journaled, a resume soaks it again
         out: list[BuildProbeResult | None] = [None] * len(probes)
         for result in summary.results:
             i = by_id.get(result.cell_id)

@@ -35,6 +35,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("soakmatrix.matrix.cli.report", "write JUnit and the dashboard from a history store"),
     "sim-engine": ("soakmatrix.matrix.cli.sim_engine", "the simulated vLLM server (takes `vllm serve` flags)"),
     "watch": ("soakmatrix.matrix.cli.watch", "guard a running vLLM server: catch a hang in seconds, keep the evidence"),
+    "doctor": ("soakmatrix.matrix.cli.doctor", "check this node can run cells: GPUs, NVML, ptrace, shm, vLLM, Xid"),
 }
 
 # the extras (matrix/extras.py) a command needs whatever its options; the core runs the others.

@@ -49,6 +49,7 @@ from soakmatrix.matrix.contracts.outcomes import EXIT_FOUND, EXIT_INFRA, EXIT_OK
 from soakmatrix.matrix.lasting_stream import divert_stderr
 from soakmatrix.matrix.plan import PlannedCell, plan, planned_cell
 from soakmatrix.matrix.schedule.cluster import CONNECT_ERRORS, address_from, cannot_reach
+from soakmatrix.matrix.schedule.cluster_loss import ClusterLost
 from soakmatrix.matrix.spec import Matrix, Profile, load_matrix
 from soakmatrix.matrix.spec_types import Build
 from soakmatrix.matrix.stop_signals import Stopped, StopSignals
@@ -67,7 +68,8 @@ EPILOG = """exit codes:
      reach at --ray-address; nothing was run
   3  inconclusive: the probe or GPU-hour budget ran out before a verdict (for bisect, 3 is never an
      infrastructure error: its probes retry those; --resume with a larger --max-probes or
-     --budget-gpu-hours continues)
+     --budget-gpu-hours continues); or the Ray cluster was lost mid-bisection (one line says so;
+     the answered probes are kept, --resume continues once the cluster is back)
   130 / 143  stopped by SIGINT / SIGTERM: the probes' servers torn down, the answered probes kept
 
 Every answered probe is kept in a journal in --out (real probes: bisect-out by default; --virtual:
@@ -199,6 +201,11 @@ def main(args: argparse.Namespace) -> int:
     except (_Usage, JournalError) as exc:
         print(f"soakmatrix bisect: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except ClusterLost as exc:   # the probes under way died with the cluster; the answered ones are journaled
+        out = journal_dir(args)
+        print(f"soakmatrix bisect: {exc}; the answered probes are kept in {out}; once the cluster is back, "
+              "`--resume` continues", file=sys.stderr)
+        return EXIT_INFRA
     except KeyboardInterrupt:
         # Ctrl-C or SIGTERM: the probes were stopped and their servers torn down; what was answered is
         # in the journal. The signal decides the exit code (130 / 143), however deep it was caught.

@@ -8,6 +8,7 @@ re-exported here.
 
 from __future__ import annotations
 
+from .cluster_loss import ClusterLost, HeadUnreachable, cluster_lost
 from .loop import (
     DEFAULT_CAP_MARGIN_S,
     STOP_GRACE_S,
@@ -38,8 +39,8 @@ from .ray_launcher import RayLauncher
 from .task import RunCell, run_with_cap, with_assigned_gpus
 
 __all__ = [
-    "ACCELERATOR_PREFIX", "DEFAULT_CAP_MARGIN_S", "NODE_ID_LABEL", "STOP_GRACE_S", "Events", "Launcher", "Node",
-    "RayLauncher", "RunCell", "RunSummary", "Running", "avoid_on_retry", "avoid_selector", "cap_seconds",
-    "dispatch_order", "infra_result", "lower_bound_makespan", "nodes_from_ray", "overran", "placement_problem",
+    "ACCELERATOR_PREFIX", "DEFAULT_CAP_MARGIN_S", "NODE_ID_LABEL", "STOP_GRACE_S", "ClusterLost", "Events",
+    "HeadUnreachable", "Launcher", "Node", "RayLauncher", "RunCell", "RunSummary", "Running", "avoid_on_retry", "avoid_selector", "cap_seconds",
+    "cluster_lost", "dispatch_order", "infra_result", "lower_bound_makespan", "nodes_from_ray", "overran", "placement_problem",
     "run_cells", "run_with_cap", "should_retry", "stranded", "unplaceable", "with_assigned_gpus",
 ]

@@ -5,7 +5,8 @@ Its side effects go through a `Launcher` (`RayLauncher` in production: tasks, ca
 start-event mailbox), so the loop is tested with a fake launcher and no Ray at all. Outcomes (as
 Ray's release tooling splits them): a lost node, a killed worker, a task that overran its hard cap
 or an error inside the soak job is an `infra_error`, retried on another node up to the profile's
-`retries`; a hang or crash is the finding and never retried.
+`retries`; a hang or crash is the finding and never retried. A lost head or driver's node
+(`cluster_loss`) ends the loop with what finished; the rest is left to a resumed run.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from soakmatrix.matrix.contracts.outcomes import Outcome
 from soakmatrix.matrix.contracts.result import CellResult
 from soakmatrix.matrix.plan import PlannedCell
 
+from .cluster_loss import ClusterLost, cluster_lost
 from .placement import Node, avoid_on_retry, dispatch_order, stranded
 
 STOP_GRACE_S = 60.0      # a cancelled cell gets this long to tear its server down
@@ -104,6 +106,7 @@ class RunSummary:
     interrupted: bool = False
     stopped_early: bool = False    # --fail-fast found something and cancelled the rest
     unfinished: list[str] = field(default_factory=list)
+    lost: str | None = None        # why the cluster is gone (`cluster_loss`), when it ended the run
 
 
 class Events(Protocol):
@@ -126,8 +129,11 @@ def run_cells(cells: Sequence[PlannedCell], make_spec: Callable[[PlannedCell], S
     A waiting cell whose GPU type no live node offers any more (its nodes were lost) is given up
     after `stranded_grace_s` as infra_error instead of pending for ever (nodes may come back).
     Ctrl-C (KeyboardInterrupt) and `fail_fast` cancel the remaining cells; cancelled cells are not
-    results (a resumed run reruns them). Results already reported are never lost.
+    results (a resumed run reruns them). Results already reported are never lost. So is a lost
+    cluster: an error of the launcher's own calls that `cluster_lost` reads as the head or the driver's
+    node gone ends the loop with `summary.lost` set and the cells under way unfinished.
     """
+    launcher = _Guarded(launcher)
     running: dict[Any, Running] = {}
     by_attempt: dict[tuple[str, int], Any] = {}
     results: list[CellResult] = []
@@ -179,6 +185,11 @@ def run_cells(cells: Sequence[PlannedCell], make_spec: Callable[[PlannedCell], S
         summary.interrupted = isinstance(exc, KeyboardInterrupt)
         summary.unfinished = sorted({item.pc.id for item in running.values()})
         _cancel_all(launcher, running, grace_s)
+    except ClusterLost as exc:
+        summary.lost = str(exc)
+        summary.unfinished = sorted({item.pc.id for item in running.values()})
+        for handle in running:   # nothing to wait for: the tasks end with their raylets or the job
+            launcher.cancel(handle, force=False)
     except BaseException:
         _cancel_all(launcher, running, grace_s)   # e.g. the store failed: stop the servers, then say why
         raise
@@ -187,6 +198,47 @@ def run_cells(cells: Sequence[PlannedCell], make_spec: Callable[[PlannedCell], S
 
 class _StopRun(Exception):
     pass
+
+
+class _Guarded:
+    """The launcher, an error of its own calls that means a lost cluster raised as `ClusterLost`.
+    A task's result is not guarded: a cell dying with its worker node is that cell's infra error."""
+
+    def __init__(self, launcher: Launcher):
+        self._launcher = launcher
+
+    def _call(self, call: Callable[..., Any], *args: Any) -> Any:
+        try:
+            return call(*args)
+        except ClusterLost:
+            raise
+        except Exception as exc:
+            why = cluster_lost(exc)
+            if why is None:
+                raise
+            raise ClusterLost(why) from exc
+
+    def submit(self, spec: SoakSpec, ray_label: str, avoid_nodes: frozenset[str], cap_s: float) -> Any:
+        return self._call(self._launcher.submit, spec, ray_label, avoid_nodes, cap_s)
+
+    def wait(self, handles: list[Any], timeout_s: float) -> list[Any]:
+        return self._call(self._launcher.wait, handles, timeout_s)
+
+    def result(self, handle: Any) -> CellResult:
+        return self._launcher.result(handle)
+
+    def cancel(self, handle: Any, force: bool) -> None:
+        try:
+            self._launcher.cancel(handle, force)
+        except Exception as exc:  # noqa: BLE001 - a cancel that cannot reach the cluster has nothing to stop
+            if cluster_lost(exc) is None:
+                raise
+
+    def nodes(self) -> list[Node]:
+        return self._call(self._launcher.nodes)
+
+    def started(self) -> list[tuple[str, int, str, float]]:
+        return self._call(self._launcher.started)
 
 
 def _retry_note(result: CellResult) -> str:
@@ -244,7 +296,7 @@ def _cancel_all(launcher: Launcher, running: dict[Any, Running], grace_s: float)
     while pending and time.time() < deadline:
         try:
             done = launcher.wait(pending, 1.0)
-        except KeyboardInterrupt:   # a second Ctrl-C: stop waiting politely
+        except (KeyboardInterrupt, ClusterLost):   # a second Ctrl-C, or no cluster left to wait for
             break
         pending = [h for h in pending if h not in done]
     for handle in pending:
