@@ -35,10 +35,11 @@ BLOCKER = textwrap.dedent("""
     sys.argv[1:2] = []
 """)
 
-# every module `soakmatrix watch` and the pytest plugin import, at start and while they work
+# every module `soakmatrix watch` and the pytest plugin import, at start and while they work, and
+# the other core commands (plan, sim-engine, doctor)
 WATCH_AND_PLUGIN = (
     "soakmatrix.matrix.cli", "soakmatrix.matrix.cli.watch", "soakmatrix.matrix.cli.plan",
-    "soakmatrix.matrix.cli.sim_engine",
+    "soakmatrix.matrix.cli.sim_engine", "soakmatrix.matrix.cli.doctor", "soakmatrix.jobs.doctor",
     "soakmatrix.jobs.watch.incident", "soakmatrix.jobs.watch.logsource", "soakmatrix.jobs.watch.loop",
     "soakmatrix.jobs.watch.metrics", "soakmatrix.jobs.watch.runner", "soakmatrix.jobs.watch.target",
     "soakmatrix.jobs.soak", "soakmatrix.jobs.evidence", "soakmatrix.jobs.load", "soakmatrix.jobs.engines",
