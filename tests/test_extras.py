@@ -162,15 +162,25 @@ def test_help_needs_no_extra_and_the_core_commands_run():
     assert p.returncode == 0 and "cells" in p.stdout, p.stderr
 
 
-def test_flag_bisection_on_ray_without_it_says_so(tmp_path):
-    """`bisect` needs Ray only for real probes: the cluster connection checks, before any probe."""
+def _first_demo_cell() -> str:
     plan = subprocess.run([sys.executable, "-m", "soakmatrix.matrix.cli", "plan", "matrix/examples/demo.yaml", "--json"],
                           capture_output=True, text=True, timeout=60, cwd=REPO)
-    cell = json.loads(plan.stdout)["cells"][0]["id"]
+    return json.loads(plan.stdout)["cells"][0]["id"]
+
+
+def test_flag_bisection_on_ray_without_it_says_so(tmp_path):
+    """`bisect` needs Ray only for real probes: the cluster connection checks, before any probe."""
+    cell = _first_demo_cell()
     p = cli_without(("ray",), "bisect", "matrix/examples/demo.yaml", "--cell", cell, "--out", str(tmp_path / "b"))
     assert p.returncode == 2, p.stderr
     assert p.stderr.strip().endswith("soakmatrix bisect needs Ray: pip install 'soakmatrix[ray]'")
     assert "Traceback" not in p.stderr
+
+
+def test_virtual_bisection_needs_only_the_bisect_extra():
+    p = cli_without(("ray", "plotly", "jinja2"), "bisect", "matrix/examples/demo.yaml", "--cell", _first_demo_cell(),
+                    "--virtual", "--max-probes", "5", "--quiet")
+    assert p.returncode == 0 and "nothing to bisect" in p.stdout, p.stdout + p.stderr
 
 
 def test_the_plugins_ray_address_without_ray_is_a_usage_error(tmp_path):
