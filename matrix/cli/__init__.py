@@ -1,9 +1,9 @@
 """The `soakmatrix` command: a thin dispatcher over one module per subcommand.
 
 Each command module has `HELP`, `configure(parser)` and `main(args) -> int`; it is imported only
-when its command runs, so `soakmatrix plan` never pays for Ray or vLLM imports. A command that needs an optional extra (Ray,
-the dashboard, bisection's statistics: `NEEDS`, matrix/extras.py) says which to install and exits 2
-when it is missing, before it starts any work. A module that sets
+when its command runs, so `soakmatrix plan` never pays for Ray or vLLM imports. A command that
+needs an optional extra (Ray, the dashboard, bisection's statistics: `NEEDS`, matrix/extras.py) says
+which to install and exits 2 when it is missing, before it starts any work. A module that sets
 `ACCEPTS_UNKNOWN_ARGS = True` gets the arguments its parser did not know in `args.unknown_args`;
 one that sets `OUTLIVES_ITS_READER = True` runs with stderr as a `LastingStream`, so that a reader
 of its progress going away does not end hours of work (matrix/lasting_stream.py).
