@@ -4,19 +4,21 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-fast test-gpu install install-test install-vllm chromium demo-vllm record-cassettes bench clean
+.PHONY: demo test test-fast test-gpu test-ray-oldest install install-test install-vllm chromium demo-vllm record-cassettes bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
-# core: seconds on a warm pip cache; the real engine is an optional extra (make install-vllm)
+# every extra (Ray, the dashboard, bisection's statistics): seconds on a warm pip cache; the real
+# engine is an extra of its own (make install-vllm). `pip install soakmatrix` alone is the light core
+# that `watch`, `plan`, `sim-engine` and the pytest plugin need (docs/install.md).
 $(VENV)/.core: $(BIN)/python pyproject.toml
-	$(BIN)/pip install -q -e .
+	$(BIN)/pip install -q -e '.[all]'
 	touch $@
 
 $(VENV)/.test: $(VENV)/.core
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q -e '.[all,test]'
 	touch $@
 
 install: $(VENV)/.core
@@ -50,11 +52,20 @@ demo-vllm: install-vllm
 	  code=$$?; echo "JUnit: out/demo-vllm/junit.xml  dashboard: out/demo-vllm/dashboard/index.html  (exit $$code)"; \
 	  [ $$code -le 1 ]
 
-# what a developer runs between edits: no servers, no clusters, no vLLM
+# the oldest Ray release of the tested range (pyproject's `ray` extra, docs/ray.md "Ray versions"):
+# the Ray-using tests and the demo in a venv of their own, so .venv keeps the newest
+RAY_OLDEST ?= 2.59.0
+RAY_OLDEST_VENV := .venv-ray-oldest
+test-ray-oldest:
+	test -x $(RAY_OLDEST_VENV)/bin/python || $(PYTHON) -m venv $(RAY_OLDEST_VENV)
+	$(RAY_OLDEST_VENV)/bin/pip install -q -e '.[all,test]' 'ray[default]==$(RAY_OLDEST)'
+	$(RAY_OLDEST_VENV)/bin/python -m pytest -p no:xdist -m "not vllm" tests/test_cluster.py tests/test_schedule.py tests/test_run_cli.py $(PYTEST_ARGS)
+
 # the GPU loop (tests/test_gpu_loop.py) on a node with torch and a CUDA GPU; elsewhere every test skips, saying why
 test-gpu: install-test
 	$(BIN)/python -m pytest -m gpu -rs $(PYTEST_ARGS)
 
+# what a developer runs between edits: no servers, no clusters, no vLLM
 test-fast: install-test
 	$(BIN)/python -m pytest -n 2 --dist worksteal -m "not slow and not vllm and not gpu" $(PYTEST_ARGS)
 
@@ -66,4 +77,4 @@ bench: install-test
 	$(BIN)/python -m benchmarks
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info out
+	rm -rf $(VENV) $(RAY_OLDEST_VENV) build dist *.egg-info out

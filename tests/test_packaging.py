@@ -2,6 +2,7 @@
 
 import subprocess
 import sys
+import tomllib
 import zipfile
 from pathlib import Path
 
@@ -29,3 +30,13 @@ def test_wheel_contains_every_module_under_its_import_name(tmp_path):
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     text = zipfile.ZipFile(wheel).read(entry_points).decode()
     assert "soakmatrix = soakmatrix.matrix.cli:main" in text
+
+
+def test_every_package_folder_is_listed_in_pyproject():
+    """The quick half of the wheel test: a new subpackage missing from `packages` would be left out."""
+    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    folders = {"soakmatrix." + ".".join(init.parent.relative_to(REPO).parts)
+               for folder in FOLDERS for init in (REPO / folder).rglob("__init__.py")
+               if "__pycache__" not in init.parts}
+    assert sorted(folders - listed) == [], "add these to [tool.setuptools] packages"
+    assert "soakmatrix" in listed   # the top level: __version__

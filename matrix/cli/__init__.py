@@ -1,7 +1,9 @@
 """The `soakmatrix` command: a thin dispatcher over one module per subcommand.
 
 Each command module has `HELP`, `configure(parser)` and `main(args) -> int`; it is imported only
-when its command runs, so `soakmatrix plan` never pays for Ray or vLLM imports. A module that sets
+when its command runs, so `soakmatrix plan` never pays for Ray or vLLM imports. A command that
+needs an optional extra (Ray, the dashboard, bisection's statistics: `NEEDS`, matrix/extras.py) says
+which to install and exits 2 when it is missing, before it starts any work. A module that sets
 `ACCEPTS_UNKNOWN_ARGS = True` gets the arguments its parser did not know in `args.unknown_args`;
 one that sets `OUTLIVES_ITS_READER = True` runs with stderr as a `LastingStream`, so that a reader
 of its progress going away does not end hours of work (matrix/lasting_stream.py).
@@ -16,6 +18,7 @@ import sys
 import traceback
 from typing import Sequence
 
+from soakmatrix.matrix import extras
 from soakmatrix.matrix.contracts.outcomes import EXIT_INFRA, EXIT_USAGE
 from soakmatrix.matrix.contracts.yamlsrc import SpecError
 from soakmatrix.matrix.lasting_stream import LastingStream, gone_from_the_start, reopen_closed_standard_streams
@@ -35,9 +38,25 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "doctor": ("soakmatrix.matrix.cli.doctor", "check this node can run cells: GPUs, NVML, ptrace, shm, vLLM, Xid"),
 }
 
+# the extras (matrix/extras.py) a command needs whatever its options; the core runs the others.
+# `bisect` needs Ray only for real probes: the cluster connection checks for it (--virtual needs none).
+NEEDS: dict[str, tuple[str, ...]] = {
+    "run": ("ray", "reports"),
+    "smoke": ("ray", "reports"),
+    "bisect": ("bisect",),
+    "report": ("reports",),
+}
+
+
+def version_line() -> str:
+    import soakmatrix
+
+    return f"soakmatrix {soakmatrix.__version__}"
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="soakmatrix", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=version_line())
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (_, help_text) in COMMANDS.items():
         sub.add_parser(name, help=help_text, add_help=False)
@@ -47,6 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     reopen_closed_standard_streams()   # first: before any file could take descriptor 1 or 2
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "--version":
+        print(version_line())
+        return 0
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
         parser = build_parser()
         if not argv or argv[0] in ("-h", "--help"):
@@ -57,7 +79,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     # everything we write (cells' artifacts, JUnit, the store, the dashboard) is the user's alone:
     # logs and evidence can hold what a secret-scrubber does not know to look for
     os.umask(0o077)
-    module = importlib.import_module(COMMANDS[name][0])
+    try:
+        module = importlib.import_module(COMMANDS[name][0])
+    except ImportError as exc:
+        # a command module whose own imports need the extra (its --help too)
+        missing = extras.from_import_error(exc, among=NEEDS.get(name, ()))
+        if missing is None:
+            raise
+        print(missing.line(f"soakmatrix {name}"), file=sys.stderr)
+        return EXIT_USAGE
     parser = argparse.ArgumentParser(prog=f"soakmatrix {name}", description=module.HELP)
     module.configure(parser)
     if getattr(module, "ACCEPTS_UNKNOWN_ARGS", False):
@@ -79,11 +109,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _call(name: str, module, args: argparse.Namespace) -> int:
     try:
+        extras.require(*NEEDS.get(name, ()))   # after parsing: `--help` needs no extra
         code = int(module.main(args) or 0)
         sys.stdout.flush()   # a reader gone away shows here, inside the handlers, not at exit
         return code
     except SpecError as exc:
         print(f"soakmatrix {name}: configuration error:\n{exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except extras.MissingExtra as exc:
+        print(exc.line(f"soakmatrix {name}"), file=sys.stderr)
         return EXIT_USAGE
     except Stopped as exc:
         print(f"soakmatrix {name}: stopped by {signal_name(exc.signum)}", file=sys.stderr)
@@ -97,7 +131,11 @@ def _call(name: str, module, args: argparse.Namespace) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return EXIT_BROKEN_PIPE
-    except Exception:  # noqa: BLE001 - a bug of ours is no verdict, never exit 1 ("hang found")
+    except Exception as exc:  # noqa: BLE001 - a bug of ours is no verdict, never exit 1 ("hang found")
+        missing = extras.from_import_error(exc, among=NEEDS.get(name, ())) if isinstance(exc, ImportError) else None
+        if missing is not None:   # an optional import no check guarded: still a line, not a traceback
+            print(missing.line(f"soakmatrix {name}"), file=sys.stderr)
+            return EXIT_USAGE
         traceback.print_exc()
         print(f"soakmatrix {name}: internal error (above); no verdict", file=sys.stderr)
         return EXIT_INFRA

@@ -3,6 +3,8 @@
 Hangs of one configuration arrive as a Poisson process in exposure (seconds under load), so exposure
 adds up across runs and across probes of the same configuration. A hang with the expected signature
 is conclusive; a pass only bounds the rate. Everything here is a pure function of counts and seconds.
+scipy (the `reports` and `bisect` extras) loads in the functions that need its distributions, so the
+core install (`watch`, the pytest plugin) imports this module without it.
 """
 
 from __future__ import annotations
@@ -10,7 +12,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from scipy import stats as _st
 
 
 def mttf_lower_bound(exposure_s: float, confidence: float = 0.95) -> float:
@@ -77,9 +78,11 @@ def mttf_estimate(hangs: int, exposure_s: float, confidence: float = 0.95) -> Mt
     if hangs == 0:
         return MttfEstimate(0, exposure_s, math.inf, mttf_lower_bound(exposure_s, confidence), math.inf,
                             confidence)
+    from scipy.stats import chi2
+
     a = 1.0 - confidence
-    low = 2.0 * exposure_s / _st.chi2.ppf(1.0 - a / 2.0, 2 * hangs + 2)
-    high = 2.0 * exposure_s / _st.chi2.ppf(a / 2.0, 2 * hangs)
+    low = 2.0 * exposure_s / chi2.ppf(1.0 - a / 2.0, 2 * hangs + 2)
+    high = 2.0 * exposure_s / chi2.ppf(a / 2.0, 2 * hangs)
     return MttfEstimate(hangs, exposure_s, exposure_s / hangs, low, high, confidence)
 
 
@@ -88,7 +91,9 @@ def mttf_upper_bound(hangs: int, exposure_s: float, confidence: float = 0.95) ->
     _check_confidence(confidence)
     if hangs == 0:
         return math.inf
-    return 2.0 * exposure_s / _st.chi2.ppf(1.0 - confidence, 2 * hangs)
+    from scipy.stats import chi2
+
+    return 2.0 * exposure_s / chi2.ppf(1.0 - confidence, 2 * hangs)
 
 
 @dataclass(frozen=True)
@@ -107,7 +112,9 @@ def compare_rates(hangs_a: int, exposure_a: float, hangs_b: int, exposure_b: flo
     total = hangs_a + hangs_b
     if total == 0:
         return RateComparison(ratio, 1.0)
-    p = _st.binomtest(hangs_a, total, exposure_a / (exposure_a + exposure_b)).pvalue
+    from scipy.stats import binomtest
+
+    p = binomtest(hangs_a, total, exposure_a / (exposure_a + exposure_b)).pvalue
     return RateComparison(ratio, float(min(1.0, p)))
 
 

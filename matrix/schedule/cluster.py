@@ -148,14 +148,19 @@ def loopback_only() -> None:
     processes Ray starts, the module attribute to this already-imported one.
     """
     os.environ[LOOPBACK_ENV] = "0"
-    import ray._private.ray_constants as ray_constants
-
+    try:
+        import ray._private.ray_constants as ray_constants
+    except ImportError:   # a private API: the processes Ray starts still read the environment
+        return
     ray_constants.ENABLE_RAY_CLUSTER = False
 
 
 def connect(address: str | None, *, backend: str, gpus: Mapping[str, GpuType],
             runtime_env: Mapping[str, Any] | None = None) -> ClusterHandle:
     """Connect to `address`, or start a local cluster (fake GPU nodes for the sim backend)."""
+    from soakmatrix.matrix.extras import require
+
+    require("ray")   # an install without the extra: a line saying what to install, not a traceback
     import ray
 
     quiet = {"log_to_driver": False, "logging_level": logging.WARNING, "include_dashboard": False}
