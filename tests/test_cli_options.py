@@ -24,9 +24,10 @@ import sys
 import time
 
 import pytest
-
 from soakmatrix.matrix import cli
 from soakmatrix.matrix.arguments import pid_max
+
+from tests.cli_in_process import run_cli
 from tests.conftest import EXAMPLES, REPO
 
 ARGPARSE_COMMANDS = [name for name in cli.COMMANDS if name != "sim-engine"]
@@ -347,16 +348,7 @@ def test_sim_engine_refuses_its_hostile_values(places, argv, fragment, monkeypat
 # -- values that are legal but would do nothing: refused, or at least warned about ---------------------
 
 def run_in_process(argv: list[str]) -> tuple[object, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    umask = os.umask(0o077)
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            code = cli.main(argv)
-    except SystemExit as exc:
-        code = exc.code
-    finally:
-        os.umask(umask)
-    return code, out.getvalue(), err.getvalue()
+    return run_cli(argv)
 
 
 def test_report_refuses_an_empty_store(tmp_path):

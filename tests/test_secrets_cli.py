@@ -7,8 +7,6 @@ JUnit, the store, the dashboard) is tests/test_secrets.py.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
 import subprocess
@@ -17,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from soakmatrix.matrix import cli
+from tests.cli_in_process import run_cli
 from tests.conftest import EXAMPLES, REPO
 
 PASSWORD = "pw-planted-0123456789"
@@ -42,16 +40,7 @@ def leaks(*texts: str, folder: Path | None = None) -> list[str]:
 def in_process(argv: list[str], monkeypatch) -> tuple[int, str, str]:
     for name, value in ENV_KEYS.items():
         monkeypatch.setenv(name, value)
-    out, err = io.StringIO(), io.StringIO()
-    umask = os.umask(0o077)
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            code = cli.main(argv)
-    except SystemExit as exc:
-        code = exc.code
-    finally:
-        os.umask(umask)
-    return code, out.getvalue(), err.getvalue()
+    return run_cli(argv)  # type: ignore[return-value]
 
 
 @pytest.fixture
