@@ -120,7 +120,9 @@ class ResultSink:
         if self._dashboard_stale and now - self._dashboard_at >= DASHBOARD_EVERY_S:
             self.write_dashboard()
 
-    def write_junit(self) -> None:
+    def write_junit(self) -> bool:
+        """Rewrites the run's JUnit; False when it could not be written (a full or read-only disk):
+        the soak goes on, the store keeps every result, and the run's exit code says so at its end."""
         from soakmatrix.reports.junit import write_junit
 
         self._junit_at, self._junit_stale = self.clock(), False
@@ -130,7 +132,14 @@ class ResultSink:
 
             self._regressions = self._regressions or RunRegressions(self.store, self.run_id)
             results = self._regressions.annotate(results)
-        write_junit(results, self.junit_path, self.suite, properties=self.properties)
+        try:
+            write_junit(results, self.junit_path, self.suite, properties=self.properties)
+        except OSError as exc:
+            warning = f"JUnit not written to {self.junit_path}: {exc.strerror or exc}"
+            if warning not in self.warnings:
+                self.warnings.append(warning)
+            return False
+        return True
 
     def write_dashboard(self) -> Path | None:
         from soakmatrix.reports.dashboard import build_dashboard
@@ -170,7 +179,7 @@ def _execute(matrix: Matrix, profile: Profile, cells: Sequence[PlannedCell], arg
     from soakmatrix.matrix.schedule.cluster import CONNECT_ERRORS, address_from, cannot_reach, connect
     from soakmatrix.reports.history import HistoryStore, StoreError
 
-    from .schedule import RayLauncher, cap_seconds, infra_result, run_cells, unplaceable
+    from .schedule import RayLauncher, cap_seconds, cluster_lost, infra_result, run_cells, unplaceable
 
     out = out_dir_of(matrix, args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -213,7 +222,14 @@ def _execute(matrix: Matrix, profile: Profile, cells: Sequence[PlannedCell], arg
             stop_signals.install()   # again: ray.init put its own handlers in
             print(f"soakmatrix {kind}: on {redact_text(cluster.description)}", file=stream)
             launcher = RayLauncher()
-            never = unplaceable(todo, launcher.nodes())
+            try:
+                nodes = launcher.nodes()
+            except Exception as exc:  # noqa: BLE001 - the mapping decides which errors are a lost cluster
+                if (why := cluster_lost(exc)) is None:
+                    raise
+                print(lost_line(kind, why, 0, len(todo)), file=stream, flush=True)
+                return EXIT_INFRA
+            never = unplaceable(todo, nodes)
             for pc in todo:
                 if pc.id in never:
                     result = infra_result(make_spec(pc), f"never placed: {never[pc.id]}")
@@ -232,18 +248,21 @@ def _execute(matrix: Matrix, profile: Profile, cells: Sequence[PlannedCell], arg
             # ends a driver whose GCS stays unreachable
             status = None if interrupted or summary.lost else "stopped" if stopped_early else "finished"
             results = store.results(run_id)
-            sink.write_junit()
+            junit_written = sink.write_junit()
             dashboard = sink.write_dashboard()
             for warning in sink.warnings:
                 print(f"soakmatrix {kind}: {warning}", file=stream)
-            print(summary_text(results, sink.junit_path, dashboard, store_path), file=stream)
+            print(summary_text(results, sink.junit_path if junit_written else None, dashboard, store_path),
+                  file=stream)
             if summary.lost:
                 print(lost_line(kind, summary.lost, len(results), len(summary.unfinished)), file=stream, flush=True)
                 return exit_code([*(r.outcome for r in results), Outcome.INFRA_ERROR])
         if interrupted:
             print(f"soakmatrix {kind}: stopped by {signal_name(stop_signals.received)}", file=stream)
             return stop_signals.exit_code(EXIT_INTERRUPTED)
-        return exit_code(r.outcome for r in results) if results else EXIT_OK
+        code = exit_code(r.outcome for r in results) if results else EXIT_OK
+        # no JUnit is never a pass: a CI job reading it would see nothing and go green
+        return EXIT_INFRA if not junit_written and code == EXIT_OK else code
     finally:
         try:
             if status is not None:
@@ -258,7 +277,7 @@ def lost_line(kind: str, why: str, finished: int, unfinished: int) -> str:
             "the run stays open: once the cluster is back, `--resume` runs the unfinished cells")
 
 
-def summary_text(results: Sequence[CellResult], junit: Path, dashboard: Path | None, store: Path) -> str:
+def summary_text(results: Sequence[CellResult], junit: Path | None, dashboard: Path | None, store: Path) -> str:
     counts: dict[str, int] = {}
     for r in results:
         counts[r.outcome.value] = counts.get(r.outcome.value, 0) + 1
@@ -266,7 +285,8 @@ def summary_text(results: Sequence[CellResult], junit: Path, dashboard: Path | N
     for r in results:
         if r.outcome.is_finding:
             lines.append(f"  {r.outcome.value:<6} {r.cell_name}  {r.signature or ''}")
-    lines.append(f"JUnit: {junit}")
+    if junit:
+        lines.append(f"JUnit: {junit}")
     if dashboard:
         lines.append(f"dashboard: {dashboard}")
     lines.append(f"history: {store}")
