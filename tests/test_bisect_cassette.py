@@ -23,6 +23,8 @@ from tests.record_cassettes import CASSETTES, command
 
 CASSETTE = CASSETTES / "vllm_cpu_bisect_ci"
 
+pytestmark = pytest.mark.slow   # the CLI as a subprocess (seconds: no cluster, no server)
+
 
 def replay(tmp_path, cli: list[str]) -> subprocess.CompletedProcess:
     out = tmp_path / "bisect-out"
