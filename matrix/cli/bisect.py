@@ -35,6 +35,7 @@ from soakmatrix.matrix.bisect.history_exposure import HistoryExposure, calibrati
 from soakmatrix.matrix.bisect.history_exposure import to_json as history_json
 from soakmatrix.matrix.bisect.journal import JournalError, ProbeJournal, journaled
 from soakmatrix.matrix.bisect.oracle_chunked import DEFAULT_MAX_SOAK_S
+from soakmatrix.matrix.bisect.oracle_lazy import SoakOnFirstProbe
 from soakmatrix.matrix.bisect.report import render_text, to_json
 from soakmatrix.matrix.bisect.setup import (
     alternatives_of,
@@ -179,35 +180,6 @@ def _open_store(path: str):
         return HistoryStore(path)
     except (StoreError, OSError, sqlite3.Error) as exc:
         raise _Usage(f"--store: {exc}") from None
-
-
-class SoakOnFirstProbe:
-    """The soak oracle, connected to Ray when the first probe the journal cannot answer is asked: a
-    resumed bisection whose journal answers every probe (a finished run, a recorded one) starts no
-    cluster. `started()` connects at once (a fresh bisection, so that an unreachable cluster is exit 2
-    before anything else is said)."""
-
-    def __init__(self, start: Callable[[], tuple[Any, Any]]):
-        self._start = start
-        self._oracle: Any = None
-        self._cluster: Any = None
-
-    def started(self) -> "SoakOnFirstProbe":
-        if self._oracle is None:
-            self._oracle, self._cluster = self._start()
-        return self
-
-    def run(self, probes: Any) -> Any:
-        return self.started()._oracle.run(probes)
-
-    def resume_after(self, rounds: int, probes: int) -> None:
-        inner = getattr(self.started()._oracle, "resume_after", None)
-        if inner is not None:
-            inner(rounds, probes)
-
-    def close(self) -> None:
-        if self._cluster is not None:
-            self._cluster.close()
 
 
 class _Usage(Exception):
