@@ -1,4 +1,4 @@
-"""Bisection cost and correctness in virtual time (issue 6, point 6).
+"""Bisection cost and correctness in virtual time.
 
 Planted conjunctions of k of n boolean flags (n in 6, 10, 12; k in 1, 2, 3; at random positions
 among the n, drawn per seed) at MTTF 10 min, 38 min
@@ -70,7 +70,7 @@ class Case:
 
     def answers(self, cap_s: float | None = None) -> list[set[int]]:
         """The true minimal sets. By default (no cap given) the x8 modifier is never part of the set:
-        the hang was seen without it (issue 18). Under an explicit cap it is, when 8 x the MTTF is
+        the hang was seen without it. Under an explicit cap it is, when 8 x the MTTF is
         beyond that cap."""
         if self.modifier and cap_s is not None and 8.0 * self.mttf_s > cap_s:
             return [set(self.triggers()[0]) | {self.modifier_flag}]

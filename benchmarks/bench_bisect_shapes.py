@@ -1,4 +1,4 @@
-"""Bisection on the seeds' own shapes (issue 18, item 7), at the default settings (confidence 0.95,
+"""Bisection on the seeds' own shapes, at the default settings (confidence 0.95,
 no cap), in virtual time with a 10-minute start-up per probe and TP 1 unless the row says TP:
 
 * seed 002: MTP + expert parallel needed (MTTF 38 min); autotune off makes it 8.2x slower

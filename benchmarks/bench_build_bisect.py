@@ -1,4 +1,4 @@
-"""Build bisection cost and correctness in virtual time (issue 21, item 4).
+"""Build bisection cost and correctness in virtual time.
 
 A planted change point among n ordered builds (n in 8, 32, 128, 512; the first bad build uniform
 over 1..n-1, drawn per seed): builds from it on hang with the target signature at MTTF 10 min,

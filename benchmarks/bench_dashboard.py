@@ -1,6 +1,6 @@
 """Dashboard scale: a history of N nights x M cells written to a store, then the dashboard built.
 
-The claim (issue 7): 30 nights x 2,000 cells builds in under 30 s and the page stays under 20 MB.
+The claim: 30 nights x 2,000 cells builds in under 30 s and the page stays under 20 MB.
 The synthetic fleet is shaped like a real one: a few models on H200/H20/RTX-5090, flag axes as in
 matrix/examples/nightly.yaml, hangs where the hang model's seeds put them (MTP with
 FULL_AND_PIECEWISE, fp8 + prefix caching), with exponential times to hang, infra errors that are

@@ -98,7 +98,7 @@ CREATE INDEX results_cell ON results(cell_id);
 CREATE INDEX results_signature ON results(signature) WHERE signature IS NOT NULL;
 """
 
-# The fingerprint (the culprit's frames, issue 20) groups one bug's results across cells and nights.
+# The fingerprint (the culprit's frames) groups one bug's results across cells and nights.
 _V4 = """
 ALTER TABLE results ADD COLUMN fingerprint TEXT;
 UPDATE results SET fingerprint = json_extract(data, '$.fingerprint');

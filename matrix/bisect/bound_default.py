@@ -1,7 +1,7 @@
 """The least GPU-hours any flag bisection must spend on the question the default settings answer.
 
 `bound.py` bounds the old question (is each flag of the set needed to hang at all, t against "the
-set without t hangs as fast"). By default (issue 18) `necessary` says more: no target hang was seen
+set without t hangs as fast"). By default `necessary` says more: no target hang was seen
 without the flag, soaked until a slowdown up to F = `Settings.rule_out_factor` (8) is ruled out at
 the stated confidence c; and each flag outside the set gets a `modifier` verdict, family-wise at
 1 - c. Same argument (Kaufmann, Cappe and Garivier, JMLR 2016, Lemma 1: the expected log-likelihood
@@ -25,7 +25,7 @@ holding T hang F times slower).
   holds; each flag needs the larger of the two.
 * **Modifier verdicts, plain world.** A flag u outside T called a modifier: at most (1 - c) / (n - k)
   of the time when all n - k are irrelevant (family-wise, exchangeable), at least c of the time when
-  u is an x F modifier (how the default is meant to tell seed 002's autotune: issue 18 item 1). In
+  u is an x F modifier (how the default is meant to tell seed 002's autotune). In
   the plain world the evidence against "u is an x F modifier" (its configs with u at a, without at
   a / F, a free) is d((1 - c) / (n - k), c); with A the load on configs holding T and u, B on those
   holding T but not u, the worst a = (A + B) / (A + B / F) gives B ln F - (A + B) ln(a), and the

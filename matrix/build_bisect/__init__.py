@@ -1,4 +1,4 @@
-"""Build bisection (issue 21): which build of an ordered list brought the hang in.
+"""Build bisection: which build of an ordered list brought the hang in.
 
 Pure: `bisect_builds(builds, oracle, settings)` (algorithm.py) over a posterior on the change point
 per signature (posterior.py, signatures.py: a clean regression or a rate change; tuning.py) with

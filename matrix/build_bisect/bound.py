@@ -28,7 +28,7 @@ Garivier, JMLR 2016, Lemma 1) on the build axis:
 It minimises X(Y) + Y + (s / M) probes(Y) over Y >= 2c - 1, in MTTFs; the search costs it start-ups
 only. That is the **neighbour floor**.
 
-**The spread floor** (issue 21 item 4, 2026-11-26) asks more of the same evidence. Averaged over the
+**The spread floor** asks more of the same evidence. Averaged over the
 change point, the error budget is shared by every change point below the answer, not spent whole on
 its neighbour:
 
@@ -55,7 +55,7 @@ its neighbour:
   one), so nothing asks Y >= 2c - 1 of it; below that its X is at least X(2c - 1), over 96 MTTFs at
   0.99, so this never binds (nor in the neighbour floor, whose optimum Y is about 4).
 * The worlds include J' = 0 (the good build hangs too): the procedure must say "not a regression"
-  there, as `bisect --builds` does (issue 21 item 3). A procedure allowed to take the good build as
+  there, as `bisect --builds` does. A procedure allowed to take the good build as
   good would have one share fewer per change point and none to refute below J = 1.
 * With Q_J / J = (1 - c) / J, the evidence grows from d(c, 1 - c) to about d(c, 1 - c) + c ln J:
   refuting every change point below at once, on the same load, costs more the more there are. A
