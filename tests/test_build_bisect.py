@@ -32,7 +32,7 @@ from soakmatrix.matrix.build_bisect import (
     run_build_bisection,
     to_json,
 )
-from soakmatrix.matrix.build_bisect.algorithm import BAD_UNTESTABLE
+from soakmatrix.matrix.build_bisect.result import BAD_UNTESTABLE
 from soakmatrix.matrix.build_bisect.oracle import BuildProbe, convert
 from soakmatrix.matrix.build_bisect.posterior import ChangePointPosterior
 from soakmatrix.matrix.contracts.stats import mttf_lower_bound

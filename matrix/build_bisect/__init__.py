@@ -9,22 +9,13 @@ calls, with builds from a file or a commit range (specs.py), and `render_text` /
 same for a rate change. docs/build-bisect.md.
 """
 
-from .algorithm import (
-    BAD_UNTESTABLE,
-    FOUND,
-    INCONCLUSIVE,
-    NOT_A_REGRESSION,
-    NOT_REPRODUCED,
-    RANGE,
-    RATE_CHANGE,
-    BuildBisectResult,
-    BuildSettings,
-    bisect_builds,
-)
+from .algorithm import BuildSettings, bisect_builds
 from .bound import BuildBound, lower_bound
 from .oracle import HANG, PASSED, UNTESTABLE, BuildOracle, BuildProbe, BuildProbeResult, FlagOracleAdapter
 from .oracle_virtual import VirtualBuildOracle
 from .report import render_text, to_json
+from .result import (BAD_UNTESTABLE, FOUND, INCONCLUSIVE, NOT_A_REGRESSION, NOT_REPRODUCED, RANGE, RATE_CHANGE,
+                     BuildBisectResult)
 from .run import run_build_bisection
 from .signatures import SignatureAnswer
 from .tuning import Tuning

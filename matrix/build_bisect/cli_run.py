@@ -25,7 +25,7 @@ from soakmatrix.matrix.spec import Matrix, Profile
 from soakmatrix.matrix.spec_types import Build
 
 from . import history as hist
-from .algorithm import BAD_UNTESTABLE, FOUND, NOT_A_REGRESSION, NOT_REPRODUCED, RANGE, RATE_CHANGE
+from .result import BAD_UNTESTABLE, FOUND, NOT_A_REGRESSION, NOT_REPRODUCED, RANGE, RATE_CHANGE
 from .journal import BUILD_CODEC
 from .matrix_builds import UnknownBuild, section_range, to_builds
 from .oracle import BUILD_PIECES

@@ -9,7 +9,7 @@ from typing import Any
 
 from soakmatrix.matrix.contracts.durations import format_duration
 
-from .algorithm import FOUND, NOT_A_REGRESSION, RANGE, RATE_CHANGE, BuildBisectResult
+from .result import FOUND, NOT_A_REGRESSION, RANGE, RATE_CHANGE, BuildBisectResult
 from .signatures import OLD, REGRESSION, UNDECIDED, SignatureAnswer
 from .signatures import RATE_CHANGE as RATE_CHANGE_VERDICT
 

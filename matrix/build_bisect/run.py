@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
-from .algorithm import BuildBisectResult, BuildSettings, bisect_builds
+from .algorithm import BuildSettings, bisect_builds
+from .result import BuildBisectResult
 from .oracle import BuildOracle, BuildProbe
 from .specs import BuildSpec
 
