@@ -1,4 +1,4 @@
-"""`soakmatrix bisect --builds` on real builds (issue 21 items 3 and 5, simulated): without
+"""`soakmatrix bisect --builds` on real builds, simulated: without
 `--virtual`, each probe is a soak job of the failing cell on one build, the simulated engine
 switched per probe by Ray's runtime_env (`py_executable`: every build is this interpreter under its
 own name, so nothing is installed) on a local Ray cluster; the engine reads its build from the
@@ -91,75 +91,54 @@ def assert_nothing_left(before: set[int], folder: Path) -> None:
 
 
 @pytest.mark.slow
-def test_probes_of_real_builds_through_ray_name_the_planted_first_bad_build(tmp_path):
+def test_parallel_probes_of_real_builds_over_a_ray_client_address_name_the_planted_first_bad_build(tmp_path):
+    """One bisection for three paths (each alone took 2-3 minutes of soaks on 2 cores):
+    `--ray-address ray://host:port` (a laptop outside the cluster), where each probe's build reaches
+    the cluster's node as the task's runtime_env through the Ray Client server; `--parallel 2`, where
+    the calibration soaks two copies of the bad build and the end game splits its pass over two
+    copies of the good one, each copy its own cell id overlapping in time; and `--resume`, which
+    replays every answered probe from the journal, soaks nothing and gives the same answer."""
+    from tests.conftest import ray_client_cluster
+
     before = {p.pid for p in psutil.process_iter()}
     names = [f"b{i}" for i in range(5)]
-    proc = bisect_five_builds(tmp_path, names)
-    assert proc.returncode == 1, proc.stderr[-3000:]
+    with ray_client_cluster(dict(num_cpus=2, num_gpus=2)) as address:
+        proc = bisect_five_builds(tmp_path, names, "--parallel", "2", "--ray-address", str(address))
+        logs = address.server_logs() if proc.returncode != 1 else ""
+    assert proc.returncode == 1, proc.stderr[-3000:] + "\n" + logs
+    assert f"on Ray cluster at {address}" in proc.stderr
+    assert "probe 1: build b4" in proc.stderr
     doc = json.loads(proc.stdout)
-    assert doc["status"] == "found" and doc["oracle"] == "soak (sim)"
+    assert (doc["status"], doc["oracle"]) == ("found", "soak (sim)"), doc
     assert (doc["last_good"], doc["first_bad"]) == ("b2", "b3"), doc
     assert doc["signature"] == "silent_stall"
+    assert doc["rounds"] < doc["probes"]
     rows = {b["build"]: b for b in doc["builds"]}
     assert rows["b3"]["hangs"] >= 1 and rows["b2"]["hangs"] == 0 and rows["b2"]["exposure_s"] > 0
     # every probe was a soak job on its build: its result says which, and its engine ran under it
     results = [json.loads(p.read_text()) for p in (tmp_path / "out").glob("probe-*/cells/*/result.json")]
     assert len(results) == doc["probes"]
-    assert {r["build"] for r in results} <= set(names) and "b3" in {r["build"] for r in results}
-    assert "probe 1: build b4" in proc.stderr and "local Ray" in proc.stderr
-    # every answered probe is in the journal: resumed, the bisection replays them all, soaks nothing
-    # and gives the same answer
-    journal = tmp_path / "out" / "journal-builds.jsonl"
-    assert len(journal.read_text().splitlines()) == 1 + doc["probes"]
-    again = bisect_five_builds(tmp_path, names, "--resume")
-    assert again.returncode == 1, again.stderr[-3000:]
-    assert f"{doc['probes']} answered probe(s) replayed" in again.stderr
-    redo = json.loads(again.stdout)
-    assert (redo["first_bad"], redo["probes"], redo["gpu_hours"]) == ("b3", doc["probes"], doc["gpu_hours"])
-    assert len(list((tmp_path / "out").glob("probe-*/cells/*/result.json"))) == doc["probes"]
-    assert_nothing_left(before, tmp_path)
-
-
-@pytest.mark.slow
-def test_with_parallel_copies_of_one_build_soak_at_once_on_ray(tmp_path):
-    # --parallel 2: the calibration soaks two copies of the bad build, the end game splits its pass
-    # over two copies of the good one; on Ray each copy is its own cell id, so they overlap in time
-    before = {p.pid for p in psutil.process_iter()}
-    proc = bisect_five_builds(tmp_path, [f"b{i}" for i in range(5)], "--parallel", "2")
-    assert proc.returncode == 1, proc.stderr[-3000:]
-    doc = json.loads(proc.stdout)
-    assert (doc["status"], doc["last_good"], doc["first_bad"]) == ("found", "b2", "b3"), doc
-    assert doc["rounds"] < doc["probes"]
+    assert {r["build"] for r in results} <= set(names) and {r["build"] for r in results} >= {"b2", "b3", "b4"}
     copies = 0
     for folder in (tmp_path / "out").glob("probe-*"):
-        results = [json.loads(p.read_text()) for p in folder.glob("cells/*/result.json")]
         by_cell: dict[str, list[dict]] = {}
-        for r in results:
+        for r in (json.loads(p.read_text()) for p in folder.glob("cells/*/result.json")):
             by_cell.setdefault(r["cell_id"].split(".")[0], []).append(r)
         for same in (rs for rs in by_cell.values() if len(rs) > 1):
             copies += 1
             assert max(r["started_at"] for r in same) < min(r["ended_at"] for r in same), same
     assert copies >= 1                       # at least the calibration's two copies of b4
-    assert_nothing_left(before, tmp_path)
-
-
-@pytest.mark.slow
-def test_over_a_ray_client_address_each_build_runs_in_its_runtime_env_on_the_cluster(tmp_path):
-    """`--ray-address ray://host:port` (a laptop outside the cluster): each probe's build reaches the
-    cluster's node as the task's runtime_env through the Ray Client server, and the answer is the
-    same as on a local cluster."""
-    from tests.conftest import ray_client_cluster
-
-    before = {p.pid for p in psutil.process_iter()}
-    with ray_client_cluster(dict(num_cpus=1, num_gpus=2)) as address:
-        proc = bisect_five_builds(tmp_path, [f"b{i}" for i in range(5)], "--ray-address", str(address))
-        logs = address.server_logs() if proc.returncode != 1 else ""
-    assert proc.returncode == 1, proc.stderr[-3000:] + "\n" + logs
-    assert f"on Ray cluster at {address}" in proc.stderr
-    doc = json.loads(proc.stdout)
-    assert (doc["status"], doc["last_good"], doc["first_bad"]) == ("found", "b2", "b3"), doc
-    results = [json.loads(p.read_text()) for p in (tmp_path / "out").glob("probe-*/cells/*/result.json")]
-    assert len(results) == doc["probes"] and {r["build"] for r in results} >= {"b2", "b3", "b4"}
+    # every answered probe is in the journal: resumed, the bisection replays them all, soaks nothing
+    # (so it needs no cluster) and gives the same answer
+    journal = tmp_path / "out" / "journal-builds.jsonl"
+    rounds = [json.loads(line) for line in journal.read_text().splitlines()[1:]]
+    assert (len(rounds), sum(len(r["probes"]) for r in rounds)) == (doc["rounds"], doc["probes"])
+    again = bisect_five_builds(tmp_path, names, "--parallel", "2", "--resume")
+    assert again.returncode == 1, again.stderr[-3000:]
+    assert f"{doc['probes']} answered probe(s) replayed" in again.stderr
+    redo = json.loads(again.stdout)
+    assert (redo["first_bad"], redo["probes"], redo["gpu_hours"]) == ("b3", doc["probes"], doc["gpu_hours"])
+    assert len(list((tmp_path / "out").glob("probe-*/cells/*/result.json"))) == doc["probes"]
     assert_nothing_left(before, tmp_path)
 
 
@@ -184,6 +163,7 @@ def test_a_build_that_cannot_start_is_untestable_not_bad(tmp_path):
     assert doc["status"] in ("found", "range") and doc["first_bad"] != "b2", doc
     assert doc["status"] == "found" or doc["range"][0] == "b2", doc
     assert "build b2: untestable (config_error)" in proc.stderr and "missing/bin/python3" in proc.stderr
+    assert "local Ray" in proc.stderr
     assert_nothing_left(before, tmp_path)
 
 
