@@ -12,7 +12,7 @@ $(BIN)/python:
 
 # every extra (Ray, the dashboard, bisection's statistics): seconds on a warm pip cache; the real
 # engine is an extra of its own (make install-vllm). `pip install soakmatrix` alone is the light core
-# that `watch`, `plan`, `sim-engine` and the pytest plugin need (docs/install.md).
+# that `watch`, `plan`, `sim-engine` and the pytest plugin need (docs/guide/install.md).
 $(VENV)/.core: $(BIN)/python pyproject.toml
 	$(BIN)/pip install -q -e '.[all]'
 	touch $@
@@ -52,7 +52,7 @@ demo-vllm: install-vllm
 	  code=$$?; echo "JUnit: out/demo-vllm/junit.xml  dashboard: out/demo-vllm/dashboard/index.html  (exit $$code)"; \
 	  [ $$code -le 1 ]
 
-# the oldest Ray release of the tested range (pyproject's `ray` extra, docs/ray.md "Ray versions"):
+# the oldest Ray release of the tested range (pyproject's `ray` extra, docs/guide/running.md "Ray versions"):
 # the Ray-using tests and the demo in a venv of their own, so .venv keeps the newest
 RAY_OLDEST ?= 2.59.0
 RAY_OLDEST_VENV := .venv-ray-oldest
