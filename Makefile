@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-fast test-gpu test-ray-oldest install install-test install-vllm chromium demo-vllm record-cassettes bench clean
+.PHONY: demo docs test test-fast test-gpu test-ray-oldest install install-test install-vllm chromium demo-vllm record-cassettes bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -72,6 +72,11 @@ test-fast: install-test
 # the real-engine bisection that tests/test_bisect_cassette.py replays, recorded again (8-17 minutes)
 record-cassettes: install-vllm
 	$(BIN)/python -m tests.record_cassettes
+
+# the command reference (docs/reference/cli.md) written from the argument parsers;
+# tests/test_docs_reference.py fails when it is stale
+docs: install
+	$(BIN)/python -m soakmatrix.matrix.cli.reference
 
 bench: install-test
 	$(BIN)/python -m benchmarks

@@ -18,7 +18,7 @@ USAGE = ("soakmatrix sim-engine MODEL [vllm serve flags...] [--host HOST] [--por
 
 OPTIONS = """
 our options:
-  --hang-model FILE    the hang-model file (DESIGN.md); none: the engine never hangs
+  --hang-model FILE    the hang-model file (docs/reference/hang-model.md); none: the engine never hangs
   --gpu-type TYPE      the GPU type hangs match against (default: $SOAKMATRIX_GPU_TYPE)
   --time-scale S       divide the hang clocks (MTTF, VLLM_RINGBUFFER_WARNING_INTERVAL,
                        VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS) and VLLM_LOG_STATS_INTERVAL (floor 0.5 s) by S

@@ -1,0 +1,42 @@
+"""docs/reference/cli.md is what the argument parsers say: regenerated in memory and compared.
+
+An option added, renamed or reworded without `make docs` fails here, with the command to run."""
+
+from __future__ import annotations
+
+import difflib
+
+from soakmatrix.matrix.cli import reference
+
+from tests.conftest import REPO
+
+PAGE = REPO / "docs" / "reference" / "cli.md"
+
+
+def test_cli_reference_is_current():
+    expected = reference.render()
+    current = PAGE.read_text() if PAGE.is_file() else ""
+    if current != expected:
+        diff = "".join(list(difflib.unified_diff(current.splitlines(True), expected.splitlines(True),
+                                                 "docs/reference/cli.md", "from the parsers"))[:40])
+        raise AssertionError(f"{reference.stale_message('docs/reference/cli.md')}\n{diff}")
+
+
+def test_every_command_and_option_is_in_the_reference():
+    text = reference.render()
+    for name in reference.cli.COMMANDS:
+        assert f"## soakmatrix {name}\n" in text
+        parser = reference.command_parser(name)
+        for action in parser._actions:
+            for option in action.option_strings:
+                if option not in ("-h", "--help"):
+                    assert f"`{option}`" in text or option in text, (name, option)
+
+
+def test_check_mode_says_stale(tmp_path, capsys):
+    page = tmp_path / "cli.md"
+    page.write_text("old\n")
+    assert reference.main(["--out", str(page), "--check"]) == 1
+    assert "is stale: run `make docs" in capsys.readouterr().err
+    assert reference.main(["--out", str(page)]) == 0
+    assert reference.main(["--out", str(page), "--check"]) == 0
