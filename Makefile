@@ -76,7 +76,7 @@ record-cassettes: install-vllm
 # the command reference (docs/reference/cli.md) written from the argument parsers;
 # tests/test_docs_reference.py fails when it is stale
 docs: install
-	$(BIN)/python -m soakmatrix.matrix.cli.reference
+	$(BIN)/python -m soakmatrix.matrix.cli_reference
 
 bench: install-test
 	$(BIN)/python -m benchmarks

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import difflib
 
-from soakmatrix.matrix.cli import reference
+from soakmatrix.matrix import cli_reference as reference
 
 from tests.conftest import REPO
 

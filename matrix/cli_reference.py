@@ -1,6 +1,6 @@
 """The command reference (docs/reference/cli.md), written from the real argument parsers.
 
-`python -m soakmatrix.matrix.cli.reference` (or `make docs`) rewrites the file; `--check` exits 1
+`python -m soakmatrix.matrix.cli_reference` (or `make docs`) rewrites the file; `--check` exits 1
 when the file differs from what the parsers say. tests/test_docs_reference.py runs the same
 comparison, so an option added, renamed or reworded without regenerating the page fails the suite.
 The text depends on nothing but the parsers: a fixed width, no terminal size, no machine's values.
@@ -17,7 +17,7 @@ from typing import Sequence
 from soakmatrix.matrix import cli
 
 DEFAULT_PATH = Path("docs/reference/cli.md")
-REGENERATE = "make docs  (or: .venv/bin/python -m soakmatrix.matrix.cli.reference)"
+REGENERATE = "make docs  (or: .venv/bin/python -m soakmatrix.matrix.cli_reference)"
 WIDTH = 100
 
 HEADER = f"""# Command reference
@@ -131,7 +131,7 @@ def stale_message(path: Path | str = DEFAULT_PATH) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m soakmatrix.matrix.cli.reference", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m soakmatrix.matrix.cli_reference", description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=DEFAULT_PATH, help="the page to write (default: %(default)s)")
     parser.add_argument("--check", action="store_true", help="write nothing; exit 1 when the page is stale")
     args = parser.parse_args(argv)
