@@ -40,3 +40,27 @@ def test_check_mode_says_stale(tmp_path, capsys):
     assert "is stale: run `make docs" in capsys.readouterr().err
     assert reference.main(["--out", str(page)]) == 0
     assert reference.main(["--out", str(page), "--check"]) == 0
+
+
+def test_the_store_schema_in_the_reference_is_the_real_one(tmp_path):
+    """docs/reference/outputs.md shows every table, column and index a fresh history store has."""
+    import sqlite3
+
+    from soakmatrix.reports.history import SCHEMA_VERSION, HistoryStore
+
+    with HistoryStore(tmp_path / "store.sqlite") as _:
+        pass
+    page = (REPO / "docs" / "reference" / "outputs.md").read_text()
+    schema = page[page.index("```sql"):]
+    schema = schema[:schema.index("```\n", 6)]
+    db = sqlite3.connect(tmp_path / "store.sqlite")
+    missing = []
+    for kind, name in db.execute("SELECT type, name FROM sqlite_master WHERE name NOT LIKE 'sqlite_%'"):
+        if f"CREATE {kind.upper()} {name} " not in schema and f"CREATE {kind.upper()} {name}(" not in schema:
+            missing.append(f"{kind} {name}")
+        if kind == "table":
+            for column in db.execute(f"PRAGMA table_info({name})"):
+                if f"\n    {column[1]} " not in schema:
+                    missing.append(f"column {name}.{column[1]}")
+    assert not missing, f"docs/reference/outputs.md lacks what a fresh store has: {missing}"
+    assert f"(now {SCHEMA_VERSION})" in page, "docs/reference/outputs.md names another schema version"
