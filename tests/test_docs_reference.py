@@ -64,3 +64,23 @@ def test_the_store_schema_in_the_reference_is_the_real_one(tmp_path):
                     missing.append(f"column {name}.{column[1]}")
     assert not missing, f"docs/reference/outputs.md lacks what a fresh store has: {missing}"
     assert f"(now {SCHEMA_VERSION})" in page, "docs/reference/outputs.md names another schema version"
+
+
+def first_block(page: str, language: str, after: str = "") -> str:
+    text = (REPO / "docs" / "reference" / page).read_text()
+    start = text.index(f"```{language}\n", text.index(after)) + len(language) + 4
+    return text[start:text.index("```", start)]
+
+
+def test_the_reference_examples_load():
+    """The examples of the file formats are accepted by the loaders they document."""
+    from soakmatrix.matrix.build_bisect.specs import parse_builds_text
+    from soakmatrix.matrix.contracts.hangmodel import load_hang_model
+    from soakmatrix.matrix.spec import load_matrix
+
+    model = load_hang_model("hang-model.md", text=first_block("hang-model.md", "yaml"))
+    assert [h.id for h in model.hangs] == ["mtp-cudagraph", "regression"]
+    matrix = load_matrix("matrix-yaml.md", text=first_block("matrix-yaml.md", "yaml"))
+    assert matrix.name == "nightly" and "block_size" in matrix.registry
+    builds = parse_builds_text(first_block("builds.md", "", after="## The builds list"), "builds.md")
+    assert [b.kind for b in builds] == ["pip", "pip", "pip", "image", "python", "pip"]
