@@ -84,3 +84,19 @@ def test_the_reference_examples_load():
     assert matrix.name == "nightly" and "block_size" in matrix.registry
     builds = parse_builds_text(first_block("builds.md", "", after="## The builds list"), "builds.md")
     assert [b.kind for b in builds] == ["pip", "pip", "pip", "image", "python", "pip"]
+
+
+def test_every_junit_property_is_in_the_reference():
+    """Each test-case property reports/junit.py and reports/regressions.py write is documented."""
+    import re
+
+    written = set()
+    for name in ("junit.py", "regressions.py"):
+        source = (REPO / "reports" / name).read_text()
+        written |= set(re.findall(r'props\["([\w.]+)"\]', source))
+        written |= set(re.findall(r'"((?:regression|known_issue)[\w.]*)":', source))
+    page = (REPO / "docs" / "reference" / "outputs.md").read_text()
+    section = page[page.index("Test-case properties:"):page.index("## The probe journal")]
+    documented = set(re.findall(r"`([\w.]+)`", section)) | {f"known_issue{k}" for k in re.findall(r"`(\.\w+)`", section)}
+    missing = sorted(p for p in written if p not in documented)
+    assert not missing, f"docs/reference/outputs.md lacks the JUnit properties {missing}"
