@@ -41,11 +41,34 @@ def command_parser(name: str) -> argparse.ArgumentParser:
 
 
 def _usage(parser: argparse.ArgumentParser) -> str:
+    """The usage line, built here rather than by argparse, whose layout differs between Pythons."""
     if parser.usage:
         return parser.usage.strip()
-    formatter = argparse.HelpFormatter(parser.prog, width=WIDTH)
-    formatter.add_usage(None, parser._actions, parser._mutually_exclusive_groups, prefix="")
-    return formatter.format_help().strip()
+    parts = []
+    for action in parser._actions:
+        if isinstance(action, (argparse._HelpAction, argparse._VersionAction)) or action.help is argparse.SUPPRESS:
+            continue
+        if not action.option_strings:
+            metavar = action.metavar or action.dest.upper()
+            parts.append(f"[{metavar}]" if action.nargs == "?" else metavar)
+            continue
+        option = action.option_strings[-1] if len(action.option_strings[-1]) > 2 else action.option_strings[0]
+        if action.nargs == 0:
+            text = option
+        else:
+            metavar = "{" + ",".join(map(str, action.choices)) + "}" if action.choices is not None else \
+                action.metavar or action.dest.upper()
+            text = f"{option} {metavar}" + (f" [{metavar} ...]" if action.nargs in ("+", "*") else "")
+        parts.append(text if action.required else f"[{text}]")
+    lines, line = [], parser.prog
+    indent = " " * (len(parser.prog) + 1)
+    for part in parts:
+        if len(line) + 1 + len(part) > WIDTH and line.strip():
+            lines.append(line)
+            line = indent + part
+        else:
+            line += " " + part
+    return "\n".join([*lines, line])
 
 
 def _cell(text: str) -> str:
@@ -62,7 +85,7 @@ def _value(action: argparse.Action) -> str:
         return "switch"
     if action.choices is not None:
         return " \\| ".join(f"`{c}`" for c in action.choices)
-    metavar = action.metavar or (action.dest.upper() if action.option_strings else action.dest)
+    metavar = action.metavar or action.dest.upper()
     if isinstance(metavar, tuple):
         metavar = " ".join(metavar)
     range_text = getattr(action.type, "range_text", "")
@@ -96,7 +119,7 @@ def _options_table(parser: argparse.ArgumentParser) -> list[str]:
     for action in parser._actions:
         if isinstance(action, (argparse._HelpAction, argparse._VersionAction)) or action.help is argparse.SUPPRESS:
             continue
-        name = ", ".join(f"`{s}`" for s in action.option_strings) or f"`{action.metavar or action.dest}`"
+        name = ", ".join(f"`{s}`" for s in action.option_strings) or f"`{action.metavar or action.dest.upper()}`"
         rows.append(f"| {name} | {_value(action)} | {_default(action)} | {_help(parser, action)} |")
     return rows
 
