@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-fast test-gpu test-ray-oldest install install-test install-vllm chromium demo-vllm record-cassettes bench clean
+.PHONY: demo docs test test-fast test-gpu test-ray-oldest install install-test install-vllm chromium demo-vllm record-cassettes bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -12,7 +12,7 @@ $(BIN)/python:
 
 # every extra (Ray, the dashboard, bisection's statistics): seconds on a warm pip cache; the real
 # engine is an extra of its own (make install-vllm). `pip install soakmatrix` alone is the light core
-# that `watch`, `plan`, `sim-engine` and the pytest plugin need (docs/install.md).
+# that `watch`, `plan`, `sim-engine` and the pytest plugin need (docs/guide/install.md).
 $(VENV)/.core: $(BIN)/python pyproject.toml
 	$(BIN)/pip install -q -e '.[all]'
 	touch $@
@@ -52,7 +52,7 @@ demo-vllm: install-vllm
 	  code=$$?; echo "JUnit: out/demo-vllm/junit.xml  dashboard: out/demo-vllm/dashboard/index.html  (exit $$code)"; \
 	  [ $$code -le 1 ]
 
-# the oldest Ray release of the tested range (pyproject's `ray` extra, docs/ray.md "Ray versions"):
+# the oldest Ray release of the tested range (pyproject's `ray` extra, docs/guide/running.md "Ray versions"):
 # the Ray-using tests and the demo in a venv of their own, so .venv keeps the newest
 RAY_OLDEST ?= 2.59.0
 RAY_OLDEST_VENV := .venv-ray-oldest
@@ -72,6 +72,11 @@ test-fast: install-test
 # the real-engine bisection that tests/test_bisect_cassette.py replays, recorded again (8-17 minutes)
 record-cassettes: install-vllm
 	$(BIN)/python -m tests.record_cassettes
+
+# the command reference (docs/reference/cli.md) written from the argument parsers;
+# tests/test_docs_reference.py fails when it is stale
+docs: install
+	$(BIN)/python -m soakmatrix.matrix.cli_reference
 
 bench: install-test
 	$(BIN)/python -m benchmarks

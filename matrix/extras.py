@@ -1,7 +1,7 @@
 """The optional parts of soakmatrix: which extra brings which imports, and the error that names it.
 
 `pip install soakmatrix` is the light core (`watch`, `plan`, `sim-engine`, the pytest plugin); Ray,
-the dashboard and bisection's statistics come with extras (docs/install.md). A command that needs an
+the dashboard and bisection's statistics come with extras (docs/guide/install.md). A command that needs an
 extra checks for it before it starts any work, so a missing one is a line saying what to install,
 never a traceback hours into a run:
 

@@ -2,7 +2,7 @@
 
 A matrix file names models, GPU types, flag axes, include/exclude rules (GitHub Actions semantics),
 workloads, profiles, the baseline (each flag's neutral value, used by bisection) and, optionally,
-the engine builds every cell runs on (`builds:`, docs/builds.md). `load_matrix`
+the engine builds every cell runs on (`builds:`, docs/guide/builds.md). `load_matrix`
 returns a `Matrix` or raises `SpecError` listing every problem with its file, line and key. The
 frozen dataclasses it builds live in `spec_types` and are re-exported here, as are the duration
 helpers, so `matrix.spec` stays the one place to import a matrix's names from.

@@ -252,7 +252,7 @@ def test_two_independent_triggers_give_one_minimal_set_and_say_so():
     right = [r for r in results if r.status == "found" and set(r.minimal) in ({"f0", "f1"}, {"f3"})]
     # the failing cell has both triggers, so it hangs twice as often as a config with one: the
     # shared-rate search model now and then takes a one-trigger config for a slow one (measured:
-    # 4-7 % wrong sets at 0.99 over 100 seeds; docs/bisect.md, known limits)
+    # 4-7 % wrong sets at 0.99 over 100 seeds)
     assert len(right) >= 17
     for result in right:
         if any(cs.hangs and not all(cs.flags[f] for f in result.minimal) for cs in result.configs):

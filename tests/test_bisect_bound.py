@@ -182,7 +182,7 @@ def test_the_default_floor_grows_with_what_is_asked():
     assert default_floor(10, 2, 2280.0, 600.0, 0.99, gpus=4).gpu_hours == pytest.approx(4 * base.gpu_hours)
     # with the rate known (every hang free) the rule-out tends to F d(c, 1 - c) MTTFs per flag
     assert rule_out_load(1e6, 8.0, base.rule_out_evidence) == pytest.approx(8.0 * base.rule_out_evidence, rel=1e-5)
-    assert 8.0 * binary_divergence(0.95, 0.05) < 8.0 * math.log(20)     # README: 21 MTTFs < 24 at 0.95
+    assert 8.0 * binary_divergence(0.95, 0.05) < 8.0 * math.log(20)     # 21 MTTFs < 24 at 0.95: the floor of a necessary flag
     for bad in [dict(k=11), dict(confidence=0.4), dict(factor=1.0)]:
         args = dict(n=10, k=2, mttf_s=2280.0, startup_s=600.0, confidence=0.99) | bad
         with pytest.raises(ValueError):

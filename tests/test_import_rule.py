@@ -1,4 +1,4 @@
-"""Imports go one way (docs/architecture.md): checked on the source, so a new import that breaks the
+"""Imports go one way (docs/design/architecture.md): checked on the source, so a new import that breaks the
 layering fails here before it becomes a cycle.
 
 - `matrix/contracts/` (outcomes, results, flags, workloads, hang model, YAML source, durations,
@@ -90,7 +90,7 @@ def test_imports_follow_the_layering():
                    for importer, path in modules().items()
                    for imported in ours(imports_of(path, known), known)
                    if not allowed(importer, imported))
-    assert not wrong, "imports against the layering (docs/architecture.md):\n" + "\n".join(wrong)
+    assert not wrong, "imports against the layering (docs/design/architecture.md):\n" + "\n".join(wrong)
 
 
 def test_ray_stays_out_of_jobs_reports_and_contracts():

@@ -417,7 +417,10 @@ def test_ci_examples_schedule_nightly_and_smoke_pull_requests_with_real_options(
     pipeline = yaml.safe_load((CI / "buildkite.yml").read_text())
     assert any("schedule" in step.get("if", "") for step in pipeline["steps"] if isinstance(step, dict))
     commands = []
-    for name in ("github-actions.yml", "buildkite.yml"):
+    gitlab = yaml.safe_load((CI / "gitlab-ci.yml").read_text())
+    assert any("schedule" in str(job.get("rules")) for job in gitlab.values() if isinstance(job, dict))
+    assert any("merge_request_event" in str(job.get("rules")) for job in gitlab.values() if isinstance(job, dict))
+    for name in ("github-actions.yml", "buildkite.yml", "gitlab-ci.yml"):
         found = soakmatrix_commands((CI / name).read_text())
         assert {c[0] for c in found} >= {"run", "smoke"}, name
         commands += found

@@ -1,5 +1,5 @@
 """The simulated vLLM server: vLLM's OpenAI API, /metrics, log lines and process tree (API server ->
-`VLLM::EngineCore` -> `VLLM::Worker_TP<i>`), hanging as a hang-model file says (docs/sim-engine.md).
+`VLLM::EngineCore` -> `VLLM::Worker_TP<i>`), hanging as a hang-model file says (docs/guide/sim-engine.md).
 
 `python -m soakmatrix.jobs.sim MODEL [vllm serve flags ...]` starts it (also `soakmatrix sim-engine`);
 `args.py` reads vLLM's flags. The API server: `server.py` the process, `api.py` the HTTP handlers,

@@ -11,14 +11,14 @@ from soakmatrix.matrix.contracts.outcomes import EXIT_USAGE
 HELP = """The simulated vLLM server: `soakmatrix sim-engine MODEL [vllm serve flags...] --host H --port P
 [--hang-model FILE] [--gpu-type T] [--time-scale S] [--seed N] [--hang-record FILE]`.
 It takes the `vllm serve` flags the flag registry emits, serves vLLM's OpenAI API, /health and
-/metrics, logs like vLLM, and hangs as the hang-model file says (docs/sim-engine.md)."""
+/metrics, logs like vLLM, and hangs as the hang-model file says (docs/guide/sim-engine.md)."""
 
 USAGE = ("soakmatrix sim-engine MODEL [vllm serve flags...] [--host HOST] [--port PORT] [--hang-model FILE]\n"
          "                      [--gpu-type TYPE] [--time-scale S] [--seed N] [--hang-record FILE]")
 
 OPTIONS = """
 our options:
-  --hang-model FILE    the hang-model file (DESIGN.md); none: the engine never hangs
+  --hang-model FILE    the hang-model file (docs/reference/hang-model.md); none: the engine never hangs
   --gpu-type TYPE      the GPU type hangs match against (default: $SOAKMATRIX_GPU_TYPE)
   --time-scale S       divide the hang clocks (MTTF, VLLM_RINGBUFFER_WARNING_INTERVAL,
                        VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS) and VLLM_LOG_STATS_INTERVAL (floor 0.5 s) by S
@@ -26,7 +26,7 @@ our options:
   --hang-record FILE   append one JSON line per hang at the moment it begins
   --step-time-scale F  multiply the simulated GPU step times (default 1; 0 = no GPU time, for benchmarks)
   --torch-device DEV   run each step with torch on a real device (cuda, cuda:N, or cpu); planted hangs then
-                       stall in real CUDA and gloo calls (jobs/sim/torch_device.py, docs/gpu-nodes.md)
+                       stall in real CUDA and gloo calls (jobs/sim/torch_device.py, docs/guide/gpu-nodes.md)
 
 vLLM flags read: --model, --host, --port, --served-model-name, --max-model-len, --num-gpu-blocks-override,
   --disable-log-stats, --disable-uvicorn-access-log, and every flag of the flag registry

@@ -5,7 +5,7 @@ fsynced. It is written off the engine thread: the hang's frame must be where the
 moment the hang begins, as in vLLM. Written on the engine thread, an fsync that a busy disk holds for
 a few seconds keeps the engine core inside the write when the detectors fire: its stacks show the
 write, not the planted frame, and an `event_sync_stall` reads as a silent stall (the likely cause of
-the demo test's failures on loaded CI machines, README "Known limits").
+the demo test's failures on loaded CI machines, docs/design/alternatives.md).
 """
 
 from __future__ import annotations

@@ -41,10 +41,10 @@ CERTIFICATION_SOAKS = 2    # soaks of baseline + the kept flags before asking th
 REFERENCE_HANGS = 8        # hangs of the failing cell the rule-out soaks read its rate from
 GROUP_ABLATION = True      # the first round removes groups, then halves of those that did not hang ...
 GROUP_ABLATION_FLAGS = 6   # ... from this many flags on (with 4 or 5, two culprits put one in each half too often)
-FIRST_PARTS = 3            # the first round's groups, thirds (halves before: docs/bisect-history.md, sixth pass)
+FIRST_PARTS = 3            # the first round's groups, thirds (halves tried: docs/design/alternatives.md)
 RESCUE_PROBES = 12         # the rate check's probes for a kept set that does not hang (else: two triggers)
 NECESSITY_IN_ONE_PIECE = True  # once the reference rate is fixed, a necessity soak is one probe, not stages
-HOLM_LEAST = 0             # > 0: the rule-outs step down (Holm), alpha / this at the loosest; 0: alpha / k each (session 33)
+HOLM_LEAST = 0             # > 0: the rule-outs step down (Holm), alpha / this at the loosest; 0: alpha / k each (docs/design/alternatives.md)
 MIXTURE_REFERENCE = False  # True: the rule-outs' rate shared by every config with the set (reference.py), not a chosen pool
 
 
@@ -157,7 +157,7 @@ def _ablate_each(search: Search) -> int | None:
     passes lack a culprit and count toward its necessity soaks). Thirds first, not halves: with
     two or three culprits both halves nearly always hold one, and a pass of a group missing two
     culprits counts for neither one's necessity; with one culprit, thirds cost about the same
-    (docs/bisect-history.md, fifth pass). A single flag split out of a group soaks SINGLE_STAGE_MTTFS.
+    (docs/design/alternatives.md). A single flag split out of a group soaks SINGLE_STAGE_MTTFS.
     With fewer than GROUP_ABLATION_FLAGS flags (or GROUP_ABLATION False) each flag is removed
     alone from the start, ABLATION_STAGE_MTTFS each.
     Returns the flags whose removal did not hang, or None if a flag's removal cannot run."""

@@ -7,7 +7,7 @@ flags sit at random positions. It is what `benchmarks/bench_bisect.py` measures 
 next to the information bound ceil(log2 C(n, k)) probes, which leaves out that each probe's answer
 is a random time, not a bit.
 
-The argument (docs/bisect.md, "How low can it go"): to return T, the procedure must tell the world W
+The argument (docs/design/bisection-algorithm.md, "How low can it go"): to return T, the procedure must tell the world W
 where T hangs at rate lambda from the world W' where T minus one flag t already hangs, at any rate
 lambda'. In W' the procedure may return T (a superset: wrong) for only a share of its error budget;
 the flags are exchangeable, so that share is at most q = (1 - c) / (n - k + 1), the n - k + 1 sets

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from .search import Search
 
 SPEEDUP_HANGS = 4        # a "faster without it" call needs this many hangs without the flag
-SPEEDUP_GUARD = True      # ... (False: every Holm call stands, as before session 31)
+SPEEDUP_GUARD = True      # ... (False: every Holm call stands)
 RATIO_GRID = np.exp(np.linspace(math.log(1e-3), math.log(1e3), 481))
 
 

@@ -45,19 +45,19 @@ if TYPE_CHECKING:
 MEASURE_HANGS = 10          # hangs of the failing cell and of a suspect's removal before a verdict without more
 INNOCENT_RATIO = 1.5       # a removal with INNOCENT_HANGS+ hangs and a ratio under this looks innocent: no more soaks
 INNOCENT_HANGS = 4         # 2: an 8x modifier's quick hangs looked innocent 9 % of the time; 3: 2 %
-CELL_FIRST_HANGS = 8       # the failing cell's hangs before the first group check (6 and 12 tried: docs/bisect-history.md)
+CELL_FIRST_HANGS = 8       # the failing cell's hangs before the first group check (6 and 12 tried: docs/design/alternatives.md)
 CELL_HANGS = 12            # ... and once a group does not clear: the side of every comparison that follows
 GROUP_RATIO = 3.0          # a suspect joins the group removal while its own removal looks at most this much slower
 GROUP_MTTFS = 20.0         # the most load (failing-cell MTTFs) the group's removal gets to rule out a modifier
 GROUP_SLOW_LEVEL = 0.05    # ... unless its hangs reject "as fast as the failing cell" at this level first
 REFERENCE_LEVEL = 0.05     # a removal joins the failing cell's reference rate unless told apart at this level
-GROUP_RULE_OUT_SHARE = 3.0  # a group clears its flags at (1 - confidence) / this (6 tried: docs/bisect-history.md)
-SOAK_MTTFS = 2.0           # a modifier soak: at least this many failing-cell MTTFs (4 tried: docs/bisect-history.md)
+GROUP_RULE_OUT_SHARE = 3.0  # a group clears its flags at (1 - confidence) / this (6 tried: docs/design/alternatives.md)
+SOAK_MTTFS = 2.0           # a modifier soak: at least this many failing-cell MTTFs (4 tried: docs/design/alternatives.md)
 SOAK_TO_DECISION = True    # ... and on to where a pass would decide (False: pieces of SOAK_MTTFS, as before)
 CALLED_STEPS = 12          # bisection steps of the search for where a flag's removal would be called
 PEEL_LEVEL = 0.05          # a group that did not clear gives up the flag whose other removals look this slow
 LOCATE = True              # a group that did not clear: its modifier found from the set's side first (_locate)
-LOCATE_LEVEL = 0.05        # ... each step's loose call (0.02, 0.1 and 0.2 tried: docs/bisect-history.md)
+LOCATE_LEVEL = 0.05        # ... each step's loose call (0.02, 0.1 and 0.2 tried: docs/design/alternatives.md)
 
 
 def measure(search: Search, minimal_mask: int, longest_s: float) -> None:
@@ -220,7 +220,7 @@ def _split(search: Search, minimal_mask: int, group: list[int], target: int) -> 
     """A group that did not clear, split: its likeliest modifier alone and the rest, else halves.
     The likeliest is the flag whose removals other than the group's own (the ablation's, single
     or in groups) look slowest against the failing cell, if at PEEL_LEVEL or below (a tie: the
-    later flag). Peeling only a flag that stands out alone hardly ever fired (docs/bisect-history.md)."""
+    later flag). Peeling only a flag that stands out alone hardly ever fired (docs/design/alternatives.md)."""
     cell = search.stats_of(search.full)
     if cell.hangs == 0 or len(group) < 3:
         return halves(group)

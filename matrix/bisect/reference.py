@@ -5,8 +5,7 @@ failing cell's rate. The failing cell alone (8-12 hangs) leaves its predictive w
 that holds the set and lacks only flags outside it hangs at that same rate unless one of the flags
 it lacks is a modifier. Choosing which of those configs to pool by their own data (those that do
 not look slower) kept the lucky-fast ones and left the slow-looking ones out: the pooled rate came
-out some 11 % fast, and the rule-out erred at about twice its level (docs/bisect-history.md,
-session 32).
+out some 11 % fast, and the rule-out erred at about twice its level (docs/design/alternatives.md).
 
 So no config is chosen: the rate is one lambda shared by every config that holds the set, under a
 mixture over which flag outside the set (if any) multiplies the rate of the configs lacking it by
@@ -21,7 +20,7 @@ verdicts soak them: 1.18 x the level at 0.003, the chosen pool 1.24 x, every con
 tests/test_bisect_reference.py). The grid holds slowdowns only: with x 1/4 and 1/2 as well (a flag
 whose removal speeds the hang) every 10-minute row cost 1-2 % more.
 
-Off by default (ablation.MIXTURE_REFERENCE), measured in session 33 (docs/bisect-history.md): it
+Off by default (ablation.MIXTURE_REFERENCE), measured (docs/design/alternatives.md): it
 cuts the rule-out's excess error by three quarters (n=12, k=2, 10 min +x8, 4000 runs: the x8
 modifier called necessary in 18 runs, not 32; at the level, 13) and seed 002 reads 0.965, not
 0.959 (2000 runs), but every 10-minute row costs 0.3-3.3 % more (300 seeds); with Holm's step-down

@@ -6,7 +6,7 @@ probes chosen for information per GPU-hour (planner.py); the oracle is injected
 (oracle.py; oracle_virtual.py draws virtual times). `run_build_bisection` (run.py) is what the CLI
 calls, with builds from a file or a commit range (specs.py), and `render_text` / `to_json`
 (report.py) print the answer. bound.py is the floor any procedure must pay, bound_rate.py the
-same for a rate change. docs/build-bisect.md.
+same for a rate change. docs/design/build-bisection-algorithm.md.
 """
 
 from .algorithm import BuildSettings, bisect_builds

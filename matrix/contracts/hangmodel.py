@@ -1,4 +1,4 @@
-"""The hang-model file (DESIGN.md): which flag combinations hang, how, and how often.
+"""The hang-model file (docs/reference/hang-model.md): which flag combinations hang, how, and how often.
 
 The simulated engine, the vLLM fault-injection plugin and bisection's virtual-time oracle all read
 it through this module, so they agree on what "matches" and on the effective MTTF.

@@ -1,4 +1,4 @@
-"""`CellResult`: what one soak of one cell found, JSON-serialisable (DESIGN.md's contract).
+"""`CellResult`: what one soak of one cell found, JSON-serialisable (fields: docs/reference/outputs.md).
 
 Written by the soak job, stored by the history store, turned into JUnit and dashboards. Adding a
 field is fine; renaming or removing one breaks stored history and users' scripts.
