@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from soakmatrix.matrix.contracts.redact import scrub, secret_values
 from soakmatrix.matrix.contracts.result import CellResult

@@ -16,8 +16,9 @@ from __future__ import annotations
 import shutil
 import subprocess
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 BUSY_UTILIZATION_PCT = 50     # a GPU at or above this (highest sample) is busy
 SAMPLES = 3

@@ -14,8 +14,9 @@ import json
 import threading
 import time
 from collections import deque
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import aiohttp
 
@@ -97,7 +98,7 @@ class LoadDriver:
 
     # ------------------------------------------------------------ control (any thread)
 
-    def start(self) -> "LoadDriver":
+    def start(self) -> LoadDriver:
         self._thread = threading.Thread(target=self._run, name="soak-load", daemon=True)
         self._thread.start()
         return self
@@ -145,7 +146,7 @@ class LoadDriver:
                 tokens=self.stats.tokens, consecutive_failures=self.stats.consecutive_failures,
                 last_error=self.stats.last_error)
 
-    def __enter__(self) -> "LoadDriver":
+    def __enter__(self) -> LoadDriver:
         return self.start()
 
     def __exit__(self, *exc: Any) -> None:
@@ -284,7 +285,7 @@ class LoadDriver:
         except asyncio.CancelledError:
             self._error("cancelled", counts_as_failure=False)   # our own stop, not the server's
             raise
-        except asyncio.TimeoutError:
+        except TimeoutError:
             self._error("timeout")
             return False
         except (aiohttp.ClientError, ValueError, KeyError, TypeError) as exc:   # incl. bad JSON from the server

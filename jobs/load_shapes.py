@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 # A fixed word list: one word is about one token for vLLM's tokenizers and exactly one for the sim.
 WORDS = ("the of and to in is was for on are with as at be by this from or have an they which one "

@@ -31,9 +31,10 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import psutil
 
@@ -232,7 +233,7 @@ class RunningServer:
         if self._log_file is not None and not self._log_file.closed:
             self._log_file.close()
 
-    def __enter__(self) -> "RunningServer":
+    def __enter__(self) -> RunningServer:
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -15,11 +15,19 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any
 
-from .culprit import (COLLECTIVE_REASON, CulpritReport, culprit_report, from_call_site, module_of, normalised,
-                      runtime_internal)
+from .culprit import (
+    COLLECTIVE_REASON,
+    CulpritReport,
+    culprit_report,
+    from_call_site,
+    module_of,
+    normalised,
+    runtime_internal,
+)
 
 # ---------------------------------------------------------------- stacks
 

@@ -16,9 +16,10 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from soakmatrix.jobs.detect.protocol import Detector, HangVerdict, build_detectors
 from soakmatrix.matrix.contracts.outcomes import Outcome

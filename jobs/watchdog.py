@@ -14,12 +14,13 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from soakmatrix.jobs.detect.progress import parse_metrics
-from soakmatrix.jobs.detect.protocol import Detector, MetricsSample, Tick, HangVerdict, build_detectors
+from soakmatrix.jobs.detect.protocol import Detector, HangVerdict, MetricsSample, Tick, build_detectors
 
 
 @dataclass(frozen=True)
@@ -130,7 +131,7 @@ class Watchdog:
         except OSError:
             pass
 
-    def start(self) -> "Watchdog":
+    def start(self) -> Watchdog:
         for target, name in ((self._scraper, "soak-scrape"), (self._health, "soak-health")):
             t = threading.Thread(target=target, name=name, daemon=True)
             t.start()
@@ -204,7 +205,7 @@ class Watchdog:
             lines.extend(getattr(d, "seen", []))
         return lines
 
-    def __enter__(self) -> "Watchdog":
+    def __enter__(self) -> Watchdog:
         return self.start()
 
     def __exit__(self, *exc: Any) -> None:

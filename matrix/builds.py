@@ -15,7 +15,8 @@ The order of the section is the builds' history order (ordinal 0 first).
 from __future__ import annotations
 
 import re
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from soakmatrix.matrix.contracts.outcomes import Outcome
 

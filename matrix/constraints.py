@@ -6,8 +6,9 @@ Planning and the covering-array builder both read them; pure, the matrix is an i
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
 from soakmatrix.matrix.contracts.flags import ArgvBuilder, ArgvConflict, Flag
 

@@ -8,7 +8,8 @@ partial rows are pruned as early as possible. Pure: the matrix and constraints a
 from __future__ import annotations
 
 import itertools
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from covertable import Controller
 

@@ -13,8 +13,8 @@ The check finds modules without importing them (`importlib.util.find_spec`), so 
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 from typing import TextIO
 
-
 # a pipe whose reader closed; a terminal that hung up (the SSH session that ran the nightly closed)
 READER_GONE = (errno.EPIPE, errno.EIO)
 CLOSED_AT_START: set[str] = set()     # standard streams closed before we started (reopen_closed_standard_streams)

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
 from soakmatrix.matrix.contracts.flags import ArgvBuilder, format_value
 from soakmatrix.matrix.contracts.redact import redact_argv, redact_env, redact_text
@@ -172,7 +173,7 @@ def product_size(factors: Mapping[str, Sequence[Any]]) -> int:
 
 
 def plan(matrix: Matrix, profile_name: str | None = None,
-         validate: Callable[[list["PlannedCell"]], tuple[str, dict[str, str]]] | None = None,
+         validate: Callable[[list[PlannedCell]], tuple[str, dict[str, str]]] | None = None,
          covering_array: Callable[..., list[dict]] | None = None) -> Plan:
     """Expand a profile of a matrix into a Plan.
 

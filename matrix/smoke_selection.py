@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import fnmatch
 import itertools
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 from .plan import PlannedCell
 

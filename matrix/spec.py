@@ -10,8 +10,9 @@ helpers, so `matrix.spec` stays the one place to import a matrix's names from.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from .builds import builds_section
 from .contracts import flags as flagmod

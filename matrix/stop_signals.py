@@ -39,7 +39,7 @@ class StopSignals:
         # a second signal while we tear down: the loop's own second-Ctrl-C path stops waiting politely
         raise KeyboardInterrupt
 
-    def install(self) -> "StopSignals":
+    def install(self) -> StopSignals:
         if threading.current_thread() is not threading.main_thread():
             return self   # signals are delivered to the main thread only; nothing to do elsewhere
         global _active
@@ -54,7 +54,7 @@ class StopSignals:
     def exit_code(self, default: int = 130) -> int:
         return EXIT_FOR.get(self.received, default) if self.received else default
 
-    def __enter__(self) -> "StopSignals":
+    def __enter__(self) -> StopSignals:
         return self.install()
 
     def __exit__(self, *exc: object) -> None:

@@ -20,9 +20,10 @@ import logging
 import os
 import re
 from argparse import Namespace
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from soakmatrix.matrix.logger_level import logger_level
 

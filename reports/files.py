@@ -7,8 +7,9 @@ import errno
 import os
 import stat
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import BinaryIO, Callable
+from typing import BinaryIO
 
 
 def write_atomic(path: Path, write: Callable[[BinaryIO], None]) -> Path:

@@ -10,8 +10,9 @@ newest hit per role, and the known upstream issue it matches (`reports/known_iss
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from soakmatrix.matrix.contracts.result import CellResult
 from soakmatrix.matrix.contracts.stats import MttfEstimate, mttf_estimate

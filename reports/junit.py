@@ -29,9 +29,10 @@ import dataclasses
 import os
 import re
 import xml.etree.ElementTree as ElementTree
-from datetime import datetime, timezone
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 from junitparser import Error, Failure, JUnitXmlError, xunit2
 
@@ -265,7 +266,7 @@ def build_suite(results: Iterable[CellResult], suite_name: str,
         suite.add_property(xml_safe(name), xml_safe(value))
     if results:
         started = min(r.started_at for r in results)
-        suite.timestamp = datetime.fromtimestamp(started, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
+        suite.timestamp = datetime.fromtimestamp(started, UTC).strftime("%Y-%m-%dT%H:%M:%S")
     suite.add_testcases([test_case(r, known_issues) for r in results])
     return suite
 

@@ -21,8 +21,9 @@ from __future__ import annotations
 import enum
 import math
 from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Protocol, Sequence
+from typing import Protocol
 
 from soakmatrix.matrix.contracts import stats
 from soakmatrix.matrix.contracts.outcomes import Outcome

@@ -7,7 +7,8 @@ Each function takes the same data the dashboard shows and returns a string endin
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from soakmatrix.matrix.contracts.durations import format_duration
 from soakmatrix.matrix.contracts.flags import format_value

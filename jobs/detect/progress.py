@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from .protocol import MetricsSample, Tick, StallThreshold, HangVerdict, register
+from .protocol import HangVerdict, MetricsSample, StallThreshold, Tick, register
 
 METRIC_FIELDS = {
     # sample name (as the parser yields it) -> MetricsSample field

@@ -8,7 +8,7 @@ gap) raises the threshold instead of raising an alarm.
 
 from __future__ import annotations
 
-from .protocol import Tick, StallThreshold, HangVerdict, register
+from .protocol import HangVerdict, StallThreshold, Tick, register
 
 
 class StreamDetector:

@@ -12,8 +12,8 @@ evidence is as real there). A report's `failed` says whether cells placed here w
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 from . import checks as c
 from . import probes as p
@@ -51,7 +51,7 @@ class DoctorReport:
                 "checks": [x.to_dict() for x in self.checks], "notes": list(self.notes)}
 
     @classmethod
-    def from_dict(cls, data: dict) -> "DoctorReport":
+    def from_dict(cls, data: dict) -> DoctorReport:
         return cls(data["node"], data["backend"], tuple(c.Check(**x) for x in data["checks"]),
                    tuple(data.get("notes", ())))
 

@@ -11,9 +11,10 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from soakmatrix.matrix.contracts import flags as flagmod
 from soakmatrix.matrix.contracts.redact import redact_argv

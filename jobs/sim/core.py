@@ -21,8 +21,9 @@ import random
 import sys
 import time
 import zlib
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 from soakmatrix.matrix.contracts.hangmodel import STYLE_SIGNATURE, load_or_empty
 

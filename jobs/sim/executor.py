@@ -22,8 +22,9 @@ import random
 import socket
 import threading
 import time
+from collections.abc import Callable
 from functools import partial
-from typing import Any, Callable
+from typing import Any
 
 from .args import SimConfig
 from .clocks import Clocks

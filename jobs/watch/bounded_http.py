@@ -23,8 +23,8 @@ import socket
 import threading
 import time
 import urllib.parse
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
 
 from soakmatrix.matrix.contracts.redact import redact_text
 
@@ -288,7 +288,7 @@ class Exchange:
         if self._conn is not None:
             self._conn.close()
 
-    def __enter__(self) -> "Exchange":
+    def __enter__(self) -> Exchange:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -11,8 +11,9 @@ import os
 import queue
 import threading
 from collections import deque
+from collections.abc import Sequence
 from pathlib import Path
-from typing import IO, Sequence
+from typing import IO
 
 from soakmatrix.jobs.watchdog import LogFollower
 

@@ -25,8 +25,8 @@ Side effects (scrapes, the canary's HTTP, the log, the clock) stay in `runner.py
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Callable, Sequence
 
 from soakmatrix.jobs.detect.protocol import Detector, HangVerdict, StallThreshold, Tick
 

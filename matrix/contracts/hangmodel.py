@@ -11,13 +11,14 @@ as a flag it lacks never matches.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from . import flags as flagmod
 from .flags import Flag
-from .yamlsrc import Source, SpecError, load
+from .yamlsrc import Source, load
 
 BUILD_KEY = "build"   # the one `when` key that is not a flag
 

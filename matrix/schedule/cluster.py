@@ -14,9 +14,10 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, TypeVar
+from typing import Any, TypeVar
 
 from soakmatrix.matrix.logger_level import logger_level
 from soakmatrix.matrix.spec import GpuType
@@ -108,7 +109,7 @@ def retry_client_session(init: Callable[[], T], address: str, attempts: int = CL
     for attempt in range(1, attempts):
         try:
             return init()
-        except Exception as exc:  # noqa: BLE001 - `client_session_failed` decides
+        except Exception as exc:  # `client_session_failed` decides
             if not client_session_failed(exc):
                 raise
             say(f"soakmatrix: the Ray Client server at {address} could not start a session "
@@ -129,7 +130,7 @@ class ClusterHandle:
         if shutdown is not None:
             shutdown()
 
-    def __enter__(self) -> "ClusterHandle":
+    def __enter__(self) -> ClusterHandle:
         return self
 
     def __exit__(self, *exc: Any) -> None:

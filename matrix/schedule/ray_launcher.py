@@ -36,7 +36,7 @@ class RayLauncher:
     nodes that failed it, and a mailbox actor through which tasks say where and when they began."""
 
     def __init__(self, run_cell: RunCell | None = None, cpus_per_cell: float = 0.0,
-                 diagnose: Diagnose | None | str = "default"):
+                 diagnose: Diagnose | str | None = "default"):
         """`diagnose`: the node preflight each cell's task runs first (None: none). By default the real
         doctor, except for a launcher given its own `run_cell` (tests, benchmarks with fake GPUs)."""
         import ray

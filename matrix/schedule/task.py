@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from soakmatrix.jobs.soak_spec import SoakSpec
 from soakmatrix.matrix.contracts.result import CellResult
