@@ -44,7 +44,7 @@ def seal(folder: str | Path, secrets: Iterable[str] = ()) -> int:
     root = Path(folder)
     if not root.is_dir():
         return 0
-    for dirpath, dirnames, filenames in os.walk(root):
+    for dirpath, _dirnames, filenames in os.walk(root):
         os.chmod(dirpath, PRIVATE_DIR)
         for name in filenames:
             path = Path(dirpath) / name

@@ -129,7 +129,7 @@ def _line_of(text: str, pos: int) -> str:
 
 
 def _last_error(tail: str) -> str:
-    lines = [l.strip() for l in tail.splitlines() if l.strip()]
+    lines = [line.strip() for line in tail.splitlines() if line.strip()]
     for line in reversed(lines):
         if re.search(r"error|Error|refus|invalid", line):
             return line[:300]

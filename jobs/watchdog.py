@@ -64,7 +64,7 @@ class LogFollower:
         self.offset += len(data)
         data = self._partial + data
         *lines, self._partial = data.split(b"\n")
-        return [l.decode("utf-8", "replace") for l in lines]
+        return [line.decode("utf-8", "replace") for line in lines]
 
 
 class Watchdog:
@@ -102,7 +102,7 @@ class Watchdog:
                         self._pending.append(sample)
                 else:
                     self._note_scrape(f"/metrics answered {status}")
-            except Exception as exc:   # timeouts, refused connections, bad text: no sample this time
+            except Exception as exc:  # noqa: BLE001 - timeouts, refused connections, bad text: no sample this time
                 self._note_scrape(f"/metrics: {type(exc).__name__}")
             self._quit.wait(max(0.0, self.config.scrape_every_s - (time.monotonic() - t0)))
 
@@ -115,7 +115,7 @@ class Watchdog:
         while not self._quit.is_set():
             try:
                 status, _ = self.get(f"{self.server.base_url}/health", self.config.health_timeout_s)
-            except Exception:
+            except Exception:  # noqa: BLE001 - no answer, whatever the reason, is a failed health check
                 status = None
             at = self.clock()
             self.health.append((at, status))

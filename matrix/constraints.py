@@ -124,7 +124,7 @@ class Checker:
 
     def violations(self, combo: Mapping[str, Any]) -> list[str]:
         out = []
-        for constraint, keys, memo in zip(self.constraints, self.keys, self.memo):
+        for constraint, keys, memo in zip(self.constraints, self.keys, self.memo, strict=True):
             key = tuple((type(v), v) for v in (combo.get(k, _MISSING) for k in keys))
             reason = memo.get(key, _MISSING)
             if reason is _MISSING:

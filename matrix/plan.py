@@ -94,7 +94,7 @@ class Plan:
         if self.matrix.builds:   # only then: plans of matrices without builds stay byte-identical
             doc["builds"] = [{"name": b.name, "ordinal": b.ordinal, "kind": b.kind, "value": redact_text(b.value)}
                              for b in self.matrix.builds.values()]
-            for cell, pc in zip(doc["cells"], self.cells):
+            for cell, pc in zip(doc["cells"], self.cells, strict=True):
                 cell["build"] = pc.cell.build
         return doc
 
@@ -126,7 +126,7 @@ class Plan:
 
 
 def _jsonable(combo: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in combo.items()}
+    return dict(combo)
 
 
 # -- planning ---------------------------------------------------------------------------------------
@@ -151,7 +151,7 @@ def pruned_product(factors: Mapping[str, Sequence[Any]], matrix: Matrix, checker
     free = [k for k in factors if k not in deciding]
     tails = list(itertools.product(*(factors[k] for k in free)))
     for head in itertools.product(*(factors[k] for k in deciding)):
-        part = dict(zip(deciding, head))
+        part = dict(zip(deciding, head, strict=True))
         hit = next((i for i, rule in enumerate(matrix.exclude) if rule_matches(rule, part)), None)
         reason = f"exclude[{hit}]" if hit is not None else "; ".join(checker.violations(part))
         if reason:
@@ -159,7 +159,7 @@ def pruned_product(factors: Mapping[str, Sequence[Any]], matrix: Matrix, checker
             continue
         for tail in tails:
             combo = dict(part)
-            combo.update(zip(free, tail))
+            combo.update(zip(free, tail, strict=True))
             yield combo
 
 

@@ -218,7 +218,8 @@ class _Builder:
             if not values:
                 self.err(path, "an axis needs at least one value")
                 continue
-            ok = all([self.flag_value(name, v, path + (i,)) for i, v in enumerate(values)])
+            checked = [self.flag_value(name, v, path + (i,)) for i, v in enumerate(values)]   # each error reported
+            ok = all(checked)
             if len(set(map(repr, values))) != len(values):
                 self.err(path, "an axis lists a value twice")
                 ok = False

@@ -310,7 +310,7 @@ def _split(results: list[CellResult], max_cases: int, max_bytes: int) -> list[li
     parts: list[list[CellResult]] = [[]]
     size = 0
     for r in results:
-        cost = 2048 + len(evidence_text(r).encode()) * 2 + sum(len(str(l)) for l in r.log_tail[-MAX_LOG_LINES:])
+        cost = 2048 + len(evidence_text(r).encode()) * 2 + sum(len(str(line)) for line in r.log_tail[-MAX_LOG_LINES:])
         if parts[-1] and (len(parts[-1]) >= max_cases or size + cost > max_bytes):
             parts.append([])
             size = 0

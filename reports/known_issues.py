@@ -60,7 +60,7 @@ class KnownIssue:
             return False
         if any(not any(p.search(f) for f in stuck_frames) for p in self.frames):
             return False
-        if any(not any(p.search(l) for l in log_lines) for p in self.log):
+        if any(not any(p.search(line) for line in log_lines) for p in self.log):
             return False
         return all(_same(flags.get(k), v) for k, v in self.flags.items())
 

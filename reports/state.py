@@ -165,7 +165,7 @@ def cell_states(run_ids: Sequence[str], observations: Iterable[RecordedResultLik
                 verdicts.append(outcome in FAILED)
                 verdict_runs.append(run_id)
         state.status = classify(verdicts)
-        failed_runs = [r for r, failed in zip(verdict_runs, verdicts) if failed]
+        failed_runs = [r for r, failed in zip(verdict_runs, verdicts, strict=True) if failed]
         state.failing_runs, state.verdict_runs = len(failed_runs), len(verdicts)
         if failed_runs:
             state.first_failing_run, state.last_failing_run = failed_runs[0], failed_runs[-1]

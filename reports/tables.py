@@ -27,7 +27,7 @@ def format_table(headers: Sequence[str], rows: Iterable[Sequence[Any]], right: I
     widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
 
     def line(values: Sequence[str]) -> str:
-        cells = [v.rjust(w) if i in right else v.ljust(w) for i, (v, w) in enumerate(zip(values, widths))]
+        cells = [v.rjust(w) if i in right else v.ljust(w) for i, (v, w) in enumerate(zip(values, widths, strict=True))]
         return "  ".join(cells).rstrip()
 
     out = [line(headers), line(["-" * w for w in widths])] + [line(r) for r in rows]

@@ -70,7 +70,7 @@ class ProgressDetector:
             self._progress_at = m.at
             self._busy_since = m.at if busy else None
             return None
-        moved = any(c is not None and p is not None and c != p for c, p in zip(counters, last.counters))
+        moved = any(c is not None and p is not None and c != p for c, p in zip(counters, last.counters, strict=True))
         if moved:
             if self._busy_since is not None and self._progress_at is not None:
                 self.threshold.learn(m.at - max(self._progress_at, self._busy_since))

@@ -45,7 +45,7 @@ def _vllm_root() -> Path | None:
     spec = importlib.util.find_spec("vllm")
     if spec is None or not spec.submodule_search_locations:
         return None
-    return Path(list(spec.submodule_search_locations)[0])
+    return Path(next(iter(spec.submodule_search_locations)))
 
 
 def serve_module(root: Path | None = None) -> str:

@@ -299,7 +299,7 @@ class Scheduler:
         token_lists = _to_list(sampled, self.transfer_event)
         outputs: list[tuple[str, list[int], str | None]] = []
         prompt_tokens = gen_tokens = 0
-        for item, tokens in zip(sched.items, token_lists):
+        for item, tokens in zip(sched.items, token_lists, strict=True):
             req = item.req
             if not tokens:
                 continue

@@ -220,7 +220,7 @@ class Exchange:
             resp = conn.getresponse()
         except RequestFailed:
             raise
-        except BaseException as exc:
+        except BaseException as exc:  # noqa: BLE001 - every failure, KeyboardInterrupt included, is classified
             raise self._classify(exc, phase) from None
         if self.guard.fired:   # headers cut short by the deadline read as if they had ended
             raise self._deadline("answer")
@@ -239,7 +239,7 @@ class Exchange:
                 data = resp.read1(min(size, self.max_bytes - self.nbytes + 1))   # never past the cap
             except RequestFailed:
                 raise
-            except BaseException as exc:
+            except BaseException as exc:  # noqa: BLE001 - every failure, KeyboardInterrupt included, is classified
                 raise self._classify(exc, "body") from None
             if not data:
                 if self.guard.fired or self._aborted:

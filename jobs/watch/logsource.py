@@ -59,7 +59,7 @@ class FileLog(_Recent):
         except OSError:
             return
         lines = data.split(b"\n")[(1 if start else 0):-1]   # not a line cut in half by the seek
-        self.recent.extend(l.decode("utf-8", "replace") for l in lines)
+        self.recent.extend(line.decode("utf-8", "replace") for line in lines)
 
     def new_lines(self) -> list[str]:
         try:

@@ -182,14 +182,14 @@ class WatchLoop:
         if self._pending_dead is not None:
             pending = self._pending_dead
             failing = t.stream is not None and t.stream.consecutive_failures > 0
-            if self._saw_5xx or failing or any(FATAL_LINE.search(l) for l in t.log_lines):
+            if self._saw_5xx or failing or any(FATAL_LINE.search(line) for line in t.log_lines):
                 self._pending_dead = None
                 return pending, None
             if now - pending.at > self.config.confirm_dead_s:
                 self._pending_dead = None
                 return None, "EngineDeadError line not confirmed (no 5xx, no fatal error): dismissed"
         for v in fired:
-            if v.detector == "logs" and v.hint == "engine_dead" and not any(FATAL_LINE.search(l) for l in t.log_lines):
+            if v.detector == "logs" and v.hint == "engine_dead" and not any(FATAL_LINE.search(line) for line in t.log_lines):
                 if self._saw_5xx:
                     return v, None
                 self._pending_dead = self._pending_dead or v

@@ -174,5 +174,5 @@ class Watcher:
     def _model(self) -> str:
         try:
             return self.canary.discover_model()
-        except Exception:   # the server may be gone: the incident is still worth keeping
+        except Exception:  # noqa: BLE001 - the server may be gone: the incident is still worth keeping
             return ""

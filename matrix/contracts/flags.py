@@ -48,9 +48,8 @@ class Flag:
                 return f"expected an integer, got {value!r}"
             if self.minimum is not None and value < self.minimum:
                 return f"must be >= {self.minimum}, got {value}"
-        elif self.kind == "str":
-            if not isinstance(value, str):
-                return f"expected a string, got {value!r}"
+        elif self.kind == "str" and not isinstance(value, str):
+            return f"expected a string, got {value!r}"
         if self.choices is not None and value not in self.choices:
             return f"{value!r} is not one of {', '.join(map(str, self.choices))}"
         return None
