@@ -40,7 +40,7 @@ class GpuState:
         None when not measured."""
         if not self.measured or not self.gpus:
             return None
-        utils = [g.get("utilization_gpu") for g in self.gpus if g.get("utilization_gpu") is not None]
+        utils = [u for g in self.gpus if (u := g.get("utilization_gpu")) is not None]
         if not utils:
             return None
         return "busy" if max(utils) >= BUSY_UTILIZATION_PCT else "idle"

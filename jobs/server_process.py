@@ -119,7 +119,7 @@ def listening_pids(port: int) -> set[int] | None:
     except (psutil.AccessDenied, PermissionError):
         return None
     pids = {c.pid for c in conns if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port}
-    return None if None in pids else pids
+    return {pid for pid in pids if pid is not None} if None not in pids else None
 
 
 def _line_of(text: str, pos: int) -> str:

@@ -214,7 +214,7 @@ def preflight(state_dir: str | Path) -> str | None:
     for leak in leaks:
         pids = [pid for pid in leak.get("pids", []) if _same_process(pid, leak.get("create_times", {}))]
         port = leak.get("port")
-        port_busy = bool(port) and port_listening(int(port), owners=leak.get("pids") or None)
+        port_busy = port_listening(int(port), owners=leak.get("pids") or None) if port else False
         if pids or port_busy:
             still.append(leak)
             what = ", ".join([*(f"pid {p}" for p in pids), *([f"port {port}"] if port_busy else [])])

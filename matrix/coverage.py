@@ -78,7 +78,7 @@ def uncovered_tuples(rows: Sequence[Mapping[str, Any]], factors: Mapping[str, Se
             for ks in itertools.combinations(keys, strength):
                 feasible.add(tuple((k, repr(row[k])) for k in ks))
     covered: set[tuple] = set()
-    for row in rows:
+    for given in rows:
         for ks in itertools.combinations(keys, strength):
-            covered.add(tuple((k, repr(row[k])) for k in ks))
+            covered.add(tuple((k, repr(given[k])) for k in ks))
     return sorted(feasible - covered)

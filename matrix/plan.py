@@ -213,7 +213,7 @@ def plan(matrix: Matrix, profile_name: str | None = None,
     builds = profile_builds(matrix, profile)
     cells: list[PlannedCell] = []
     seen: set[Cell] = set()
-    builder = argv_builder(matrix.registry)
+    argv_of = argv_builder(matrix.registry)
     for combo in combos:
         missing = [k for k in ("model", "gpu") if k not in combo]
         if missing:
@@ -227,7 +227,7 @@ def plan(matrix: Matrix, profile_name: str | None = None,
             excluded.append(Exclusion(combo, "; ".join(reasons)))
             continue
         for build in builds:
-            pc = planned_cell(matrix, profile, combo, builder, build)
+            pc = planned_cell(matrix, profile, combo, argv_of, build)
             if pc.cell in seen:
                 continue
             seen.add(pc.cell)
@@ -266,7 +266,8 @@ def profile_builds(matrix: Matrix, profile: Profile) -> list[Build | None]:
     if not matrix.builds:
         return [None]
     names = profile.builds or tuple(matrix.builds)
-    return sorted((matrix.builds[n] for n in dict.fromkeys(names)), key=lambda b: b.ordinal)
+    chosen = sorted((matrix.builds[n] for n in dict.fromkeys(names)), key=lambda b: b.ordinal)
+    return [*chosen]
 
 
 def planned_cell(matrix: Matrix, profile: Profile, combo: Mapping[str, Any],

@@ -187,6 +187,7 @@ class _Builder:
                 self.err(path + ("ray_label",), "expected a non-empty string")
                 ok = False
             if ok:
+                assert isinstance(count, int) and isinstance(memory, (int, float))   # checked above
                 out[str(name)] = GpuType(str(name), count, float(memory), label)
             else:
                 self.invalid["GPU type"].add(str(name))

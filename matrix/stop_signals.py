@@ -13,9 +13,14 @@ from __future__ import annotations
 
 import signal
 import threading
+from collections.abc import Callable
 from types import FrameType
+from typing import Any
 
-EXIT_FOR = {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGHUP: 129}
+# what signal.signal() takes and returns
+_Handler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
+
+EXIT_FOR: dict[int, int] = {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGHUP: 129}
 
 
 class Stopped(KeyboardInterrupt):
@@ -29,7 +34,7 @@ class StopSignals:
 
     def __init__(self) -> None:
         self.received: int | None = None
-        self._previous: dict[int, object] = {}
+        self._previous: dict[int, _Handler] = {}
 
     def _handler(self, signum: int, frame: FrameType | None) -> None:
         first = self.received is None

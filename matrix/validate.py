@@ -128,7 +128,7 @@ def _model_of(argv: Sequence[str]) -> str | None:
 
 
 def _has_local_config(model: str | None) -> bool:
-    return bool(model) and (Path(model) / "config.json").is_file()
+    return (Path(model) / "config.json").is_file() if model else False
 
 
 def _local_model_path(path: str) -> str:

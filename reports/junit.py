@@ -32,9 +32,9 @@ import xml.etree.ElementTree as ElementTree
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-from junitparser import Error, Failure, JUnitXmlError, xunit2
+from junitparser import Error, Failure, JUnitXmlError, TestCase, xunit2
 
 from soakmatrix.matrix.contracts.flags import format_value
 from soakmatrix.matrix.contracts.outcomes import Outcome
@@ -223,7 +223,8 @@ def _match(known_issues: Sequence[Any], result: CellResult) -> Any:
     return match_result(known_issues, result)
 
 
-test_case.__test__ = False  # a name pytest would otherwise collect when imported into a test module
+# a name pytest would otherwise collect when imported into a test module; mypy knows no such function attribute
+test_case.__test__ = False  # type: ignore[attr-defined]
 
 
 def _final_result(result: CellResult) -> Failure | Error | None:
@@ -325,7 +326,8 @@ def read_junit(path: str | os.PathLike) -> xunit2.JUnitXml:
     if not path.is_file():
         raise JUnitMergeError(f"{path}: no such file")
     try:
-        return xunit2.JUnitXml.fromfile(str(path))
+        # junitparser annotates its constructors as returning the base class; they return cls()
+        return cast(xunit2.JUnitXml, xunit2.JUnitXml.fromfile(str(path)))
     except ElementTree.ParseError as exc:
         line, column = exc.position
         raise JUnitMergeError(f"{path}:{line}:{column}: not well-formed XML ({exc})") from None
@@ -342,7 +344,7 @@ def merge_junit(paths: Sequence[str | os.PathLike], out: str | os.PathLike) -> P
     if not paths:
         raise JUnitMergeError("no JUnit files to merge")
     suites: dict[str, xunit2.TestSuite] = {}
-    cases: dict[str, dict[tuple[str, str], xunit2.TestCase]] = {}
+    cases: dict[str, dict[tuple[str, str], TestCase]] = {}
     for path in paths:
         for suite in read_junit(path):
             target = suites.get(suite.name)

@@ -179,7 +179,8 @@ def _build_bisection_view(report: Mapping[str, Any], cell_id: Any, cell_name: An
         verdict = "untestable" if b.get("untestable") else "bad" if b.get("hangs") else "passed"
         rows.append({"label": str(b.get("build", "")), "role": verdict, "probes": b.get("probes", ""),
                      "hangs": b.get("hangs", ""), "exposure": _dur(b.get("exposure_s")), "mttf": "", "ci": ""})
-    mttf = report.get("mttf") if isinstance(report.get("mttf"), Mapping) else {}
+    raw_mttf = report.get("mttf")
+    mttf = raw_mttf if isinstance(raw_mttf, Mapping) else {}
     notes = [("MTTF on the bad builds", _dur(mttf.get("mttf_s")))] if mttf.get("mttf_s") else []
     if report.get("good_mttf_bound_s"):
         notes.append(("last good build", f"MTTF > {_dur(report.get('good_mttf_bound_s'))}"))

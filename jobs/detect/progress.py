@@ -10,6 +10,7 @@ information: it neither proves progress nor extends a stall.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -45,7 +46,7 @@ class _Last:
 class ProgressDetector:
     name = "progress"
 
-    def __init__(self, **threshold_options: float) -> None:
+    def __init__(self, **threshold_options: Any) -> None:   # StallThreshold's
         # Scrapes are too coarse to tell a prefill from a slow scrape: every gap between progress
         # counts towards the base, and the allowance per prompt token stays at its prior.
         threshold_options.setdefault("learn_prefill", False)

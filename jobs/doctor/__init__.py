@@ -95,8 +95,8 @@ def diagnose(probes: Probes, backend: str, node: str, expected: c.GpuExpectation
     if backend not in GPU_BACKENDS:
         return DoctorReport(node, backend, (ptrace,), (f"GPU checks not run: the {backend} backend uses no GPU",))
     shm = c.shm_size(probes.shm.total, probes.shm.free, probes.shm.error)
-    if cpu_build(probes):
-        v = probes.vllm
+    v = probes.vllm
+    if v is not None and cpu_build(probes):
         vllm = (c.vllm_build(v, None) if v.timed_out else
                 c.Check("vllm", c.OK, f"vLLM {v.vllm_version}, torch {v.torch_version}: a CPU build"))
         return DoctorReport(node, backend, (ptrace, shm, vllm),

@@ -194,7 +194,8 @@ class Exchange:
             seen.append(url)
             if resp.status == 303:
                 method, body = "GET", None
-            self._conn.close()
+            if self._conn is not None:
+                self._conn.close()
 
     def _request(self, url: str, method: str, body: bytes | None, headers: dict[str, str],
                  connect_s: float) -> http.client.HTTPResponse:

@@ -150,7 +150,7 @@ class WatchLoop:
     def silence_limit(self) -> float:
         if self.config.unanswered_after_s is not None:
             return self.config.unanswered_after_s
-        learned = [d.threshold.value() for d in self.detectors if isinstance(getattr(d, "threshold", None), StallThreshold)]
+        learned = [t.value() for d in self.detectors if isinstance(t := getattr(d, "threshold", None), StallThreshold)]
         return max(learned, default=self.config.unanswered_default_s)
 
     def _fresh(self, now: float) -> None:

@@ -258,7 +258,7 @@ def _hang(src: Source, path: tuple, entry: Any, registry: Mapping[str, Flag],
         factor = _number(src, mpath + ("mttf_factor",), mod.get("mttf_factor"))
         if mwhen is not None and factor is not None:
             modifiers.append(Modifier(mwhen, factor))
-    if None in (when, mttf) or not isinstance(hang_id, str) or style not in STYLES:
+    if when is None or mttf is None or not isinstance(hang_id, str) or style not in STYLES:
         return None
     return Hang(id=hang_id, style=style, when=when, mttf_s=mttf, gpu=tuple(gpu) if gpu else None,
                 min_running=min_running, modifiers=tuple(modifiers), builds=chosen_builds)

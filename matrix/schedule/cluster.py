@@ -123,7 +123,7 @@ class ClusterHandle:
 
     def __init__(self, description: str, shutdown: Callable[[], None]):
         self.description = description
-        self._shutdown = shutdown
+        self._shutdown: Callable[[], None] | None = shutdown
 
     def close(self) -> None:
         shutdown, self._shutdown = self._shutdown, None
@@ -164,7 +164,7 @@ def connect(address: str | None, *, backend: str, gpus: Mapping[str, GpuType],
     require("ray")   # an install without the extra: a line saying what to install, not a traceback
     import ray
 
-    quiet = {"log_to_driver": False, "logging_level": logging.WARNING, "include_dashboard": False}
+    quiet: dict[str, Any] = {"log_to_driver": False, "logging_level": logging.WARNING, "include_dashboard": False}
     if address:
         check_reachable(address)
 
@@ -223,7 +223,7 @@ def _shutdown_local(stop: Callable[[], None], session: Path | None) -> None:
 # a free port): a second cluster on the same machine (two runs on one CI runner, two test workers) then
 # has a head agent without HTTP (no job or state API for that node). None lets the agent bind a free
 # port and publish it.
-HEAD_PORTS = {"dashboard_agent_listen_port": None}
+HEAD_PORTS: dict[str, Any] = {"dashboard_agent_listen_port": None}
 
 
 def start_local(shapes: list[NodeShape], attempts: int = 3) -> ClusterHandle:
