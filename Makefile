@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: demo docs test test-fast test-gpu test-ray-oldest install install-test install-vllm chromium demo-vllm record-cassettes bench clean
+.PHONY: demo docs test test-fast test-gpu test-ray-oldest install install-test install-vllm chromium demo-vllm record-cassettes bench lint clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -72,6 +72,17 @@ test-fast: install-test
 # the real-engine bisection that tests/test_bisect_cassette.py replays, recorded again (8-17 minutes)
 record-cassettes: install-vllm
 	$(BIN)/python -m tests.record_cassettes
+
+# ruff (lint, then the formatting check) and mypy (.ci/typecheck) on the product code, as configured in
+# pyproject.toml; each runs whatever the one before found, and any finding fails the target. The tests
+# and benchmarks are not linted yet.
+LINT_PATHS := soakmatrix matrix jobs reports fixtures
+lint: install-test
+	@status=0; \
+	echo "ruff check"; $(BIN)/ruff check $(LINT_PATHS) || status=1; \
+	echo "ruff format --check"; $(BIN)/ruff format --check --output-format concise $(LINT_PATHS) || status=1; \
+	echo "mypy"; MYPY=$(BIN)/mypy .ci/typecheck || status=1; \
+	exit $$status
 
 # the command reference (docs/reference/cli.md) written from the argument parsers;
 # tests/test_docs_reference.py fails when it is stale

@@ -100,7 +100,6 @@ def start_fleet():
 def measure_makespan(cells, matrix, target_s: float, poll_s: float) -> dict:
     from dataclasses import replace
 
-    from soakmatrix.jobs.soak_spec import SoakSpec
     from soakmatrix.matrix.schedule import RayLauncher, lower_bound_makespan, run_cells
     from soakmatrix.matrix.soak_specs import soak_spec_for
 
@@ -133,8 +132,8 @@ def measure_overhead(cells, matrix, n: int) -> dict:
     """Per-cell overhead with zero-length cells: one at a time (latency) and all at once (throughput)."""
     from dataclasses import replace
 
-    from soakmatrix.jobs.soak_spec import SoakSpec
     from soakmatrix.matrix.schedule import RayLauncher, run_cells
+    from soakmatrix.matrix.soak_specs import soak_spec_for
 
     small = [pc for pc in cells if pc.gpu_count == 1][:n] or cells[:n]
 

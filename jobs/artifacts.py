@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from soakmatrix.matrix.contracts.redact import scrub, secret_values
 from soakmatrix.matrix.contracts.result import CellResult
@@ -43,7 +44,7 @@ def seal(folder: str | Path, secrets: Iterable[str] = ()) -> int:
     root = Path(folder)
     if not root.is_dir():
         return 0
-    for dirpath, dirnames, filenames in os.walk(root):
+    for dirpath, _dirnames, filenames in os.walk(root):
         os.chmod(dirpath, PRIVATE_DIR)
         for name in filenames:
             path = Path(dirpath) / name

@@ -24,8 +24,8 @@ The rules, innermost frame outwards:
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
 
 CULPRIT, VICTIM, IDLE = "culprit", "victim", "idle"
 COLLECTIVE_REASON = "NCCL/gloo collective"   # a culprit's reason jobs.signatures names `collective_stall`

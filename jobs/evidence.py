@@ -16,11 +16,12 @@ import shutil
 import subprocess
 import time
 import urllib.request
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import psutil
 
@@ -53,7 +54,7 @@ def pyspy_dump(pid: int, timeout_s: float = 20.0, native: bool = True,
     if exe is None:
         return "", "py-spy not found"
     problem = ""
-    for attempt in range(attempts):
+    for _attempt in range(attempts):
         for with_native in ((True, False) if native else (False,)):
             argv = [exe, "dump", "--pid", str(pid), *(["--native"] if with_native else [])]
             try:
@@ -154,7 +155,7 @@ def capture(server: Any, folder: str | Path, *, pyspy_timeout_s: float = 20.0, b
         pool.shutdown(wait=False, cancel_futures=True)
         if len(done) < len(futures):
             ev.notes.append("evidence budget spent: some processes not dumped")
-        for (proc, name), future in zip(named, futures):
+        for (proc, name), future in zip(named, futures, strict=True):
             if future not in done:
                 continue
             text, problem = future.result()
@@ -191,7 +192,7 @@ def capture(server: Any, folder: str | Path, *, pyspy_timeout_s: float = 20.0, b
         path = ev.folder / "metrics.txt"
         path.write_text(text)
         ev.artifacts["metrics"] = str(path)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - a failed snapshot is noted; the rest of the evidence is still taken
         ev.notes.append(f"/metrics snapshot failed: {type(exc).__name__}: {exc}")
 
     log_lines = server.log_text().splitlines()
@@ -206,7 +207,7 @@ def capture(server: Any, folder: str | Path, *, pyspy_timeout_s: float = 20.0, b
 
     try:
         ev.gpu = gpu([p.pid for p in procs])
-    except Exception as exc:   # a broken driver must not cost the rest of the evidence
+    except Exception as exc:  # noqa: BLE001 - a broken driver must not cost the rest of the evidence
         ev.gpu = gpu_state_mod.GpuState(False, note=f"GPU state failed: {type(exc).__name__}: {exc}")
     path = ev.folder / "gpu-state.json"
     path.write_text(json.dumps(ev.gpu.to_dict(), indent=1))

@@ -16,8 +16,9 @@ from __future__ import annotations
 import shutil
 import subprocess
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 BUSY_UTILIZATION_PCT = 50     # a GPU at or above this (highest sample) is busy
 SAMPLES = 3
@@ -39,7 +40,7 @@ class GpuState:
         None when not measured."""
         if not self.measured or not self.gpus:
             return None
-        utils = [g.get("utilization_gpu") for g in self.gpus if g.get("utilization_gpu") is not None]
+        utils = [u for g in self.gpus if (u := g.get("utilization_gpu")) is not None]
         if not utils:
             return None
         return "busy" if max(utils) >= BUSY_UTILIZATION_PCT else "idle"
@@ -64,7 +65,7 @@ def read_nvml(nvml: Any, pids: Sequence[int] = (), samples: int = SAMPLES, gap_s
     """Every GPU NVML sees (or only those running one of `pids`, when any does)."""
     try:
         nvml.nvmlInit()
-    except Exception as exc:   # NVMLError_LibraryNotFound on a CPU host, DriverNotLoaded, ...
+    except Exception as exc:  # noqa: BLE001 - NVMLError_LibraryNotFound on a CPU host, DriverNotLoaded, ...
         return GpuState(False, "nvml", note=f"{NOT_MEASURED} (NVML: {type(exc).__name__}: {exc})")
     try:
         handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
@@ -86,18 +87,18 @@ def read_nvml(nvml: Any, pids: Sequence[int] = (), samples: int = SAMPLES, gap_s
             try:
                 procs = [{"pid": p.pid, "used_memory": p.usedGpuMemory}
                          for p in nvml.nvmlDeviceGetComputeRunningProcesses(h)]
-            except Exception:
+            except Exception:  # noqa: BLE001 - a GPU whose processes NVML cannot list is still measured
                 procs = []
             gpus.append({"index": i, "name": name.decode() if isinstance(name, bytes) else str(name),
                          "utilization_gpu": peak[i], "utilization_memory": mem_util[i],
                          "memory_used": int(mem.used), "memory_total": int(mem.total), "processes": procs})
         return GpuState(True, "nvml", _ours(gpus, pids))
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - evidence at a hang: a failure is noted, never raised
         return GpuState(False, "nvml", note=f"NVML failed: {type(exc).__name__}: {exc}")
     finally:
         try:
             nvml.nvmlShutdown()
-        except Exception:
+        except Exception:  # noqa: BLE001 - the state is read; a failed shutdown changes nothing
             pass
 
 

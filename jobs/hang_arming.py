@@ -17,8 +17,9 @@ real engine runs, where a flag its vLLM lacks is absent and so never matches.
 from __future__ import annotations
 
 import random
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Collection, Mapping
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:   # the fault plugin imports this in every vLLM process: keep it light
     from soakmatrix.matrix.contracts.hangmodel import Hang, HangModel

@@ -15,8 +15,8 @@ load driver's view passed in.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from .detect.protocol import HangVerdict, StreamState
 

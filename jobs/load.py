@@ -14,8 +14,9 @@ import json
 import threading
 import time
 from collections import deque
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import aiohttp
 
@@ -97,7 +98,7 @@ class LoadDriver:
 
     # ------------------------------------------------------------ control (any thread)
 
-    def start(self) -> "LoadDriver":
+    def start(self) -> LoadDriver:
         self._thread = threading.Thread(target=self._run, name="soak-load", daemon=True)
         self._thread.start()
         return self
@@ -145,7 +146,7 @@ class LoadDriver:
                 tokens=self.stats.tokens, consecutive_failures=self.stats.consecutive_failures,
                 last_error=self.stats.last_error)
 
-    def __enter__(self) -> "LoadDriver":
+    def __enter__(self) -> LoadDriver:
         return self.start()
 
     def __exit__(self, *exc: Any) -> None:
@@ -158,7 +159,7 @@ class LoadDriver:
         self._loop = loop
         try:
             loop.run_until_complete(self._main())
-        except Exception as exc:   # the driver must never take the job down
+        except Exception as exc:  # noqa: BLE001 - the driver must never take the job down
             self._error(f"driver: {type(exc).__name__}: {exc}", counts_as_failure=False)
         finally:
             with self.stats.lock:
@@ -196,7 +197,8 @@ class LoadDriver:
                     await asyncio.wait(tasks, timeout=5)
 
     async def _watch_cancel(self, tasks: set[asyncio.Task]) -> None:
-        while not self._cancel.is_set():
+        # a threading.Event, set from the caller's thread: polled, since no awaitable can wait on it
+        while not self._cancel.is_set():  # noqa: ASYNC110
             await asyncio.sleep(0.05)
         for t in list(tasks):
             t.cancel()
@@ -225,7 +227,8 @@ class LoadDriver:
     async def _open_loop(self, session: aiohttp.ClientSession, source: RequestSource, start: float,
                          tasks: set[asyncio.Task]) -> None:
         for at in Arrivals(self.kind, self.params, self.seed):
-            while self._may_send(start) and time.monotonic() - start < at:
+            # until the arrival time, unless another thread stops the load (threading.Events) first
+            while self._may_send(start) and time.monotonic() - start < at:  # noqa: ASYNC110
                 await asyncio.sleep(min(0.1, max(0.0, at - (time.monotonic() - start))))
             if not self._may_send(start):
                 return
@@ -245,7 +248,7 @@ class LoadDriver:
             async with session.get(f"{self.base_url}/v1/models", timeout=aiohttp.ClientTimeout(total=30)) as r:
                 data = await r.json(content_type=None)
                 return data["data"][0]["id"]
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - whatever /v1/models answers (or not), the load goes on
             self._error(f"models: {type(exc).__name__}", counts_as_failure=False)
             return "default"
 
@@ -284,7 +287,7 @@ class LoadDriver:
         except asyncio.CancelledError:
             self._error("cancelled", counts_as_failure=False)   # our own stop, not the server's
             raise
-        except asyncio.TimeoutError:
+        except TimeoutError:
             self._error("timeout")
             return False
         except (aiohttp.ClientError, ValueError, KeyError, TypeError) as exc:   # incl. bad JSON from the server

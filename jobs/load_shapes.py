@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 # A fixed word list: one word is about one token for vLLM's tokenizers and exactly one for the sim.
 WORDS = ("the of and to in is was for on are with as at be by this from or have an they which one "
@@ -113,7 +114,7 @@ def target_concurrency(kind: str, params: Mapping[str, Any], t: float) -> int:
     if every > 0 and length > 0 and t >= every and (t % every) < length:
         return peak   # a spike: straight to the peak, as an autoscaler's burst does (seed 001)
     frac = 1.0 if ramp_s <= 0 else min(1.0, t / ramp_s)
-    return int(round(base + (peak - base) * frac))
+    return round(base + (peak - base) * frac)
 
 
 def poisson_gaps(rate: float, rng: random.Random) -> Iterator[float]:

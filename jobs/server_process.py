@@ -31,9 +31,10 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import psutil
 
@@ -118,7 +119,7 @@ def listening_pids(port: int) -> set[int] | None:
     except (psutil.AccessDenied, PermissionError):
         return None
     pids = {c.pid for c in conns if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port}
-    return None if None in pids else pids
+    return {pid for pid in pids if pid is not None} if None not in pids else None
 
 
 def _line_of(text: str, pos: int) -> str:
@@ -128,7 +129,7 @@ def _line_of(text: str, pos: int) -> str:
 
 
 def _last_error(tail: str) -> str:
-    lines = [l.strip() for l in tail.splitlines() if l.strip()]
+    lines = [line.strip() for line in tail.splitlines() if line.strip()]
     for line in reversed(lines):
         if re.search(r"error|Error|refus|invalid", line):
             return line[:300]
@@ -232,7 +233,7 @@ class RunningServer:
         if self._log_file is not None and not self._log_file.closed:
             self._log_file.close()
 
-    def __enter__(self) -> "RunningServer":
+    def __enter__(self) -> RunningServer:
         return self
 
     def __exit__(self, *exc: Any) -> None:

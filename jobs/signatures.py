@@ -15,11 +15,19 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any
 
-from .culprit import (COLLECTIVE_REASON, CulpritReport, culprit_report, from_call_site, module_of, normalised,
-                      runtime_internal)
+from .culprit import (
+    COLLECTIVE_REASON,
+    CulpritReport,
+    culprit_report,
+    from_call_site,
+    module_of,
+    normalised,
+    runtime_internal,
+)
 
 # ---------------------------------------------------------------- stacks
 
@@ -360,7 +368,7 @@ def fingerprint(sig: Signature, frames: Sequence[Frame], clues: Clues,
             names = names[idx:]
     names = names[: sig.fingerprint_depth]
     if not names:
-        names = [_normalise_line(l) for l in clues.log_lines if sig.match(Clues(log_lines=[l]))][:1]
+        names = [_normalise_line(line) for line in clues.log_lines if sig.match(Clues(log_lines=[line]))][:1]
     basis = sig.name + "|" + "|".join(names)
     return hashlib.sha1(basis.encode()).hexdigest()[:12]
 

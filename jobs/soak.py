@@ -16,9 +16,10 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from soakmatrix.jobs.detect.protocol import Detector, HangVerdict, build_detectors
 from soakmatrix.matrix.contracts.outcomes import Outcome
@@ -75,7 +76,7 @@ def run_cell(spec: SoakSpec, *, stop: threading.Event | None = None, on_event: E
         engine = engine or get_engine(spec.backend)
         result.vllm_version = _version(engine)
         _soak(spec, engine, result, stop, emit, options, state_dir)
-    except Exception as exc:   # a bug of ours or of the node: no verdict, retried by the scheduler
+    except Exception as exc:  # noqa: BLE001 - a bug of ours or of the node: no verdict, retried by the scheduler
         result.outcome = Outcome.INFRA_ERROR
         result.message = f"soak job error: {type(exc).__name__}: {exc}"
         path = folder / "soak-error.txt"
@@ -251,7 +252,7 @@ def _attach_sim_record(result: CellResult, folder: Path) -> None:
         return
     result.artifacts["sim_hangs"] = str(record)
     try:
-        hangs = [json.loads(l) for l in record.read_text().splitlines() if l.strip()]
+        hangs = [json.loads(line) for line in record.read_text().splitlines() if line.strip()]
     except ValueError:
         return
     if hangs:
@@ -277,7 +278,7 @@ def _archive_previous(folder: Path) -> None:
 def _version(engine: Engine) -> str:
     try:
         return engine.version()
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - an engine that cannot say its version still soaks
         return f"unknown ({type(exc).__name__})"
 
 
@@ -287,8 +288,8 @@ def _safe(sink: EventSink | None) -> EventSink:
             return
         try:
             sink(kind, data)
-        except Exception:
-            pass   # a broken listener must not change a cell's outcome
+        except Exception:  # noqa: BLE001 - a broken listener must not change a cell's outcome
+            pass
     return emit
 
 

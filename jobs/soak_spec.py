@@ -6,8 +6,9 @@ holds plain values only: no Matrix, no open files.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from soakmatrix.matrix.contracts.workloads import Workload
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -99,7 +100,7 @@ def teardown(server: Any, grace_s: float = 10.0, kill_wait_s: float = 5.0) -> Te
 def _reap(server: Any) -> None:
     try:
         server.process.wait(timeout=0.1)
-    except Exception:
+    except subprocess.TimeoutExpired:   # still running: nothing to collect yet
         pass
 
 
@@ -130,9 +131,9 @@ def port_listening(port: int, host: str = "127.0.0.1", owners: list[int] | None 
     job may legitimately bind the same port number once ours is free."""
     try:
         for c in psutil.net_connections(kind="tcp"):
-            if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port:
-                if owners is None or c.pid is None or c.pid in owners:
-                    return True
+            if (c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port
+                    and (owners is None or c.pid is None or c.pid in owners)):
+                return True
         return False
     except (psutil.AccessDenied, PermissionError):
         import socket
@@ -144,12 +145,12 @@ def port_listening(port: int, host: str = "127.0.0.1", owners: list[int] | None 
 def gpu_memory_pids() -> list[int]:
     """Pids holding GPU memory per NVML; empty without a GPU or without pynvml."""
     try:
-        import pynvml  # type: ignore
+        import pynvml
     except ImportError:
         return []
     try:
         pynvml.nvmlInit()
-    except Exception:
+    except Exception:  # noqa: BLE001 - no NVML on this host: no GPU memory to hold
         return []
     pids: list[int] = []
     try:
@@ -158,12 +159,12 @@ def gpu_memory_pids() -> list[int]:
             for getter in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
                 try:
                     pids.extend(p.pid for p in getattr(pynvml, getter)(handle))
-                except Exception:
+                except Exception:  # noqa: BLE001 - a getter this driver lacks or refuses: the other may answer
                     continue
     finally:
         try:
             pynvml.nvmlShutdown()
-        except Exception:
+        except Exception:  # noqa: BLE001 - the pids are read; a failed shutdown changes nothing
             pass
     return pids
 
@@ -213,7 +214,7 @@ def preflight(state_dir: str | Path) -> str | None:
     for leak in leaks:
         pids = [pid for pid in leak.get("pids", []) if _same_process(pid, leak.get("create_times", {}))]
         port = leak.get("port")
-        port_busy = bool(port) and port_listening(int(port), owners=leak.get("pids") or None)
+        port_busy = port_listening(int(port), owners=leak.get("pids") or None) if port else False
         if pids or port_busy:
             still.append(leak)
             what = ", ".join([*(f"pid {p}" for p in pids), *([f"port {port}"] if port_busy else [])])

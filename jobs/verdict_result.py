@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import json
 import shutil
-from datetime import datetime, timezone
+from collections.abc import Sequence
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from soakmatrix.matrix.contracts.outcomes import Outcome
 from soakmatrix.matrix.contracts.result import CellResult
@@ -118,7 +119,7 @@ def describe(verdict: HangVerdict, cls: Classification, running: float | None) -
 
 
 def _clock(epoch: float) -> str:
-    return datetime.fromtimestamp(epoch, tz=timezone.utc).strftime("%H:%M:%S")
+    return datetime.fromtimestamp(epoch, tz=UTC).strftime("%H:%M:%S")
 
 
 def _jsonable(value: Any) -> Any:

@@ -14,12 +14,13 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from soakmatrix.jobs.detect.progress import parse_metrics
-from soakmatrix.jobs.detect.protocol import Detector, MetricsSample, Tick, HangVerdict, build_detectors
+from soakmatrix.jobs.detect.protocol import Detector, HangVerdict, MetricsSample, Tick, build_detectors
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,7 @@ class LogFollower:
         self.offset += len(data)
         data = self._partial + data
         *lines, self._partial = data.split(b"\n")
-        return [l.decode("utf-8", "replace") for l in lines]
+        return [line.decode("utf-8", "replace") for line in lines]
 
 
 class Watchdog:
@@ -101,7 +102,7 @@ class Watchdog:
                         self._pending.append(sample)
                 else:
                     self._note_scrape(f"/metrics answered {status}")
-            except Exception as exc:   # timeouts, refused connections, bad text: no sample this time
+            except Exception as exc:  # noqa: BLE001 - timeouts, refused connections, bad text: no sample this time
                 self._note_scrape(f"/metrics: {type(exc).__name__}")
             self._quit.wait(max(0.0, self.config.scrape_every_s - (time.monotonic() - t0)))
 
@@ -114,7 +115,7 @@ class Watchdog:
         while not self._quit.is_set():
             try:
                 status, _ = self.get(f"{self.server.base_url}/health", self.config.health_timeout_s)
-            except Exception:
+            except Exception:  # noqa: BLE001 - no answer, whatever the reason, is a failed health check
                 status = None
             at = self.clock()
             self.health.append((at, status))
@@ -130,7 +131,7 @@ class Watchdog:
         except OSError:
             pass
 
-    def start(self) -> "Watchdog":
+    def start(self) -> Watchdog:
         for target, name in ((self._scraper, "soak-scrape"), (self._health, "soak-health")):
             t = threading.Thread(target=target, name=name, daemon=True)
             t.start()
@@ -204,7 +205,7 @@ class Watchdog:
             lines.extend(getattr(d, "seen", []))
         return lines
 
-    def __enter__(self) -> "Watchdog":
+    def __enter__(self) -> Watchdog:
         return self.start()
 
     def __exit__(self, *exc: Any) -> None:

@@ -15,7 +15,7 @@ import ipaddress
 import math
 import re
 import urllib.parse
-from typing import Callable
+from collections.abc import Callable
 
 from .contracts.durations import parse_duration
 

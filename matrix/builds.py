@@ -15,7 +15,8 @@ The order of the section is the builds' history order (ordinal 0 first).
 from __future__ import annotations
 
 import re
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from soakmatrix.matrix.contracts.outcomes import Outcome
 
@@ -75,7 +76,7 @@ def runtime_env_for(build: Build) -> dict[str, Any]:
     else:
         raise ValueError(f"unknown build kind {build.kind!r}")
     if build.setup_timeout_s is not None:
-        env["config"] = {"setup_timeout_seconds": max(1, int(round(build.setup_timeout_s)))}
+        env["config"] = {"setup_timeout_seconds": max(1, round(build.setup_timeout_s))}
     return env
 
 

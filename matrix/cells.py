@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, Mapping
+from typing import Any
 
 from soakmatrix.matrix.contracts.flags import format_value
 
@@ -26,7 +27,7 @@ class Cell:
     build: str = ""                       # the engine build's name; "" when the matrix has no builds
 
     @classmethod
-    def make(cls, model: str, gpu: str, flags: Mapping[str, Any], workload: str, build: str = "") -> "Cell":
+    def make(cls, model: str, gpu: str, flags: Mapping[str, Any], workload: str, build: str = "") -> Cell:
         return cls(model, gpu, tuple(sorted(flags.items())), workload, build)
 
     @property

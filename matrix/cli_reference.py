@@ -11,8 +11,8 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from soakmatrix.matrix import cli
 
@@ -40,16 +40,22 @@ def command_parser(name: str) -> argparse.ArgumentParser:
     return parser
 
 
+def _metavar(action: argparse.Action) -> str:
+    """An argument's placeholder; argparse also takes a tuple (one name per value)."""
+    metavar = action.metavar or action.dest.upper()
+    return " ".join(metavar) if isinstance(metavar, tuple) else metavar
+
+
 def _usage(parser: argparse.ArgumentParser) -> str:
     """The usage line, built here rather than by argparse, whose layout differs between Pythons."""
     if parser.usage:
         return parser.usage.strip()
-    parts = []
+    parts: list[str] = []
     for action in parser._actions:
         if isinstance(action, (argparse._HelpAction, argparse._VersionAction)) or action.help is argparse.SUPPRESS:
             continue
         if not action.option_strings:
-            metavar = action.metavar or action.dest.upper()
+            metavar = _metavar(action)
             parts.append(f"[{metavar}]" if action.nargs == "?" else metavar)
             continue
         option = action.option_strings[-1] if len(action.option_strings[-1]) > 2 else action.option_strings[0]
@@ -57,7 +63,7 @@ def _usage(parser: argparse.ArgumentParser) -> str:
             text = option
         else:
             metavar = "{" + ",".join(map(str, action.choices)) + "}" if action.choices is not None else \
-                action.metavar or action.dest.upper()
+                _metavar(action)
             text = f"{option} {metavar}" + (f" [{metavar} ...]" if action.nargs in ("+", "*") else "")
         parts.append(text if action.required else f"[{text}]")
     lines, line = [], parser.prog

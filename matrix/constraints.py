@@ -6,8 +6,9 @@ Planning and the covering-array builder both read them; pure, the matrix is an i
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
 from soakmatrix.matrix.contracts.flags import ArgvBuilder, ArgvConflict, Flag
 
@@ -123,7 +124,7 @@ class Checker:
 
     def violations(self, combo: Mapping[str, Any]) -> list[str]:
         out = []
-        for constraint, keys, memo in zip(self.constraints, self.keys, self.memo):
+        for constraint, keys, memo in zip(self.constraints, self.keys, self.memo, strict=True):
             key = tuple((type(v), v) for v in (combo.get(k, _MISSING) for k in keys))
             reason = memo.get(key, _MISSING)
             if reason is _MISSING:

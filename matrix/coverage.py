@@ -8,7 +8,8 @@ partial rows are pruned as early as possible. Pure: the matrix and constraints a
 from __future__ import annotations
 
 import itertools
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from covertable import Controller
 
@@ -34,7 +35,7 @@ def covering_array(factors: Mapping[str, Sequence[Any]], strength: int,
     constraints = [_fn(keys_read, values, check) for keys_read, check in _checks(keys, matrix, allowed)]
     controller = Controller(index_factors, strength=strength, constraints=constraints or None)
     rows = [decode(r) for r in controller.make()]
-    return [dict(zip(keys, (row[k] for k in keys))) for row in rows if len(row) == len(keys) and allowed(row)]
+    return [{k: row[k] for k in keys} for row in rows if len(row) == len(keys) and allowed(row)]
 
 
 def _fn(keys_read: Sequence[str], values: Mapping[str, Sequence[Any]],
@@ -72,12 +73,12 @@ def uncovered_tuples(rows: Sequence[Mapping[str, Any]], factors: Mapping[str, Se
     keys = list(factors)
     feasible: set[tuple] = set()
     for combo in itertools.product(*factors.values()):
-        row = dict(zip(keys, combo))
+        row = dict(zip(keys, combo, strict=True))
         if allowed(row):
             for ks in itertools.combinations(keys, strength):
                 feasible.add(tuple((k, repr(row[k])) for k in ks))
     covered: set[tuple] = set()
-    for row in rows:
+    for given in rows:
         for ks in itertools.combinations(keys, strength):
-            covered.add(tuple((k, repr(row[k])) for k in ks))
+            covered.add(tuple((k, repr(given[k])) for k in ks))
     return sorted(feasible - covered)

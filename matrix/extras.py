@@ -13,8 +13,8 @@ The check finds modules without importing them (`importlib.util.find_spec`), so 
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,7 @@ def missing(extras: Iterable[str], present: Callable[[str], bool] = installed) -
     labels: list[str] = []
     for name in extras:
         extra = EXTRAS[name]
-        absent = [label for module, label in zip(extra.modules, extra.labels) if not present(module)]
+        absent = [label for module, label in zip(extra.modules, extra.labels, strict=True) if not present(module)]
         if absent:
             names.append(name)
             labels.extend(label for label in absent if label not in labels)

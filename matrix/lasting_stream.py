@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 from typing import TextIO
 
-
 # a pipe whose reader closed; a terminal that hung up (the SSH session that ran the nightly closed)
 READER_GONE = (errno.EPIPE, errno.EIO)
 CLOSED_AT_START: set[str] = set()     # standard streams closed before we started (reopen_closed_standard_streams)
@@ -116,7 +115,7 @@ class LastingStream:
         if self._file is None and self.fallback is not None:
             try:
                 self.fallback.parent.mkdir(parents=True, exist_ok=True)
-                self._file = open(self.fallback, "a", encoding="utf-8", buffering=1)
+                self._file = open(self.fallback, "a", encoding="utf-8", buffering=1)  # noqa: SIM115 - close() closes it
             except OSError:
                 self.fallback = None   # nowhere to write: the work matters more than its progress lines
                 return None
@@ -160,7 +159,7 @@ def reopen_closed_standard_streams() -> set[str]:
                 os.close(devnull)
             closed.add(name)
         if getattr(sys, name) is None or name in closed:
-            setattr(sys, name, open(fd, "r" if fd == 0 else "w", encoding="utf-8", closefd=False,
+            setattr(sys, name, open(fd,  # noqa: SIM115 - the process's standard stream from now on "r" if fd == 0 else "w", encoding="utf-8", closefd=False,
                                     buffering=-1 if fd == 0 else 1))
     CLOSED_AT_START.update(closed)
     return closed

@@ -16,8 +16,8 @@ from __future__ import annotations
 import argparse
 import os
 import stat
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from .arguments import MAX_TEXT_CHARS, typed
 from .contracts.yamlsrc import LIMITS

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
 from soakmatrix.matrix.contracts.flags import ArgvBuilder, format_value
 from soakmatrix.matrix.contracts.redact import redact_argv, redact_env, redact_text
@@ -93,7 +94,7 @@ class Plan:
         if self.matrix.builds:   # only then: plans of matrices without builds stay byte-identical
             doc["builds"] = [{"name": b.name, "ordinal": b.ordinal, "kind": b.kind, "value": redact_text(b.value)}
                              for b in self.matrix.builds.values()]
-            for cell, pc in zip(doc["cells"], self.cells):
+            for cell, pc in zip(doc["cells"], self.cells, strict=True):
                 cell["build"] = pc.cell.build
         return doc
 
@@ -125,7 +126,7 @@ class Plan:
 
 
 def _jsonable(combo: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in combo.items()}
+    return dict(combo)
 
 
 # -- planning ---------------------------------------------------------------------------------------
@@ -150,7 +151,7 @@ def pruned_product(factors: Mapping[str, Sequence[Any]], matrix: Matrix, checker
     free = [k for k in factors if k not in deciding]
     tails = list(itertools.product(*(factors[k] for k in free)))
     for head in itertools.product(*(factors[k] for k in deciding)):
-        part = dict(zip(deciding, head))
+        part = dict(zip(deciding, head, strict=True))
         hit = next((i for i, rule in enumerate(matrix.exclude) if rule_matches(rule, part)), None)
         reason = f"exclude[{hit}]" if hit is not None else "; ".join(checker.violations(part))
         if reason:
@@ -158,7 +159,7 @@ def pruned_product(factors: Mapping[str, Sequence[Any]], matrix: Matrix, checker
             continue
         for tail in tails:
             combo = dict(part)
-            combo.update(zip(free, tail))
+            combo.update(zip(free, tail, strict=True))
             yield combo
 
 
@@ -172,7 +173,7 @@ def product_size(factors: Mapping[str, Sequence[Any]]) -> int:
 
 
 def plan(matrix: Matrix, profile_name: str | None = None,
-         validate: Callable[[list["PlannedCell"]], tuple[str, dict[str, str]]] | None = None,
+         validate: Callable[[list[PlannedCell]], tuple[str, dict[str, str]]] | None = None,
          covering_array: Callable[..., list[dict]] | None = None) -> Plan:
     """Expand a profile of a matrix into a Plan.
 
@@ -212,7 +213,7 @@ def plan(matrix: Matrix, profile_name: str | None = None,
     builds = profile_builds(matrix, profile)
     cells: list[PlannedCell] = []
     seen: set[Cell] = set()
-    builder = argv_builder(matrix.registry)
+    argv_of = argv_builder(matrix.registry)
     for combo in combos:
         missing = [k for k in ("model", "gpu") if k not in combo]
         if missing:
@@ -226,7 +227,7 @@ def plan(matrix: Matrix, profile_name: str | None = None,
             excluded.append(Exclusion(combo, "; ".join(reasons)))
             continue
         for build in builds:
-            pc = planned_cell(matrix, profile, combo, builder, build)
+            pc = planned_cell(matrix, profile, combo, argv_of, build)
             if pc.cell in seen:
                 continue
             seen.add(pc.cell)
@@ -265,7 +266,8 @@ def profile_builds(matrix: Matrix, profile: Profile) -> list[Build | None]:
     if not matrix.builds:
         return [None]
     names = profile.builds or tuple(matrix.builds)
-    return sorted((matrix.builds[n] for n in dict.fromkeys(names)), key=lambda b: b.ordinal)
+    chosen = sorted((matrix.builds[n] for n in dict.fromkeys(names)), key=lambda b: b.ordinal)
+    return [*chosen]
 
 
 def planned_cell(matrix: Matrix, profile: Profile, combo: Mapping[str, Any],

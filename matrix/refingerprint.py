@@ -19,13 +19,20 @@ running it after an upgrade is always safe, and a second run changes nothing.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping
 
 from soakmatrix.jobs.culprit import culprit_report
-from soakmatrix.jobs.signatures import (SIGNATURES, STUCK_FRAMES_KEPT, Signature, after_startup, clues_from_texts,
-                                        fingerprint, stuck_frames)
+from soakmatrix.jobs.signatures import (
+    SIGNATURES,
+    STUCK_FRAMES_KEPT,
+    Signature,
+    after_startup,
+    clues_from_texts,
+    fingerprint,
+    stuck_frames,
+)
 from soakmatrix.matrix.contracts.result import CellResult
 
 STACK_ARTIFACTS = ("py_spy",)          # py-spy's dump of every engine process (jobs.evidence)

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import fnmatch
 import itertools
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 from .plan import PlannedCell
 
@@ -97,13 +98,15 @@ def informative_order(cells: Sequence[PlannedCell], strength: int = 2,
     cover = {pc.id: interactions(pc, strength) for pc in cells}
     dev = {pc.id: deviations(pc, baseline) for pc in cells}
     order: list[PlannedCell] = []
+
+    def key(pc: PlannedCell) -> tuple:
+        gain = len(cover[pc.id] - covered) / max(pc.gpu_hours, 1e-9)
+        return (-gain, -len(dev[pc.id] & focus), -len(dev[pc.id]), pc.gpu_hours, pc.id)
+
     while remaining:
-        def key(pc: PlannedCell) -> tuple:
-            gain = len(cover[pc.id] - covered) / max(pc.gpu_hours, 1e-9)
-            return (-gain, -len(dev[pc.id] & focus), -len(dev[pc.id]), pc.gpu_hours, pc.id)
         best = min(remaining.values(), key=key)
         order.append(best)
-        covered |= cover[best.id]
+        covered.update(cover[best.id])
         del remaining[best.id]
     return order
 

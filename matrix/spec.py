@@ -10,8 +10,9 @@ helpers, so `matrix.spec` stays the one place to import a matrix's names from.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from .builds import builds_section
 from .contracts import flags as flagmod
@@ -186,6 +187,7 @@ class _Builder:
                 self.err(path + ("ray_label",), "expected a non-empty string")
                 ok = False
             if ok:
+                assert isinstance(count, int) and isinstance(memory, (int, float))   # checked above
                 out[str(name)] = GpuType(str(name), count, float(memory), label)
             else:
                 self.invalid["GPU type"].add(str(name))
@@ -217,7 +219,8 @@ class _Builder:
             if not values:
                 self.err(path, "an axis needs at least one value")
                 continue
-            ok = all([self.flag_value(name, v, path + (i,)) for i, v in enumerate(values)])
+            checked = [self.flag_value(name, v, path + (i,)) for i, v in enumerate(values)]   # each error reported
+            ok = all(checked)
             if len(set(map(repr, values))) != len(values):
                 self.err(path, "an axis lists a value twice")
                 ok = False

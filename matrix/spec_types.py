@@ -4,8 +4,9 @@ settings and the matrix itself (`spec.load_matrix` builds them and re-exports ev
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from .contracts.flags import Flag
 from .contracts.workloads import Workload

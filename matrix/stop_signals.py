@@ -13,9 +13,14 @@ from __future__ import annotations
 
 import signal
 import threading
+from collections.abc import Callable
 from types import FrameType
+from typing import Any
 
-EXIT_FOR = {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGHUP: 129}
+# what signal.signal() takes and returns
+_Handler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
+
+EXIT_FOR: dict[int, int] = {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGHUP: 129}
 
 
 class Stopped(KeyboardInterrupt):
@@ -29,7 +34,7 @@ class StopSignals:
 
     def __init__(self) -> None:
         self.received: int | None = None
-        self._previous: dict[int, object] = {}
+        self._previous: dict[int, _Handler] = {}
 
     def _handler(self, signum: int, frame: FrameType | None) -> None:
         first = self.received is None
@@ -39,7 +44,7 @@ class StopSignals:
         # a second signal while we tear down: the loop's own second-Ctrl-C path stops waiting politely
         raise KeyboardInterrupt
 
-    def install(self) -> "StopSignals":
+    def install(self) -> StopSignals:
         if threading.current_thread() is not threading.main_thread():
             return self   # signals are delivered to the main thread only; nothing to do elsewhere
         global _active
@@ -54,7 +59,7 @@ class StopSignals:
     def exit_code(self, default: int = 130) -> int:
         return EXIT_FOR.get(self.received, default) if self.received else default
 
-    def __enter__(self) -> "StopSignals":
+    def __enter__(self) -> StopSignals:
         return self.install()
 
     def __exit__(self, *exc: object) -> None:

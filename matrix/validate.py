@@ -20,9 +20,10 @@ import logging
 import os
 import re
 from argparse import Namespace
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from soakmatrix.matrix.logger_level import logger_level
 
@@ -127,7 +128,7 @@ def _model_of(argv: Sequence[str]) -> str | None:
 
 
 def _has_local_config(model: str | None) -> bool:
-    return bool(model) and (Path(model) / "config.json").is_file()
+    return (Path(model) / "config.json").is_file() if model else False
 
 
 def _local_model_path(path: str) -> str:

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import json
 import os
-from datetime import datetime, timezone
+from collections.abc import Sequence
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import jinja2
 from markupsafe import Markup
@@ -56,7 +57,7 @@ def build_dashboard(store_path: str | os.PathLike, out_dir: str | os.PathLike,
                     known_issues: Sequence[Any] = ()) -> Path:
     """Write `out_dir/index.html` and a page per finding (`out_dir/findings/<fingerprint>.html`) from
     the store; returns the index's path."""
-    now = datetime.now(timezone.utc).timestamp()
+    now = datetime.now(UTC).timestamp()
     with HistoryStore(store_path, create=False) as store:
         data = collect(store, now, known_issues)
         regressions = find_regressions(rows_of(store))

@@ -12,9 +12,10 @@ from __future__ import annotations
 import html
 import math
 from collections import Counter, defaultdict
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from typing import Any, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
 
 from soakmatrix.matrix.contracts.durations import format_duration
 from soakmatrix.matrix.contracts.flags import format_value
@@ -377,7 +378,7 @@ def _dur(seconds: Any) -> str:
 def when_text(ts: float | None) -> str:
     if not ts:
         return ""
-    return datetime.fromtimestamp(float(ts), timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return datetime.fromtimestamp(float(ts), UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
 def _short_run(run_id: str) -> str:

@@ -7,11 +7,12 @@ import errno
 import os
 import stat
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import BinaryIO, Callable
+from typing import BinaryIO
 
 
-def write_atomic(path: Path, write: Callable[[BinaryIO], None]) -> Path:
+def write_atomic(path: Path, write: Callable[[BinaryIO], object]) -> Path:
     """Call `write` on a temporary file beside `path`, then rename it into place. A `path` that is not a
     regular file (a device such as /dev/full, a FIFO, a directory) is refused, never replaced."""
     try:

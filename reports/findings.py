@@ -10,8 +10,9 @@ newest hit per role, and the known upstream issue it matches (`reports/known_iss
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from soakmatrix.matrix.contracts.result import CellResult
 from soakmatrix.matrix.contracts.stats import MttfEstimate, mttf_estimate
@@ -86,7 +87,7 @@ def group_findings(hits: Iterable[tuple[str, CellResult]], observations: Sequenc
         if exposure <= 0:   # hits outside the runs given (a watch incident): their own exposure
             exposure = sum(r.exposure_s for r in results)
         example = results[-1]
-        gpu = Counter(r.gpu_state.get("state") for r in results if r.gpu_state.get("state"))
+        gpu = Counter(str(state) for r in results if (state := r.gpu_state.get("state")))
         outcome = Counter(r.outcome.value for r in results).most_common(1)[0][0]
         issue = next((i for i in (match_result(known, r) for r in reversed(results)) if i is not None), None)
         out.append(Finding(fp, example.signature, outcome, len(results), runs, cells,

@@ -17,11 +17,12 @@ import secrets
 import sqlite3
 import threading
 import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 from soakmatrix.matrix.contracts.outcomes import Outcome
 from soakmatrix.matrix.contracts.result import CellResult
@@ -180,7 +181,7 @@ class HistoryStore:
         self._migrate()
 
     # context manager
-    def __enter__(self) -> "HistoryStore":
+    def __enter__(self) -> HistoryStore:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -406,7 +407,7 @@ def _upsert_cell(db: sqlite3.Connection, cell_id: str, name: str, model: str, gp
 
 def _new_run_id(now: float) -> str:
     """Sortable and readable: `20261121T225500Z-3fa9c1`."""
-    stamp = datetime.fromtimestamp(now, timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    stamp = datetime.fromtimestamp(now, UTC).strftime("%Y%m%dT%H%M%SZ")
     return f"{stamp}-{secrets.token_hex(3)}"
 
 

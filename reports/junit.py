@@ -29,11 +29,12 @@ import dataclasses
 import os
 import re
 import xml.etree.ElementTree as ElementTree
-from datetime import datetime, timezone
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, cast
 
-from junitparser import Error, Failure, JUnitXmlError, xunit2
+from junitparser import Error, Failure, JUnitXmlError, TestCase, xunit2
 
 from soakmatrix.matrix.contracts.flags import format_value
 from soakmatrix.matrix.contracts.outcomes import Outcome
@@ -222,7 +223,8 @@ def _match(known_issues: Sequence[Any], result: CellResult) -> Any:
     return match_result(known_issues, result)
 
 
-test_case.__test__ = False  # a name pytest would otherwise collect when imported into a test module
+# a name pytest would otherwise collect when imported into a test module; mypy knows no such function attribute
+test_case.__test__ = False  # type: ignore[attr-defined]
 
 
 def _final_result(result: CellResult) -> Failure | Error | None:
@@ -265,7 +267,7 @@ def build_suite(results: Iterable[CellResult], suite_name: str,
         suite.add_property(xml_safe(name), xml_safe(value))
     if results:
         started = min(r.started_at for r in results)
-        suite.timestamp = datetime.fromtimestamp(started, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
+        suite.timestamp = datetime.fromtimestamp(started, UTC).strftime("%Y-%m-%dT%H:%M:%S")
     suite.add_testcases([test_case(r, known_issues) for r in results])
     return suite
 
@@ -309,7 +311,7 @@ def _split(results: list[CellResult], max_cases: int, max_bytes: int) -> list[li
     parts: list[list[CellResult]] = [[]]
     size = 0
     for r in results:
-        cost = 2048 + len(evidence_text(r).encode()) * 2 + sum(len(str(l)) for l in r.log_tail[-MAX_LOG_LINES:])
+        cost = 2048 + len(evidence_text(r).encode()) * 2 + sum(len(str(line)) for line in r.log_tail[-MAX_LOG_LINES:])
         if parts[-1] and (len(parts[-1]) >= max_cases or size + cost > max_bytes):
             parts.append([])
             size = 0
@@ -324,7 +326,8 @@ def read_junit(path: str | os.PathLike) -> xunit2.JUnitXml:
     if not path.is_file():
         raise JUnitMergeError(f"{path}: no such file")
     try:
-        return xunit2.JUnitXml.fromfile(str(path))
+        # junitparser annotates its constructors as returning the base class; they return cls()
+        return cast(xunit2.JUnitXml, xunit2.JUnitXml.fromfile(str(path)))
     except ElementTree.ParseError as exc:
         line, column = exc.position
         raise JUnitMergeError(f"{path}:{line}:{column}: not well-formed XML ({exc})") from None
@@ -341,7 +344,7 @@ def merge_junit(paths: Sequence[str | os.PathLike], out: str | os.PathLike) -> P
     if not paths:
         raise JUnitMergeError("no JUnit files to merge")
     suites: dict[str, xunit2.TestSuite] = {}
-    cases: dict[str, dict[tuple[str, str], xunit2.TestCase]] = {}
+    cases: dict[str, dict[tuple[str, str], TestCase]] = {}
     for path in paths:
         for suite in read_junit(path):
             target = suites.get(suite.name)

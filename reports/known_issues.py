@@ -21,9 +21,10 @@ every problem is reported at once as `file:line: key: message`. `match_result` g
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from soakmatrix.matrix.contracts.result import CellResult
 from soakmatrix.matrix.contracts.yamlsrc import Source, SpecError, load
@@ -59,7 +60,7 @@ class KnownIssue:
             return False
         if any(not any(p.search(f) for f in stuck_frames) for p in self.frames):
             return False
-        if any(not any(p.search(l) for l in log_lines) for p in self.log):
+        if any(not any(p.search(line) for line in log_lines) for p in self.log):
             return False
         return all(_same(flags.get(k), v) for k, v in self.flags.items())
 

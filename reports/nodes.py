@@ -5,7 +5,8 @@ row of infra errors."""
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 PREFLIGHT_KEY = "preflight"
 STATUS_RANK = {"fail": 0, "warn": 1, "ok": 2}

@@ -21,8 +21,9 @@ from __future__ import annotations
 import enum
 import math
 from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Protocol, Sequence
+from typing import Protocol
 
 from soakmatrix.matrix.contracts import stats
 from soakmatrix.matrix.contracts.outcomes import Outcome
@@ -93,12 +94,19 @@ class SignatureSummary:
 class RecordedResultLike(Protocol):
     """What the state machine reads from a result (history.RecordedResult or a CellResult-like row)."""
 
-    run_id: str
-    cell_id: str
-    outcome: Outcome
-    signature: str | None
-    exposure_s: float
-    time_to_hang_s: float | None
+    # read-only: the frozen history.RecordedResult qualifies
+    @property
+    def run_id(self) -> str: ...
+    @property
+    def cell_id(self) -> str: ...
+    @property
+    def outcome(self) -> Outcome: ...
+    @property
+    def signature(self) -> str | None: ...
+    @property
+    def exposure_s(self) -> float: ...
+    @property
+    def time_to_hang_s(self) -> float | None: ...
 
 
 def mttf_estimate(hangs: int, exposure_s: float, confidence: float = 0.95) -> Estimate:
@@ -149,22 +157,22 @@ def cell_states(run_ids: Sequence[str], observations: Iterable[RecordedResultLik
         verdict_runs: list[str] = []
         state = CellState(cell_id, CellStatus.NO_VERDICT, history)
         for run_id in run_ids:
-            ob = runs.get(run_id)
-            outcome = Outcome(ob.outcome) if ob is not None else None
+            seen = runs.get(run_id)
+            outcome = Outcome(seen.outcome) if seen is not None else None
             history.append((run_id, outcome))
-            if ob is None:
+            if seen is None:
                 continue
             state.latest = outcome
-            state.exposure_s += at_risk_s(ob)
+            state.exposure_s += at_risk_s(seen)
             if outcome is Outcome.HANG:
                 state.hangs += 1
-            if outcome in FAILED and ob.signature and ob.signature not in state.signatures:
-                state.signatures.append(ob.signature)
+            if outcome in FAILED and seen.signature and seen.signature not in state.signatures:
+                state.signatures.append(seen.signature)
             if outcome in VERDICTS:
                 verdicts.append(outcome in FAILED)
                 verdict_runs.append(run_id)
         state.status = classify(verdicts)
-        failed_runs = [r for r, failed in zip(verdict_runs, verdicts) if failed]
+        failed_runs = [r for r, failed in zip(verdict_runs, verdicts, strict=True) if failed]
         state.failing_runs, state.verdict_runs = len(failed_runs), len(verdicts)
         if failed_runs:
             state.first_failing_run, state.last_failing_run = failed_runs[0], failed_runs[-1]

@@ -7,7 +7,8 @@ Each function takes the same data the dashboard shows and returns a string endin
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from soakmatrix.matrix.contracts.durations import format_duration
 from soakmatrix.matrix.contracts.flags import format_value
@@ -26,7 +27,7 @@ def format_table(headers: Sequence[str], rows: Iterable[Sequence[Any]], right: I
     widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
 
     def line(values: Sequence[str]) -> str:
-        cells = [v.rjust(w) if i in right else v.ljust(w) for i, (v, w) in enumerate(zip(values, widths))]
+        cells = [v.rjust(w) if i in right else v.ljust(w) for i, (v, w) in enumerate(zip(values, widths, strict=True))]
         return "  ".join(cells).rstrip()
 
     out = [line(headers), line(["-" * w for w in widths])] + [line(r) for r in rows]
@@ -178,7 +179,8 @@ def _build_bisection_view(report: Mapping[str, Any], cell_id: Any, cell_name: An
         verdict = "untestable" if b.get("untestable") else "bad" if b.get("hangs") else "passed"
         rows.append({"label": str(b.get("build", "")), "role": verdict, "probes": b.get("probes", ""),
                      "hangs": b.get("hangs", ""), "exposure": _dur(b.get("exposure_s")), "mttf": "", "ci": ""})
-    mttf = report.get("mttf") if isinstance(report.get("mttf"), Mapping) else {}
+    raw_mttf = report.get("mttf")
+    mttf = raw_mttf if isinstance(raw_mttf, Mapping) else {}
     notes = [("MTTF on the bad builds", _dur(mttf.get("mttf_s")))] if mttf.get("mttf_s") else []
     if report.get("good_mttf_bound_s"):
         notes.append(("last good build", f"MTTF > {_dur(report.get('good_mttf_bound_s'))}"))

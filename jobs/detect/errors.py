@@ -9,7 +9,7 @@ request timeouts (a hang's symptom, the stall detectors' business) do not count.
 
 from __future__ import annotations
 
-from .protocol import Tick, HangVerdict, register
+from .protocol import HangVerdict, Tick, register
 
 
 class ErrorsDetector:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .protocol import Tick, HangVerdict, register
+from .protocol import HangVerdict, Tick, register
 
 
 class ExitDetector:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from soakmatrix.jobs.signatures import CUDA_ERROR, ENGINE_DEAD, NCCL_TIMEOUT, OOM, RPC_TIMEOUT, SHM_WARNING
 
-from .protocol import Tick, HangVerdict, register
+from .protocol import HangVerdict, Tick, register
 
 
 @dataclass(frozen=True)

@@ -10,10 +10,11 @@ information: it neither proves progress nor extends a stall.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from .protocol import MetricsSample, Tick, StallThreshold, HangVerdict, register
+from .protocol import HangVerdict, MetricsSample, StallThreshold, Tick, register
 
 METRIC_FIELDS = {
     # sample name (as the parser yields it) -> MetricsSample field
@@ -45,7 +46,7 @@ class _Last:
 class ProgressDetector:
     name = "progress"
 
-    def __init__(self, **threshold_options: float) -> None:
+    def __init__(self, **threshold_options: Any) -> None:   # StallThreshold's
         # Scrapes are too coarse to tell a prefill from a slow scrape: every gap between progress
         # counts towards the base, and the allowance per prompt token stays at its prior.
         threshold_options.setdefault("learn_prefill", False)
@@ -70,7 +71,7 @@ class ProgressDetector:
             self._progress_at = m.at
             self._busy_since = m.at if busy else None
             return None
-        moved = any(c is not None and p is not None and c != p for c, p in zip(counters, last.counters))
+        moved = any(c is not None and p is not None and c != p for c, p in zip(counters, last.counters, strict=True))
         if moved:
             if self._busy_since is not None and self._progress_at is not None:
                 self.threshold.learn(m.at - max(self._progress_at, self._busy_since))

@@ -8,8 +8,9 @@ the process, reading the clock) stay in `watchdog.py`, so detectors are tested o
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Protocol, Sequence
+from typing import Any, Protocol
 
 
 @dataclass(frozen=True)
@@ -97,11 +98,12 @@ def build_detectors(names: Sequence[str] = DEFAULT_DETECTORS,
 
 def load_builtin() -> None:
     """Import the built-in detector modules so they register themselves."""
-    from . import errors as detect_errors
-    from . import exit as detect_exit
-    from . import logs as detect_logs
-    from . import progress as detect_progress
-    from . import stream as detect_stream
+    # importing a module registers its detectors: the names themselves go unused
+    from . import errors as detect_errors  # noqa: F401
+    from . import exit as detect_exit  # noqa: F401
+    from . import logs as detect_logs  # noqa: F401
+    from . import progress as detect_progress  # noqa: F401
+    from . import stream as detect_stream  # noqa: F401
 
 
 class StallThreshold:
@@ -123,8 +125,8 @@ class StallThreshold:
         self.floor_s, self.factor, self.ceiling_s = floor_s, factor, ceiling_s
         self.prefill_s_per_token, self.prefill_factor = prefill_s_per_token, prefill_factor
         self.learn_prefill = learn_prefill
-        self.gaps: "deque[float]" = deque(maxlen=window)
-        self.rates: "deque[float]" = deque(maxlen=window)
+        self.gaps: deque[float] = deque(maxlen=window)
+        self.rates: deque[float] = deque(maxlen=window)
 
     def learn(self, gap_s: float, waiting_prompt_tokens: int = 0) -> None:
         """A silence of `gap_s` just ended; `waiting_prompt_tokens`: the longest prompt that was

@@ -8,13 +8,15 @@ gap) raises the threshold instead of raising an alarm.
 
 from __future__ import annotations
 
-from .protocol import Tick, StallThreshold, HangVerdict, register
+from typing import Any
+
+from .protocol import HangVerdict, StallThreshold, Tick, register
 
 
 class StreamDetector:
     name = "stream"
 
-    def __init__(self, **threshold_options: float) -> None:
+    def __init__(self, **threshold_options: Any) -> None:   # StallThreshold's
         self.threshold = StallThreshold(**threshold_options)
         self._last_token_at: float | None = None
         self._open_since: float | None = None    # first tick of the current period with open streams

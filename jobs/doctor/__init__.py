@@ -12,8 +12,8 @@ evidence is as real there). A report's `failed` says whether cells placed here w
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 from . import checks as c
 from . import probes as p
@@ -51,7 +51,7 @@ class DoctorReport:
                 "checks": [x.to_dict() for x in self.checks], "notes": list(self.notes)}
 
     @classmethod
-    def from_dict(cls, data: dict) -> "DoctorReport":
+    def from_dict(cls, data: dict) -> DoctorReport:
         return cls(data["node"], data["backend"], tuple(c.Check(**x) for x in data["checks"]),
                    tuple(data.get("notes", ())))
 
@@ -95,8 +95,8 @@ def diagnose(probes: Probes, backend: str, node: str, expected: c.GpuExpectation
     if backend not in GPU_BACKENDS:
         return DoctorReport(node, backend, (ptrace,), (f"GPU checks not run: the {backend} backend uses no GPU",))
     shm = c.shm_size(probes.shm.total, probes.shm.free, probes.shm.error)
-    if cpu_build(probes):
-        v = probes.vllm
+    v = probes.vllm
+    if v is not None and cpu_build(probes):
         vllm = (c.vllm_build(v, None) if v.timed_out else
                 c.Check("vllm", c.OK, f"vLLM {v.vllm_version}, torch {v.torch_version}: a CPU build"))
         return DoctorReport(node, backend, (ptrace, shm, vllm),

@@ -7,8 +7,8 @@ the kernel reported lost); a `warn` means they run, with something a user should
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 

@@ -9,8 +9,9 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from .checks import GpuInfo, KernelLog, NvmlProbe, VllmProbe
 
@@ -26,7 +27,7 @@ def read_nvml(nvml: Any = None) -> NvmlProbe:
             return NvmlProbe(error=f"pynvml not installed: {exc}")
     try:
         nvml.nvmlInit()
-    except Exception as exc:   # NVMLError_LibraryNotFound on a CPU host, DriverNotLoaded, ...
+    except Exception as exc:  # noqa: BLE001 - NVMLError_LibraryNotFound on a CPU host, DriverNotLoaded, ...
         return NvmlProbe(error=f"{type(exc).__name__}: {exc}")
     try:
         gpus = []
@@ -37,7 +38,7 @@ def read_nvml(nvml: Any = None) -> NvmlProbe:
             try:
                 procs = tuple((int(p.pid), int(p.usedGpuMemory or 0))
                               for p in nvml.nvmlDeviceGetComputeRunningProcesses(h))
-            except Exception:
+            except Exception:  # noqa: BLE001 - a GPU whose processes NVML cannot list is still listed
                 procs = ()
             gpus.append(GpuInfo(i, name.decode() if isinstance(name, bytes) else str(name), int(mem.used),
                                 int(mem.total), procs))
@@ -45,12 +46,12 @@ def read_nvml(nvml: Any = None) -> NvmlProbe:
         driver = nvml.nvmlSystemGetDriverVersion()
         return NvmlProbe(tuple(gpus), (cuda // 1000, cuda % 1000 // 10),
                          driver.decode() if isinstance(driver, bytes) else str(driver))
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - the doctor reports any NVML failure rather than failing
         return NvmlProbe(error=f"{type(exc).__name__}: {exc}")
     finally:
         try:
             nvml.nvmlShutdown()
-        except Exception:
+        except Exception:  # noqa: BLE001 - the probe is read; a failed shutdown changes nothing
             pass
 
 
@@ -64,9 +65,10 @@ def read_ptrace_scope(path: str = "/proc/sys/kernel/yama/ptrace_scope") -> int |
 
 def read_cap_eff(path: str = "/proc/self/status") -> int | None:
     try:
-        for line in open(path):
-            if line.startswith("CapEff:"):
-                return int(line.split()[1], 16)
+        with open(path) as status:
+            for line in status:
+                if line.startswith("CapEff:"):
+                    return int(line.split()[1], 16)
     except (OSError, ValueError, IndexError):
         pass
     return None

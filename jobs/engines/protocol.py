@@ -7,8 +7,9 @@ readiness, teardown), so both engines meet the same lifecycle.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping, Protocol
+from typing import Protocol
 
 from soakmatrix.jobs.soak_spec import SoakSpec
 

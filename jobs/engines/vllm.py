@@ -17,7 +17,7 @@ import importlib.util
 import json
 import os
 import sys
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 from soakmatrix.jobs.soak_spec import SoakSpec
@@ -39,13 +39,13 @@ def default_cache_dir() -> Path:
     return Path(base) / "soakmatrix" / "vllm"
 
 
-@lru_cache(maxsize=None)
+@cache
 def _vllm_root() -> Path | None:
     # find_spec of the top-level package locates it without importing it (importing takes seconds)
     spec = importlib.util.find_spec("vllm")
     if spec is None or not spec.submodule_search_locations:
         return None
-    return Path(list(spec.submodule_search_locations)[0])
+    return Path(next(iter(spec.submodule_search_locations)))
 
 
 def serve_module(root: Path | None = None) -> str:
@@ -59,7 +59,7 @@ def serve_module(root: Path | None = None) -> str:
     return SERVE_MODULES[0]
 
 
-@lru_cache(maxsize=None)
+@cache
 def has_engine_option(dest: str, root: Path | None = None) -> bool:
     """Whether the installed vLLM's engine arguments have this field (e.g. `watchdog_config`).
 

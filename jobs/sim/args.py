@@ -11,9 +11,10 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from soakmatrix.matrix.contracts import flags as flagmod
 from soakmatrix.matrix.contracts.redact import redact_argv
@@ -181,7 +182,7 @@ def parse_sim_argv(argv: Sequence[str], environ: dict[str, str] | None = None) -
         if token.startswith("--") and "=" in token:
             option, inline = token.split("=", 1)
 
-        def value() -> str:
+        def value(inline: str | None = inline, option: str = option) -> str:
             return inline if inline is not None else take(option)
 
         if not token.startswith("-") or token == "-":
@@ -210,7 +211,7 @@ def parse_sim_argv(argv: Sequence[str], environ: dict[str, str] | None = None) -
                 notes.append(f"-O {text} (optimization level) is not modelled")
             else:
                 compilation.update(_json(option, text))
-        elif option.startswith("--compilation-config.") or option.startswith("-cc."):
+        elif option.startswith(("--compilation-config.", "-cc.")):
             compilation[option.split(".", 1)[1]] = value()
         elif option.startswith("--speculative-config."):
             raw = value()

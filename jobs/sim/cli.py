@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from soakmatrix.matrix.contracts.outcomes import EXIT_USAGE
 
@@ -49,7 +50,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
             parser.exit(0)
         return argparse.Namespace(argv=args)
 
-    parser.parse_args = parse_args  # type: ignore[method-assign]
+    parser.parse_args = parse_args  # type: ignore[method-assign, assignment]  # the dispatcher's parser, patched
 
 
 def main(args: argparse.Namespace) -> int:

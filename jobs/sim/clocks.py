@@ -31,7 +31,7 @@ class Clocks:
     STATS_FLOOR_S = 0.5
 
     @classmethod
-    def from_env(cls, time_scale: float) -> "Clocks":
+    def from_env(cls, time_scale: float) -> Clocks:
         return cls(time_scale,
                    env_seconds("VLLM_LOG_STATS_INTERVAL", 10.0),
                    env_seconds("VLLM_RINGBUFFER_WARNING_INTERVAL", 60.0),

@@ -21,8 +21,9 @@ import random
 import sys
 import time
 import zlib
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 from soakmatrix.matrix.contracts.hangmodel import STYLE_SIGNATURE, load_or_empty
 
@@ -55,10 +56,11 @@ class EngineCore:
         self.clock = HangClock(arm(self.hang_model, config.flags, config.gpu_type, config.seed,
                                    config.time_scale, config.build))
         self.executor = Executor(config, clocks)
-        if (config.torch_device or "").startswith("cuda"):   # after the workers' fork: CUDA is touched from now
+        device = config.torch_device
+        if device and device.startswith("cuda"):   # after the workers' fork: CUDA is touched from now
             from .torch_device import CudaTransferEvent
 
-            self.scheduler.transfer_event = CudaTransferEvent(config.torch_device)
+            self.scheduler.transfer_event = CudaTransferEvent(device)
             self.scheduler.transfer_event.synchronize()   # CUDA's set-up now, not in the first step
         self.hung: ArmedHang | None = None
         self.recorder = HangRecorder(config.hang_record)

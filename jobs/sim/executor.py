@@ -22,8 +22,9 @@ import random
 import socket
 import threading
 import time
+from collections.abc import Callable
 from functools import partial
-from typing import Any, Callable
+from typing import Any
 
 from .args import SimConfig
 from .clocks import Clocks
@@ -161,8 +162,8 @@ class Executor:
                 out_w.close()
                 self.procs.append(p)
         # as vLLM's MultiprocExecutor waits for each WorkerProc's READY: the engine (and /health) is up
-        # only once every worker has its name and its loop
-        for rank, (reader, proc) in enumerate(zip(readers, self.procs)):
+        # only once every worker has its name and its loop (TP 1: a thread here, no process to wait for)
+        for rank, (reader, proc) in enumerate(zip(readers, self.procs, strict=False)):
             try:
                 ready = reader.poll(WORKER_READY_TIMEOUT_S) and reader.recv() == READY
             except (EOFError, OSError):   # its end of the pipe closed: the worker died first

@@ -12,8 +12,8 @@ at least its `min_running` requests are running, and the first hang whose clock 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 from soakmatrix.jobs import hang_arming
 from soakmatrix.matrix.contracts import flags as flagmod

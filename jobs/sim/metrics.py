@@ -11,6 +11,8 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from .proc import vlog
@@ -33,7 +35,7 @@ class Metrics:
         def c(name: str, doc: str) -> Any:
             return Counter(name, doc, labels, registry=r).labels(**values)
 
-        def h(name: str, doc: str, buckets: list[float]) -> Any:
+        def h(name: str, doc: str, buckets: Sequence[float]) -> Any:
             return Histogram(name, doc, labels, buckets=buckets, registry=r).labels(**values)
 
         self.running = g("vllm:num_requests_running", "Number of requests in model execution batches.")
@@ -85,6 +87,15 @@ class Metrics:
         return generate_latest(self.registry)
 
 
+@dataclass
+class _SpecTotals:
+    """Speculative decoding since the last log line."""
+    drafts: int = 0
+    draft_tokens: int = 0
+    accepted: int = 0
+    accepted_pos: list[int] = field(default_factory=list)   # acceptances at each draft position
+
+
 class StatLogger:
     """vLLM's `LoggingStatLogger`: the `Engine 000: Avg prompt throughput: ...` line."""
 
@@ -100,7 +111,7 @@ class StatLogger:
         self.kv = 0.0
         self.prefix: deque[tuple[int, int, int]] = deque()   # (requests, queries, hits), last 1000 requests
         self.prefix_totals = [0, 0, 0]
-        self.spec = {"drafts": 0, "draft_tokens": 0, "accepted": 0, "accepted_pos": []}
+        self.spec = _SpecTotals()
 
     def observe(self, step: dict[str, Any]) -> None:
         self.num_prompt += step["prompt_tokens"]
@@ -118,9 +129,10 @@ class StatLogger:
                     self.prefix_totals[i] -= old[i]
         spec = step.get("spec")
         if spec:
-            for key in ("drafts", "draft_tokens", "accepted"):
-                self.spec[key] += spec[key]
-            pos = self.spec["accepted_pos"]
+            self.spec.drafts += spec["drafts"]
+            self.spec.draft_tokens += spec["draft_tokens"]
+            self.spec.accepted += spec["accepted"]
+            pos = self.spec.accepted_pos
             pos.extend([0] * (len(spec["accepted_pos"]) - len(pos)))
             for i, n in enumerate(spec["accepted_pos"]):
                 pos[i] += n
@@ -147,15 +159,15 @@ class StatLogger:
         args += [self.kv * 100, self.hit_rate() * 100]
         vlog(level, "loggers.py:257", "Engine 000: " + ", ".join(parts), *args)
         s = self.spec
-        if s["drafts"]:
-            rates = ", ".join(f"{n / s['drafts']:.3f}" for n in s["accepted_pos"])
+        if s.drafts:
+            rates = ", ".join(f"{n / s.drafts:.3f}" for n in s.accepted_pos)
             vlog(level, "metrics.py:96",
                  "SpecDecoding metrics: Mean acceptance length: %.2f, Accepted throughput: %.2f tokens/s, "
                  "Drafted throughput: %.2f tokens/s, Accepted: %d tokens, Drafted: %d tokens, "
                  "Per-position acceptance rate: %s, Avg Draft acceptance rate: %.1f%%",
-                 1 + s["accepted"] / s["drafts"], s["accepted"] / elapsed, s["draft_tokens"] / elapsed,
-                 s["accepted"], s["draft_tokens"], rates,
-                 100.0 * s["accepted"] / s["draft_tokens"] if s["draft_tokens"] else 0.0)
+                 1 + s.accepted / s.drafts, s.accepted / elapsed, s.draft_tokens / elapsed,
+                 s.accepted, s.draft_tokens, rates,
+                 100.0 * s.accepted / s.draft_tokens if s.draft_tokens else 0.0)
         self.num_prompt = self.num_generation = self.num_preemptions = 0
-        self.spec = {"drafts": 0, "draft_tokens": 0, "accepted": 0, "accepted_pos": []}
+        self.spec = _SpecTotals()
         self.last_log = now

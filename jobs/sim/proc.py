@@ -132,7 +132,7 @@ def set_process_title(title: str) -> None:
     so `ps`, `pgrep -f` and psutil's cmdline() show the title.
     """
     try:
-        import setproctitle  # type: ignore
+        import setproctitle
 
         setproctitle.setproctitle(title)
         return

@@ -17,7 +17,7 @@ import threading
 import zlib
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from .args import BLOCK_SIZE, SimConfig
 from .text import VOCAB
@@ -71,6 +71,14 @@ class SchedulerOutput:
                 f"num_common_prefix_blocks=[0], finished_req_ids=[], free_encoder_mm_hashes=[])")
 
 
+class TransferEvent(Protocol):
+    """What `_to_list` waits on: `_TransferEvent` here, `torch_device.CudaTransferEvent` on a GPU."""
+
+    stuck: bool
+
+    def synchronize(self) -> None: ...
+
+
 class _TransferEvent:
     """Stands for the CUDA event vLLM's model runner waits on when it copies sampled tokens to the host."""
 
@@ -83,7 +91,7 @@ class _TransferEvent:
             self._never.wait(0.5)
 
 
-def _to_list(sampled: list[list[int]], event: _TransferEvent) -> list[list[int]]:
+def _to_list(sampled: list[list[int]], event: TransferEvent) -> list[list[int]]:
     """vLLM's `_to_list`: wait for the device->host copy of the sampled token ids, then read them."""
     event.synchronize()
     return [list(t) for t in sampled]
@@ -124,7 +132,7 @@ class Scheduler:
         self.by_id: dict[str, CoreRequest] = {}
         self.prefix: OrderedDict[int, None] = OrderedDict()
         self.step_counter = 0
-        self.transfer_event = _TransferEvent()
+        self.transfer_event: TransferEvent = _TransferEvent()
         self.stalled = False
         self.stall_as_deadlock = bool(config.torch_device)   # the GPU tree's host stall: a true deadlock
         self._never = threading.Event()
@@ -299,7 +307,7 @@ class Scheduler:
         token_lists = _to_list(sampled, self.transfer_event)
         outputs: list[tuple[str, list[int], str | None]] = []
         prompt_tokens = gen_tokens = 0
-        for item, tokens in zip(sched.items, token_lists):
+        for item, tokens in zip(sched.items, token_lists, strict=True):
             req = item.req
             if not tokens:
                 continue

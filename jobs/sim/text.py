@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import re
 import zlib
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 VOCAB = tuple("""
 the of and to in is was for on that with as by at from it an be this which or are were has have

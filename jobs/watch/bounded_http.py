@@ -23,8 +23,8 @@ import socket
 import threading
 import time
 import urllib.parse
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
 
 from soakmatrix.matrix.contracts.redact import redact_text
 
@@ -194,7 +194,8 @@ class Exchange:
             seen.append(url)
             if resp.status == 303:
                 method, body = "GET", None
-            self._conn.close()
+            if self._conn is not None:
+                self._conn.close()
 
     def _request(self, url: str, method: str, body: bytes | None, headers: dict[str, str],
                  connect_s: float) -> http.client.HTTPResponse:
@@ -220,7 +221,7 @@ class Exchange:
             resp = conn.getresponse()
         except RequestFailed:
             raise
-        except BaseException as exc:
+        except BaseException as exc:  # noqa: BLE001 - every failure, KeyboardInterrupt included, is classified
             raise self._classify(exc, phase) from None
         if self.guard.fired:   # headers cut short by the deadline read as if they had ended
             raise self._deadline("answer")
@@ -239,7 +240,7 @@ class Exchange:
                 data = resp.read1(min(size, self.max_bytes - self.nbytes + 1))   # never past the cap
             except RequestFailed:
                 raise
-            except BaseException as exc:
+            except BaseException as exc:  # noqa: BLE001 - every failure, KeyboardInterrupt included, is classified
                 raise self._classify(exc, "body") from None
             if not data:
                 if self.guard.fired or self._aborted:
@@ -288,7 +289,7 @@ class Exchange:
         if self._conn is not None:
             self._conn.close()
 
-    def __enter__(self) -> "Exchange":
+    def __enter__(self) -> Exchange:
         return self
 
     def __exit__(self, *exc: object) -> None:

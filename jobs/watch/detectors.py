@@ -15,8 +15,9 @@ by either side raises the allowance for both:
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from soakmatrix.jobs.detect.progress import ProgressDetector
 from soakmatrix.jobs.detect.protocol import Detector, HangVerdict, StallThreshold, Tick, build_detectors, register

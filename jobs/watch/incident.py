@@ -20,10 +20,11 @@ import socket
 import subprocess
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from soakmatrix.jobs.detect.protocol import HangVerdict
 from soakmatrix.jobs.evidence import Evidence, capture
@@ -74,7 +75,7 @@ class _Subject:
 
 
 def new_folder(out_dir: Path, verdict: HangVerdict) -> Path:
-    stamp = datetime.fromtimestamp(verdict.at, timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    stamp = datetime.fromtimestamp(verdict.at, UTC).strftime("%Y%m%dT%H%M%SZ")
     base = out_dir / f"{stamp}-{verdict.detector}"
     folder, n = base, 1
     while folder.exists():

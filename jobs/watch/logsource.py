@@ -11,8 +11,9 @@ import os
 import queue
 import threading
 from collections import deque
+from collections.abc import Sequence
 from pathlib import Path
-from typing import IO, Sequence
+from typing import IO
 
 from soakmatrix.jobs.watchdog import LogFollower
 
@@ -58,7 +59,7 @@ class FileLog(_Recent):
         except OSError:
             return
         lines = data.split(b"\n")[(1 if start else 0):-1]   # not a line cut in half by the seek
-        self.recent.extend(l.decode("utf-8", "replace") for l in lines)
+        self.recent.extend(line.decode("utf-8", "replace") for line in lines)
 
     def new_lines(self) -> list[str]:
         try:

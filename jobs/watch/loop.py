@@ -25,8 +25,8 @@ Side effects (scrapes, the canary's HTTP, the log, the clock) stay in `runner.py
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Callable, Sequence
 
 from soakmatrix.jobs.detect.protocol import Detector, HangVerdict, StallThreshold, Tick
 
@@ -150,7 +150,7 @@ class WatchLoop:
     def silence_limit(self) -> float:
         if self.config.unanswered_after_s is not None:
             return self.config.unanswered_after_s
-        learned = [d.threshold.value() for d in self.detectors if isinstance(getattr(d, "threshold", None), StallThreshold)]
+        learned = [t.value() for d in self.detectors if isinstance(t := getattr(d, "threshold", None), StallThreshold)]
         return max(learned, default=self.config.unanswered_default_s)
 
     def _fresh(self, now: float) -> None:
@@ -182,14 +182,14 @@ class WatchLoop:
         if self._pending_dead is not None:
             pending = self._pending_dead
             failing = t.stream is not None and t.stream.consecutive_failures > 0
-            if self._saw_5xx or failing or any(FATAL_LINE.search(l) for l in t.log_lines):
+            if self._saw_5xx or failing or any(FATAL_LINE.search(line) for line in t.log_lines):
                 self._pending_dead = None
                 return pending, None
             if now - pending.at > self.config.confirm_dead_s:
                 self._pending_dead = None
                 return None, "EngineDeadError line not confirmed (no 5xx, no fatal error): dismissed"
         for v in fired:
-            if v.detector == "logs" and v.hint == "engine_dead" and not any(FATAL_LINE.search(l) for l in t.log_lines):
+            if v.detector == "logs" and v.hint == "engine_dead" and not any(FATAL_LINE.search(line) for line in t.log_lines):
                 if self._saw_5xx:
                     return v, None
                 self._pending_dead = self._pending_dead or v

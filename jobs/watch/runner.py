@@ -16,10 +16,12 @@ import functools
 import threading
 import time
 import urllib.parse
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import Any
 
 import psutil
+
 from soakmatrix.jobs.evidence import capture
 from soakmatrix.jobs.watchdog import Watchdog, WatchdogConfig
 from soakmatrix.matrix.contracts.redact import redact_text
@@ -172,5 +174,5 @@ class Watcher:
     def _model(self) -> str:
         try:
             return self.canary.discover_model()
-        except Exception:   # the server may be gone: the incident is still worth keeping
+        except Exception:  # noqa: BLE001 - the server may be gone: the incident is still worth keeping
             return ""

@@ -111,7 +111,7 @@ def _proc_fields(base: Path) -> dict[str, Any]:
         except OSError:
             pass
     try:
-        status = dict(l.split(":", 1) for l in (base / "status").read_text().splitlines() if ":" in l)
+        status = dict(line.split(":", 1) for line in (base / "status").read_text().splitlines() if ":" in line)
         fields["state"] = status.get("State", "").strip()
     except OSError:
         pass

@@ -8,8 +8,9 @@ cell never repeats them. `REGISTRY` is a plain dict: a matrix file (`flags:`) or
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 CUDAGRAPH_MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
 KV_CACHE_DTYPES = ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc")
@@ -47,9 +48,8 @@ class Flag:
                 return f"expected an integer, got {value!r}"
             if self.minimum is not None and value < self.minimum:
                 return f"must be >= {self.minimum}, got {value}"
-        elif self.kind == "str":
-            if not isinstance(value, str):
-                return f"expected a string, got {value!r}"
+        elif self.kind == "str" and not isinstance(value, str):
+            return f"expected a string, got {value!r}"
         if self.choices is not None and value not in self.choices:
             return f"{value!r} is not one of {', '.join(map(str, self.choices))}"
         return None

@@ -11,13 +11,14 @@ as a flag it lacks never matches.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from . import flags as flagmod
 from .flags import Flag
-from .yamlsrc import Source, SpecError, load
+from .yamlsrc import Source, load
 
 BUILD_KEY = "build"   # the one `when` key that is not a flag
 
@@ -257,7 +258,7 @@ def _hang(src: Source, path: tuple, entry: Any, registry: Mapping[str, Flag],
         factor = _number(src, mpath + ("mttf_factor",), mod.get("mttf_factor"))
         if mwhen is not None and factor is not None:
             modifiers.append(Modifier(mwhen, factor))
-    if None in (when, mttf) or not isinstance(hang_id, str) or style not in STYLES:
+    if when is None or mttf is None or not isinstance(hang_id, str) or style not in STYLES:
         return None
     return Hang(id=hang_id, style=style, when=when, mttf_s=mttf, gpu=tuple(gpu) if gpu else None,
                 min_running=min_running, modifiers=tuple(modifiers), builds=chosen_builds)

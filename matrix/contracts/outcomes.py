@@ -7,7 +7,7 @@ Exit-code ranges keep infrastructure trouble apart from findings (as Ray's relea
 from __future__ import annotations
 
 import enum
-from typing import Iterable
+from collections.abc import Iterable
 
 
 class Outcome(str, enum.Enum):

@@ -11,7 +11,7 @@ passes through here first. The patterns are plain data (`SECRET_OPTION`, `SECRET
 from __future__ import annotations
 
 import re
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 MASK = "[redacted]"
 

@@ -13,7 +13,6 @@ import math
 from dataclasses import dataclass
 
 
-
 def mttf_lower_bound(exposure_s: float, confidence: float = 0.95) -> float:
     """With no hang in `exposure_s`, MTTF exceeds this at `confidence` (rule of three at 0.95).
 

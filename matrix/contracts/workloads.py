@@ -4,8 +4,9 @@ load driver in `jobs/`. `WORKLOAD_KINDS` is a plain dict; a test or plugin may a
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 
 @dataclass(frozen=True)

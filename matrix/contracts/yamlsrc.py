@@ -16,7 +16,7 @@ import os
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import yaml
 
@@ -175,9 +175,18 @@ def load(path: str | Path, text: str | None = None, limits: Limits = LIMITS) -> 
     return Source(name, data, lines, problems)
 
 
+class _Mark(Protocol):   # PyYAML's Mark, or its C extension's
+    @property
+    def line(self) -> int: ...
+
+
+def _line(mark: _Mark | None) -> int:
+    """The 1-based line of a YAML mark; 0 for none (events and errors may carry none)."""
+    return mark.line + 1 if mark is not None else 0
+
+
 def _yaml_problem(name: str, exc: yaml.YAMLError, text: str = "") -> Problem:
-    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
-    line = mark.line + 1 if mark else 0
+    line = _line(getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None))
     if isinstance(exc, yaml.reader.ReaderError):
         line = text.count("\n", 0, exc.position) + 1
         return Problem(name, line, "", f"not YAML text: {exc.reason} (character {exc.character!r})")
@@ -193,12 +202,12 @@ def _check_nesting(name: str, text: str, limits: Limits) -> None:
             if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
                 depth += 1
                 if depth > limits.max_depth:
-                    raise SpecError([Problem(name, event.start_mark.line + 1, "",
+                    raise SpecError([Problem(name, _line(event.start_mark), "",
                                              f"nested more than {limits.max_depth} levels deep")])
             elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
                 depth -= 1
             elif isinstance(event, yaml.ScalarEvent) and len(event.value) > limits.max_scalar_chars:
-                raise SpecError([Problem(name, event.start_mark.line + 1, "",
+                raise SpecError([Problem(name, _line(event.start_mark), "",
                                          f"a value longer than {limits.max_scalar_chars} characters")])
     except yaml.YAMLError as exc:
         raise SpecError([_yaml_problem(name, exc, text)]) from exc

@@ -14,9 +14,10 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, TypeVar
+from typing import Any, TypeVar
 
 from soakmatrix.matrix.logger_level import logger_level
 from soakmatrix.matrix.spec import GpuType
@@ -108,7 +109,7 @@ def retry_client_session(init: Callable[[], T], address: str, attempts: int = CL
     for attempt in range(1, attempts):
         try:
             return init()
-        except Exception as exc:  # noqa: BLE001 - `client_session_failed` decides
+        except Exception as exc:  # `client_session_failed` decides
             if not client_session_failed(exc):
                 raise
             say(f"soakmatrix: the Ray Client server at {address} could not start a session "
@@ -122,14 +123,14 @@ class ClusterHandle:
 
     def __init__(self, description: str, shutdown: Callable[[], None]):
         self.description = description
-        self._shutdown = shutdown
+        self._shutdown: Callable[[], None] | None = shutdown
 
     def close(self) -> None:
         shutdown, self._shutdown = self._shutdown, None
         if shutdown is not None:
             shutdown()
 
-    def __enter__(self) -> "ClusterHandle":
+    def __enter__(self) -> ClusterHandle:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -163,7 +164,7 @@ def connect(address: str | None, *, backend: str, gpus: Mapping[str, GpuType],
     require("ray")   # an install without the extra: a line saying what to install, not a traceback
     import ray
 
-    quiet = {"log_to_driver": False, "logging_level": logging.WARNING, "include_dashboard": False}
+    quiet: dict[str, Any] = {"log_to_driver": False, "logging_level": logging.WARNING, "include_dashboard": False}
     if address:
         check_reachable(address)
 
@@ -222,7 +223,7 @@ def _shutdown_local(stop: Callable[[], None], session: Path | None) -> None:
 # a free port): a second cluster on the same machine (two runs on one CI runner, two test workers) then
 # has a head agent without HTTP (no job or state API for that node). None lets the agent bind a free
 # port and publish it.
-HEAD_PORTS = {"dashboard_agent_listen_port": None}
+HEAD_PORTS: dict[str, Any] = {"dashboard_agent_listen_port": None}
 
 
 def start_local(shapes: list[NodeShape], attempts: int = 3) -> ClusterHandle:

@@ -12,8 +12,9 @@ or an error inside the soak job is an `infra_error`, retried on another node up 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Protocol
 
 from soakmatrix.jobs.soak_spec import SoakSpec
 from soakmatrix.matrix.contracts.outcomes import Outcome
@@ -230,7 +231,7 @@ class _Guarded:
     def cancel(self, handle: Any, force: bool) -> None:
         try:
             self._launcher.cancel(handle, force)
-        except Exception as exc:  # noqa: BLE001 - a cancel that cannot reach the cluster has nothing to stop
+        except Exception as exc:  # a cancel that cannot reach the cluster has nothing to stop
             if cluster_lost(exc) is None:
                 raise
 

@@ -4,8 +4,9 @@ retry must not go. Pure functions over plain data (`Node`, `PlannedCell`), no Ra
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 from soakmatrix.matrix.plan import PlannedCell
 

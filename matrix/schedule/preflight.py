@@ -15,7 +15,8 @@ cache are passed in.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from soakmatrix.jobs.doctor import GPU_BACKENDS
 from soakmatrix.jobs.doctor.checks import FAIL, GpuExpectation

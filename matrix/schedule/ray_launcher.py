@@ -36,7 +36,7 @@ class RayLauncher:
     nodes that failed it, and a mailbox actor through which tasks say where and when they began."""
 
     def __init__(self, run_cell: RunCell | None = None, cpus_per_cell: float = 0.0,
-                 diagnose: Diagnose | None | str = "default"):
+                 diagnose: Diagnose | str | None = "default"):
         """`diagnose`: the node preflight each cell's task runs first (None: none). By default the real
         doctor, except for a launcher given its own `run_cell` (tests, benchmarks with fake GPUs)."""
         import ray
@@ -45,7 +45,8 @@ class RayLauncher:
         self._ray = ray
         # on the driver's node: a GPU node may be lost, the driver's node is the run's lifetime anyway
         here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
-        self._mailbox = ray.remote(num_cpus=0)(_Mailbox).options(scheduling_strategy=here).remote()
+        # an actor handle (its methods are called as `.drain.remote()`), which Ray's types do not model
+        self._mailbox: Any = ray.remote(num_cpus=0)(_Mailbox).options(scheduling_strategy=here).remote()
         self._task = ray.remote(soak_task)
         self._run_cell = run_cell
         self._diagnose = (doctor if run_cell is None else None) if diagnose == "default" else diagnose

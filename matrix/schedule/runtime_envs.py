@@ -15,7 +15,8 @@ import os
 import shlex
 import shutil
 import time
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from soakmatrix.jobs.soak_spec import SoakSpec
 from soakmatrix.matrix.builds import setup_error_outcome

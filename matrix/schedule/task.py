@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from soakmatrix.jobs.soak_spec import SoakSpec
 from soakmatrix.matrix.contracts.result import CellResult
@@ -148,7 +149,9 @@ def soak_task(spec: SoakSpec, mailbox: Any, cap_s: float, run_cell: RunCell | No
     import ray
 
     if run_cell is None:
-        from soakmatrix.jobs.soak import run_cell
+        from soakmatrix.jobs.soak import run_cell as soak_run_cell
+
+        run_cell = soak_run_cell
     node = ray.get_runtime_context().get_node_id()
     mailbox.post.remote((spec.cell_id, spec.attempt, node, time.time()))
     report = None
