@@ -90,7 +90,7 @@ def test_a_watch_whose_reader_goes_away_keeps_watching_and_writes_its_notes_besi
 def test_a_store_that_cannot_be_written_costs_the_record_not_the_watch(tmp_path):
     from types import SimpleNamespace
 
-    from soakmatrix.matrix.cli.watch import _store
+    from soakmatrix.api.watching import _store
     from soakmatrix.matrix.contracts.result import CellResult
 
     result = CellResult(cell_id="c", cell_name="m|g|watch|h:1", outcome="hang", model="m", gpu_type="g",
