@@ -25,7 +25,7 @@ def test_healthy_soak_has_no_false_alarm(tmp_path):
     result, seen = soak_cell(tmp_path, {"prefix_caching": True, "enforce_eager": False}, soak_s=45)
     assert result.outcome.value == "passed", result.message
     assert result.tokens > 500 and result.requests > 5
-    assert result.extra["health"]["status_counts"] == {"200": result.extra["health"]["probes"]}
+    assert result.health["status_counts"] == {"200": result.health["probes"]}
     assert result.vllm_version.startswith("vllm ")
     assert "sim_hangs" not in result.artifacts      # no hang model: the plugin planted nothing
     assert_nothing_left(result, seen)
@@ -55,9 +55,9 @@ def test_planted_crash_through_the_cli_is_a_crash_finding(tmp_path):
     assert len(results) == 1, run.stdout[-2000:]
     result = results[0]
     assert (result["outcome"], result["signature"]) == ("crash", "crash"), result["message"]
-    assert result["extra"]["true_hang"]["style"] == "crash"
+    assert result["true_hang"]["style"] == "crash"
     assert "crash" in (out / "junit.xml").read_text()
-    teardown = result["extra"]["teardown"]
+    teardown = result["teardown"]
     assert teardown["clean"], teardown
     alive = [pid for pid in teardown["pids"]
              if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]

@@ -67,15 +67,15 @@ def test_each_planted_hang_is_caught_classified_and_torn_down(soaked, site):
     result, seen = soaked(site)
     assert result.outcome.value == "hang", result.message
     assert result.signature == signature
-    assert result.extra["true_hang"]["hang_id"] == f"planted-{style}"
-    assert 0 <= result.extra["latency_from_true_start_s"] < LATENCY_TARGET_S
+    assert result.true_hang["hang_id"] == f"planted-{style}"
+    assert 0 <= result.latency_from_true_start_s < LATENCY_TARGET_S
     assert any(frame in f for f in result.stuck_frames), result.stuck_frames
     assert_nothing_left(result, seen)
 
 
 def test_a_silent_stall_leaves_health_at_200_and_its_frame_in_the_stacks(soaked):
     result, _ = soaked("scheduler")
-    assert result.extra["health"]["last"] == 200       # a stuck, living engine still says it is healthy
+    assert result.health["last"] == 200       # a stuck, living engine still says it is healthy
     assert "planted_silent_stall" in py_spy_text(result)
 
 

@@ -94,7 +94,7 @@ def test_a_store_that_cannot_be_written_costs_the_record_not_the_watch(tmp_path)
     from soakmatrix.matrix.contracts.result import CellResult
 
     result = CellResult(cell_id="c", cell_name="m|g|watch|h:1", outcome="hang", model="m", gpu_type="g",
-                        workload="watch", extra={"url": "http://u:secretpw1@h:1"})
+                        workload="watch", url="http://u:secretpw1@h:1")
     notes: list[str] = []
     (tmp_path / "a-folder.sqlite").mkdir()     # what a full disk or a broken store raises, the same way
     _store(tmp_path / "a-folder.sqlite", SimpleNamespace(result=result, folder=tmp_path / "evidence"), notes.append)

@@ -132,10 +132,10 @@ def test_watch_catches_a_planted_silent_stall_in_the_real_engine_with_its_eviden
 
         (folder,) = out.iterdir()
         result = json.loads((folder / "result.json").read_text())
-        verdict = result["extra"]["verdict"]
+        verdict = result["verdict"]
         latency = verdict["at"] - planted["began_at"]
         print(f"planted silent stall caught by {verdict['detector']} in {latency:.1f} s "
-              f"(evidence {result['extra']['evidence_s']} s)")
+              f"(evidence {result['evidence_s']} s)")
         assert 0 < latency <= LATENCY_BOUND_S, (latency, text)   # no alarm before it: the first verdict is after it
         assert (result["outcome"], result["signature"]) == ("hang", "silent_stall"), result["message"]
 

@@ -143,11 +143,11 @@ def _record(path: Path, incident: Any) -> str:
     from soakmatrix.reports.history import HistoryStore
 
     r = incident.result
-    url = redact_url(str(r.extra.get("url", "")))
-    r = dataclasses.replace(r, extra={**r.extra, "url": url})
+    url = redact_url(r.url)
+    r = dataclasses.replace(r, url=url)
     with HistoryStore(path) as store:
         run_id = store.start_run(matrix=url, profile="watch", kind="watch",
-                                 meta={"host": socket.gethostname(), "pid": r.extra.get("pid"),
+                                 meta={"host": socket.gethostname(), "pid": r.pid,
                                        "evidence_dir": str(incident.folder)})
         store.planned(run_id, [{"id": r.cell_id, "name": r.cell_name, "model": r.model, "gpu": r.gpu_type,
                                 "flags": r.flags, "workload": r.workload}])
