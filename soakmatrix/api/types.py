@@ -78,8 +78,13 @@ class FlagBisection:
     warnings: tuple[str, ...] = ()        # what failed after the answer (the regression test, the store)
 
     @property
+    def minimal_set(self) -> tuple[str, ...]:
+        """The names of the flags of the minimal set that still hangs (() unless found)."""
+        return tuple(self.result.minimal) if self.status == "found" else ()
+
+    @property
     def minimal_flags(self) -> dict[str, Any]:
-        """The minimal set of flags that still hangs, with its values ({} unless found)."""
+        """The whole config that hangs with only the minimal set moved off the baseline ({} unless found)."""
         return dict(self.result.minimal_flags) if self.status == "found" else {}
 
     @property
