@@ -13,6 +13,7 @@ import argparse
 import json
 import os
 import sys
+from pathlib import Path
 
 from soakmatrix.api.builds import bisect_builds
 from soakmatrix.api.errors import UsageError
@@ -158,19 +159,24 @@ def main(args: argparse.Namespace) -> int:
         print(f"soakmatrix bisect: {redact_text(str(exc))}", file=sys.stderr)
         return EXIT_USAGE
     except ClusterLost as exc:   # the probes under way died with the cluster; the answered ones are journaled
-        out = BisectOptions.from_args(args).journal_dir
+        out = journal_dir(args)
         print(f"soakmatrix bisect: {exc}; the answered probes are kept in {out}; once the cluster is back, "
               "`--resume` continues", file=sys.stderr)
         return EXIT_INFRA
     except KeyboardInterrupt:
         # Ctrl-C or SIGTERM: the probes were stopped and their servers torn down; what was answered is
         # in the journal. The signal decides the exit code (130 / 143), however deep it was caught.
-        out = BisectOptions.from_args(args).journal_dir
+        out = journal_dir(args)
         if out is not None and any((out / f"journal-{kind}.jsonl").exists() for kind in ("flags", "builds")):
             print(f"soakmatrix bisect: the answered probes are kept in {out}; `--resume` continues", file=sys.stderr)
         if stop.received:
             raise Stopped(stop.received) from None
         raise
+
+
+def journal_dir(args: argparse.Namespace) -> Path | None:
+    """Where the probe journal goes: --out; real probes default to bisect-out, virtual ones keep none."""
+    return BisectOptions(out=args.out, virtual=args.virtual).journal_dir
 
 
 def _say(line: str) -> None:

@@ -10,7 +10,7 @@ Probes run in virtual time from the hang model or as soak jobs through Ray's run
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, TextIO
+from typing import Any, TextIO
 
 from soakmatrix.matrix.plan import PlannedCell
 from soakmatrix.matrix.spec_types import Matrix
