@@ -1,5 +1,6 @@
 """`soakmatrix bisect MATRIX --cell ID --builds FILE|GOOD..BAD`: the build bisection of one failing
-cell, set up from the matrix as the flag bisection is (`matrix/cli/bisect.py` calls `run_for_cell`).
+cell, set up from the matrix as the flag bisection is (the API's `soakmatrix.bisect_builds`, which
+the CLI calls, calls `run_for_cell`; it answers a `BuildRun`).
 
 The builds list (`specs.resolve_builds`, or `GOOD..BAD` over the matrix's `builds:`) becomes the
 matrix's `Build`s (`matrix_builds.to_builds`: names of the matrix's `builds:` section or build
