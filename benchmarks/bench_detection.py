@@ -64,7 +64,7 @@ def measure_latency(out: Path, styles: Sequence[str], per_style: int, parallel: 
         style = spec.cell_id.rsplit("-", 1)[0]
         return {"style": style, "outcome": r.outcome.value, "signature": r.signature,
                 "expected": STYLE_SIGNATURE[style], "detector": r.detector,
-                "latency_s": r.extra.get("latency_from_true_start_s"), "message": r.message}
+                "latency_s": r.latency_from_true_start_s, "message": r.message}
 
     with ThreadPoolExecutor(max_workers=parallel) as pool:
         for row in pool.map(one, specs):
@@ -80,7 +80,7 @@ def measure_false_alarms(out: Path, hours: float, parallel: int, cell_s: float) 
 
     def one(i: int) -> dict:
         r = run_cell(prefill_spec(out, i, cell_s))
-        load = r.extra.get("load", {})
+        load = r.load
         return {"cell": i, "outcome": r.outcome.value, "exposure_s": r.exposure_s, "message": r.message,
                 "gap_max_s": load.get("gap_max_s"), "ttft_p99_s": load.get("ttft_p99_s")}
 

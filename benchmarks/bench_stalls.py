@@ -95,8 +95,8 @@ def one_cell(spec: SoakSpec, options: SoakOptions, seed: int) -> dict:
         stop.set()
         thread.join(20)
     return {"cell": spec.cell_id, "outcome": r.outcome.value, "signature": r.signature, "freezes": len(frozen),
-            "stalls": len(r.extra.get("stalls", [])), "exposure_s": r.exposure_s, "message": r.message,
-            "fired": "true_hang" in r.extra, "latency_s": r.extra.get("latency_from_true_start_s")}
+            "stalls": len(r.stalls), "exposure_s": r.exposure_s, "message": r.message,
+            "fired": bool(r.true_hang), "latency_s": r.latency_from_true_start_s}
 
 
 def run(out: Path, healthy: int, hangs: int, soak_s: float, parallel: int) -> dict[str, list[dict]]:

@@ -43,7 +43,7 @@ def run(soak_s: float, stalls: int, out: Path) -> list[dict]:
     healthy = run_cell(_spec(matrix, {"prefix_caching": True, "enforce_eager": False}, out / "healthy",
                              soak_s, None, 0))
     rows.append({"run": "healthy soak", "outcome": healthy.outcome.value,
-                 "startup_s": healthy.extra.get("startup_s"), "exposure_s": round(healthy.exposure_s, 1),
+                 "startup_s": healthy.startup_s, "exposure_s": round(healthy.exposure_s, 1),
                  "tokens": healthy.tokens, "false_alarms": int(healthy.outcome.value != "passed"),
                  "latency_s": None, "signature": healthy.signature})
     hang_model = str(REPO / "fixtures" / "hangs" / "vllm_cpu.yaml")
@@ -51,9 +51,9 @@ def run(soak_s: float, stalls: int, out: Path) -> list[dict]:
         r = run_cell(_spec(matrix, {"prefix_caching": False, "enforce_eager": False}, out / f"stall-{i}",
                            300.0, hang_model, seed=i))
         rows.append({"run": f"planted silent_stall #{i + 1}", "outcome": r.outcome.value,
-                     "startup_s": r.extra.get("startup_s"), "exposure_s": round(r.exposure_s, 1),
+                     "startup_s": r.startup_s, "exposure_s": round(r.exposure_s, 1),
                      "tokens": r.tokens, "false_alarms": 0,
-                     "latency_s": r.extra.get("latency_from_true_start_s"), "signature": r.signature})
+                     "latency_s": r.latency_from_true_start_s, "signature": r.signature})
     return rows
 
 

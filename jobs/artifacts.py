@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from soakmatrix.matrix.contracts.redact import scrub, secret_values
-from soakmatrix.matrix.contracts.result import CellResult
+from soakmatrix.matrix.contracts.result import FROM_EXTRA, CellResult
 
 PRIVATE_FILE = 0o600
 PRIVATE_DIR = 0o700
@@ -79,13 +79,14 @@ def _scrub_file(path: Path, secrets: list[str]) -> int:
 
 
 def scrub_result(result: CellResult, secrets: Iterable[str] = ()) -> CellResult:
-    """The result's free text (message, log tail, frames, extra) without secrets, in place."""
+    """The result's free text (message, log tail, frames, the fields `extra` held) without secrets, in place."""
     secrets = list(secrets)
     result.message = scrub(result.message, secrets)
     result.log_tail = [scrub(line, secrets) for line in result.log_tail]
     result.stuck_frames = [scrub(line, secrets) for line in result.stuck_frames]
     result.retries = [scrub(line, secrets) for line in result.retries]
-    result.extra = _scrub_value(result.extra, secrets)
+    for name in FROM_EXTRA:
+        setattr(result, name, _scrub_value(getattr(result, name), secrets))
     return result
 
 

@@ -116,8 +116,8 @@ def _soak(spec: SoakSpec, engine: Engine, result: CellResult, stop: threading.Ev
             result.message = failure.message
             result.log_tail = server.log_tail(50)
             return
-        result.extra["startup_s"] = round((server.ready_at or time.time()) - server.started_at, 2)
-        emit("ready", {"base_url": server.base_url, "startup_s": result.extra["startup_s"]})
+        result.startup_s = round((server.ready_at or time.time()) - server.started_at, 2)
+        emit("ready", {"base_url": server.base_url, "startup_s": result.startup_s})
 
         wall_soak = spec.soak_s / scale
         load = LoadDriver(server.base_url, spec.workload, seed=spec.seed, duration_s=wall_soak)
@@ -135,10 +135,10 @@ def _soak(spec: SoakSpec, engine: Engine, result: CellResult, stop: threading.Ev
         now = time.time()
         stats = load.stats.summary()
         result.tokens, result.requests = int(stats["tokens"]), int(stats["completed"])
-        result.extra["load"] = stats
+        result.load = stats
         load_start = _first_request_sent(load, load_start, result)
         record_exposure(result, load_start, verdict, now, scale)
-        result.extra["health"] = _health_summary(dog.health)
+        result.health = _health_summary(dog.health)
 
         if stop.is_set():
             result.outcome, result.message = Outcome.INFRA_ERROR, "cancelled"
@@ -149,7 +149,7 @@ def _soak(spec: SoakSpec, engine: Engine, result: CellResult, stop: threading.Ev
             return
         load.stop(timeout_s=5)
         # how long the stacks took says whether a missing culprit was the engine dying meanwhile
-        result.extra["evidence_s"] = round(ev.seconds, 2)
+        result.evidence_s = round(ev.seconds, 2)
         emit("evidence", {"artifacts": sorted(ev.artifacts), "seconds": round(ev.seconds, 1)})
         log_lines = server.log_text(4_000_000).splitlines()[-options.log_lines_for_classifier:]
         record_finding(result, verdict, ev, log_lines, server.poll(), load_start, scale,
@@ -161,13 +161,13 @@ def _soak(spec: SoakSpec, engine: Engine, result: CellResult, stop: threading.Ev
         if dog is not None:
             dog.close()
         report = server.stop(grace_s=options.teardown_grace_s)
-        result.extra["teardown"] = {"clean": report.clean, "pids": report.pids, "survivors": report.survivors,
-                                    "port_listening": report.port_listening, "gpu_pids": report.gpu_pids,
+        result.teardown = {"clean": report.clean, "pids": report.pids, "survivors": report.survivors,
+                            "port_listening": report.port_listening, "gpu_pids": report.gpu_pids,
                                     "escalated": report.escalated, "seconds": round(report.seconds, 2)}
         emit("teardown", {"clean": report.clean, "detail": report.describe()})
         if not report.clean:
             teardown.record_leak(state_dir, spec.cell_id, report, server.port)
-            result.extra["leak"] = report.describe()
+            result.leak = report.describe()
         if not result.log_tail:
             result.log_tail = server.log_tail(50)
 
@@ -175,7 +175,7 @@ def _soak(spec: SoakSpec, engine: Engine, result: CellResult, stop: threading.Ev
 class _HangWatch:
     """The watchdog's verdicts, each with its evidence, until one stands: a hang verdict after which
     a token still reached the client was a stall (a starved host, a slow step), not a hang. Stalls
-    are kept in `result.extra["stalls"]` (the first few with their stacks) and the watch goes on."""
+    are kept in `result.stalls` (the first few with their stacks) and the watch goes on."""
 
     def __init__(self, dog: Watchdog, load: LoadDriver, server: Any, folder: Path, result: CellResult,
                  emit: EventSink, options: SoakOptions, stop: threading.Event) -> None:
@@ -201,7 +201,7 @@ class _HangWatch:
             self._stall(verdict, ev)
 
     def _stall(self, verdict: HangVerdict, ev: evidence_mod.Evidence) -> None:
-        stall = record_stall(self.result.extra.setdefault("stalls", []), verdict, ev,
+        stall = record_stall(self.result.stalls, verdict, ev,
                              self.load.snapshot().last_token_at, self.folder / "stalls")
         self.emit("stall", {"detector": verdict.detector, "silent_s": stall["silent_s"]})
 
@@ -214,7 +214,7 @@ def _first_request_sent(load: LoadDriver, driver_started: float, result: CellRes
     sent = load.stats.started_at
     if sent is None:
         return driver_started
-    result.extra["load_start_delay_s"] = round(max(0.0, sent - driver_started), 3)
+    result.load_start_delay_s = round(max(0.0, sent - driver_started), 3)
     return max(sent, driver_started)
 
 
@@ -234,7 +234,7 @@ def _passed(result: CellResult, stats: Mapping[str, Any]) -> None:
     result.outcome = Outcome.PASSED
     result.message = (f"no hang in {result.exposure_s:.0f} s under load: {result.requests} requests, "
                       f"{result.tokens} tokens")
-    result.message += stalls_summary(result.extra.get("stalls", []))
+    result.message += stalls_summary(result.stalls)
 
 
 def _health_summary(health: Sequence[tuple[float, int | None]]) -> dict[str, Any]:
@@ -256,10 +256,10 @@ def _attach_sim_record(result: CellResult, folder: Path) -> None:
     except ValueError:
         return
     if hangs:
-        result.extra["true_hang"] = hangs[0]
-        verdict_at = result.extra.get("verdict", {}).get("at")
+        result.true_hang = hangs[0]
+        verdict_at = result.verdict.get("at")
         if verdict_at and "began_at" in hangs[0]:
-            result.extra["latency_from_true_start_s"] = round(verdict_at - float(hangs[0]["began_at"]), 2)
+            result.latency_from_true_start_s = round(verdict_at - float(hangs[0]["began_at"]), 2)
 
 
 def _archive_previous(folder: Path) -> None:

@@ -35,8 +35,8 @@ def record_exposure(result: CellResult, load_start: float, verdict: HangVerdict 
     load_end = now if verdict is None else hang_began(verdict)
     wall = max(0.0, load_end - load_start)
     result.exposure_s = wall * scale
-    result.extra["wall_exposure_s"] = round(wall, 3)
-    result.extra["time_scale"] = scale
+    result.wall_exposure_s = round(wall, 3)
+    result.time_scale = scale
 
 
 STALLS_WITH_EVIDENCE = 3   # a cell that keeps stalling keeps the stacks of its first few stalls
@@ -45,7 +45,7 @@ STALLS_WITH_EVIDENCE = 3   # a cell that keeps stalling keeps the stacks of its 
 def record_stall(stalls: list[dict[str, Any]], verdict: HangVerdict, evidence: Evidence,
                  resumed_at: float | None, stalls_dir: Path) -> dict[str, Any]:
     """A hang verdict after which tokens came again (`jobs.hang_confirmation`): appended to `stalls`
-    (a result's `extra["stalls"]`), its evidence moved to `stalls_dir/<n>` for the first few, else deleted."""
+    (a result's `stalls`), its evidence moved to `stalls_dir/<n>` for the first few, else deleted."""
     began = hang_began(verdict)
     stall = {"detector": verdict.detector, "message": verdict.message, "began_at": began,
              "verdict_at": verdict.at, "resumed_at": resumed_at,
@@ -89,10 +89,10 @@ def record_finding(result: CellResult, verdict: HangVerdict, evidence: Evidence,
     result.detected_after_s = round(verdict.detected_after_s, 2) if verdict.detected_after_s is not None else None
     result.time_to_hang_s = round(max(0.0, hang_began(verdict) - load_start) * scale, 2)
     result.message = describe(verdict, cls, running)
-    result.extra["causes"] = list(cls.causes)
-    result.extra["verdict"] = {"detector": verdict.detector, "kind": verdict.kind, "at": verdict.at,
-                               "since": verdict.since, "message": verdict.message, "hint": verdict.hint,
-                               "details": _jsonable(dict(verdict.details))}
+    result.causes = list(cls.causes)
+    result.verdict = {"detector": verdict.detector, "kind": verdict.kind, "at": verdict.at,
+                      "since": verdict.since, "message": verdict.message, "hint": verdict.hint,
+                      "details": _jsonable(dict(verdict.details))}
     result.log_tail = evidence.log_tail
     return cls
 
@@ -103,7 +103,7 @@ def record_culprit(result: CellResult, cls: Classification, evidence: Evidence) 
     result.threads = [dict(t) for t in cls.threads]
     result.gpu_state = evidence.gpu.to_dict() if evidence.gpu is not None else {}
     if evidence.stacks_unreachable:
-        result.extra["stacks_unreachable"] = evidence.stacks_unreachable
+        result.stacks_unreachable = evidence.stacks_unreachable
 
 
 def describe(verdict: HangVerdict, cls: Classification, running: float | None) -> str:

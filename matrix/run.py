@@ -1,5 +1,5 @@
-"""Running a list of planned cells on Ray and recording each result as it comes: the shared core of
-`soakmatrix run` and `soakmatrix smoke` (their CLI modules only choose the cells).
+"""Running a list of planned cells on Ray and recording each result as it comes: the core of the
+API's `soakmatrix.run`, which `soakmatrix run` and `soakmatrix smoke` call (they only choose the cells).
 
 Each finished cell goes to the history store at once (a driver crash loses nothing; `--resume`
 reruns only cells without a verdict), the JUnit file is rewritten at most every 2 s and the
@@ -23,8 +23,9 @@ from soakmatrix.matrix.contracts.result import CellResult
 from soakmatrix.matrix.contracts.yamlsrc import Problem, SpecError
 
 from .lasting_stream import divert_stderr
-from .plan import Plan, PlannedCell, plan
+from .plan import PlannedCell
 from .progress import Progress
+from .run_types import RunOptions, RunResult
 from .soak_specs import matrix_time_scale, soak_spec_for
 from .spec import Matrix, Profile
 from .stop_signals import StopSignals, signal_name
@@ -50,17 +51,9 @@ def add_run_options(parser: argparse.ArgumentParser, default_profile: str = "the
     parser.add_argument("--store", type=output_file, help="history store (default: <out>/history.sqlite)")
 
 
-def make_plan(matrix: Matrix, profile: Profile, backend: str) -> Plan:
-    """The profile's cells; with the real engine their argv is first checked by vLLM's parser
-    (where vLLM is importable), since a rejected argv can only end as config_error."""
-    validate = None
-    if backend == "vllm":
-        from .validate import validate_cells
-        validate = validate_cells
-    result = plan(matrix, profile.name, validate=validate)
-    for rejected in result.rejected:
-        print(f"skipped, rejected by vLLM: {rejected.combo}: {rejected.reason}", file=sys.stderr)
-    return result
+def say_rejected(rejected: Any) -> None:
+    """A cell vLLM's parser refused (`--backend vllm`): it can only end as config_error, so it is skipped."""
+    print(f"skipped, rejected by vLLM: {rejected.combo}: {rejected.reason}", file=sys.stderr)
 
 
 def out_dir_of(matrix: Matrix, out: str | None) -> Path:
@@ -165,17 +158,19 @@ class Fanout:
         return call
 
 
-def execute(matrix: Matrix, profile: Profile, cells: Sequence[PlannedCell], args: argparse.Namespace, *,
-            kind: str, fail_fast: bool = False, keep_order: bool = False, stream: TextIO | None = None) -> int:
-    """Run `cells` of `profile` on Ray, recording each result; returns the exit code (130 or 143
-    when SIGINT or SIGTERM stopped it: the run stays unfinished, and `--resume` continues it)."""
+def run_planned(matrix: Matrix, profile: Profile, cells: Sequence[PlannedCell], options: RunOptions, *,
+                kind: str = "run", fail_fast: bool = False, keep_order: bool = False, stream: TextIO | None = None,
+                listener: Any = None) -> RunResult:
+    """Run `cells` of `profile` on Ray, recording each result; the exit code is 130 or 143 when SIGINT
+    or SIGTERM stopped it (the run stays unfinished, and `--resume` continues it). `listener`
+    (schedule.Events) hears every cell start, retry and result beside the progress display."""
     stream = stream or sys.stderr
     with StopSignals() as stop_signals:
-        return _execute(matrix, profile, cells, args, kind, fail_fast, keep_order, stream, stop_signals)
+        return _execute(matrix, profile, cells, options, kind, fail_fast, keep_order, stream, stop_signals, listener)
 
 
-def _execute(matrix: Matrix, profile: Profile, cells: Sequence[PlannedCell], args: argparse.Namespace, kind: str,
-             fail_fast: bool, keep_order: bool, stream: TextIO, stop_signals: StopSignals) -> int:
+def _execute(matrix: Matrix, profile: Profile, cells: Sequence[PlannedCell], args: RunOptions, kind: str,
+             fail_fast: bool, keep_order: bool, stream: TextIO, stop_signals: StopSignals, listener: Any) -> RunResult:
     from soakmatrix.matrix.schedule.cluster import CONNECT_ERRORS, address_from, cannot_reach, connect
     from soakmatrix.reports.history import HistoryStore, StoreError
 
@@ -191,6 +186,12 @@ def _execute(matrix: Matrix, profile: Profile, cells: Sequence[PlannedCell], arg
     except StoreError as exc:   # before any cell runs: a usage error, nothing is lost
         raise SpecError([Problem(str(store_path), 0, "--store", str(exc).removeprefix(f"{store_path}: "))]) from exc
     status = None   # an interrupted or crashed run stays unfinished, so `--resume` finds it
+    run_id = None
+
+    def answer(code: int, **more: Any) -> RunResult:
+        results = tuple(store.results(run_id)) if run_id is not None and "results" not in more else ()
+        return RunResult(code, run_id, out, store_path, **{"results": results, **more})
+
     try:
         run_id = store.start_run(matrix=matrix.name, profile=profile.name, kind=kind, resume=args.resume,
                                  meta={"matrix_file": matrix.file, "backend": args.backend,
@@ -205,6 +206,7 @@ def _execute(matrix: Matrix, profile: Profile, cells: Sequence[PlannedCell], arg
         sink = ResultSink(store, run_id, store_path, out, suite=f"soakmatrix.{matrix.name}.{profile.name}",
                           properties={"matrix": matrix.name, "profile": profile.name, "backend": args.backend,
                                       "kind": kind})
+        recorder = Fanout(sink, listener) if listener is not None else sink
 
         def make_spec(pc: PlannedCell) -> SoakSpec:
             return soak_spec_for(pc, matrix, args.backend, out)
@@ -216,8 +218,9 @@ def _execute(matrix: Matrix, profile: Profile, cells: Sequence[PlannedCell], arg
         try:
             cluster = connect(address, backend=args.backend, gpus=matrix.gpus)
         except CONNECT_ERRORS as exc:
-            print(f"soakmatrix {kind}: {redact_text(cannot_reach(address, exc))}", file=stream)
-            return EXIT_INFRA   # no verdict; the run stays unfinished for --resume
+            why = redact_text(cannot_reach(address, exc))
+            print(f"soakmatrix {kind}: {why}", file=stream)
+            return answer(EXIT_INFRA, unreachable=why)   # no verdict; the run stays unfinished for --resume
         with cluster:
             stop_signals.install()   # again: ray.init put its own handlers in
             print(f"soakmatrix {kind}: on {redact_text(cluster.description)}", file=stream)
@@ -228,16 +231,16 @@ def _execute(matrix: Matrix, profile: Profile, cells: Sequence[PlannedCell], arg
                 if (why := cluster_lost(exc)) is None:
                     raise
                 print(lost_line(kind, why, 0, len(todo)), file=stream, flush=True)
-                return EXIT_INFRA
+                return answer(EXIT_INFRA, lost=why)
             never = unplaceable(todo, nodes)
             for pc in todo:
                 if pc.id in never:
                     result = infra_result(make_spec(pc), f"never placed: {never[pc.id]}")
-                    sink.cell_finished(pc, result)
+                    recorder.cell_finished(pc, result)
                     print(f"cannot place {pc.name}: {never[pc.id]}", file=stream)
             placeable = [pc for pc in todo if pc.id not in never]
             progress = Progress(len(placeable), stream=stream)
-            summary = run_cells(placeable, make_spec, launcher, Fanout(sink, progress), retries=profile.retries,
+            summary = run_cells(placeable, make_spec, launcher, Fanout(recorder, progress), retries=profile.retries,
                                 cap_s=cap, fail_fast=fail_fast, order=list if keep_order else None)
             progress.close()
             interrupted, stopped_early = summary.interrupted, summary.stopped_early
@@ -254,15 +257,18 @@ def _execute(matrix: Matrix, profile: Profile, cells: Sequence[PlannedCell], arg
                 print(f"soakmatrix {kind}: {warning}", file=stream)
             print(summary_text(results, sink.junit_path if junit_written else None, dashboard, store_path),
                   file=stream)
+            written = {"results": tuple(results), "junit": sink.junit_path if junit_written else None,
+                       "dashboard": dashboard, "warnings": tuple(sink.warnings)}
             if summary.lost:
                 print(lost_line(kind, summary.lost, len(results), len(summary.unfinished)), file=stream, flush=True)
-                return exit_code([*(r.outcome for r in results), Outcome.INFRA_ERROR])
+                return answer(exit_code([*(r.outcome for r in results), Outcome.INFRA_ERROR]), lost=summary.lost,
+                              **written)
         if interrupted:
             print(f"soakmatrix {kind}: stopped by {signal_name(stop_signals.received)}", file=stream)
-            return stop_signals.exit_code(EXIT_INTERRUPTED)
+            return answer(stop_signals.exit_code(EXIT_INTERRUPTED), interrupted=True, **written)
         code = exit_code(r.outcome for r in results) if results else EXIT_OK
         # no JUnit is never a pass: a CI job reading it would see nothing and go green
-        return EXIT_INFRA if not junit_written and code == EXIT_OK else code
+        return answer(EXIT_INFRA if not junit_written and code == EXIT_OK else code, **written)
     finally:
         try:
             if status is not None:

@@ -105,7 +105,7 @@ def case_properties(result: CellResult) -> dict[str, str]:
         props[f"flag.{name}"] = format_value(value)
     props["vllm_version"] = result.vllm_version
     if result.build:   # a matrix with builds; the regression.* properties come from reports/regressions.py
-        props.update({"build": result.build, **(result.extra.get("regression") or {})})
+        props.update({"build": result.build, **result.regression})
         if result.python:   # the interpreter the soak ran in: the build's virtualenv or py_executable
             props["build.python"] = result.python
     props["engine"] = result.engine
@@ -127,7 +127,7 @@ def case_properties(result: CellResult) -> dict[str, str]:
     state = (result.gpu_state or {}).get("state")
     if result.gpu_state:
         props["gpu_state"] = state or "not measured"
-    stalls = result.extra.get("stalls") or []
+    stalls = result.stalls
     if stalls:   # hang verdicts after which tokens came again (a starved host, a slow step)
         props["stalls"] = str(len(stalls))
         props["longest_stall_s"] = f"{max(float(s.get('silent_s') or 0) for s in stalls):.1f}"
@@ -162,7 +162,7 @@ def evidence_text(result: CellResult, issue: Any = None) -> str:
            + (f" ({result.signature})" if result.signature else "")]
     if result.message:
         out.append(result.message)
-    for i, stall in enumerate(result.extra.get("stalls") or [], 1):
+    for i, stall in enumerate(result.stalls, 1):
         stacks = f"; stacks: {stall['evidence']}" if stall.get("evidence") else ""
         out.append(f"stall {i}, recovered: {float(stall.get('silent_s') or 0):.1f} s of silence "
                    f"({stall.get('detector')}: {_cut(str(stall.get('message', '')))}){stacks}")

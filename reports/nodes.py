@@ -1,5 +1,5 @@
 """The nodes of a run as its results saw them: each node's preflight (`soakmatrix doctor`, kept in
-each result's `extra["preflight"]`), how many cells ran there and how many it refused. A node whose
+each result's `preflight`), how many cells ran there and how many it refused. A node whose
 preflight failed shows with the checks that failed, so a bad node reads as a bad node, not as a
 row of infra errors."""
 
@@ -16,7 +16,7 @@ def node_rows(results: Sequence[Any]) -> list[dict[str, Any]]:
     """One row per node that reported a preflight: worst first, then by name."""
     nodes: dict[str, dict[str, Any]] = {}
     for r in results:
-        report = (r.extra or {}).get(PREFLIGHT_KEY)
+        report = getattr(r, PREFLIGHT_KEY, None) or None
         if not isinstance(report, dict):
             continue
         name = str(report.get("node") or r.node or "?")

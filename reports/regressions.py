@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from soakmatrix.matrix.contracts.durations import format_duration
@@ -199,13 +199,13 @@ def by_cell_id(regressions: Iterable[Regression]) -> dict[str, Regression]:
 
 
 def annotate(results: Iterable[CellResult], regressions: Iterable[Regression]) -> list[CellResult]:
-    """The results with `extra["regression"]` set (JUnit's `regression.*` properties) where one explains them."""
+    """The results with `regression` set (JUnit's `regression.*` properties) where one explains them."""
     index = by_cell_id(regressions)
     out = []
     for r in results:
         reg = index.get(r.cell_id)
         if reg is not None and Outcome(r.outcome).is_finding:
-            r = CellResult.from_dict({**r.to_dict(), "extra": {**r.extra, "regression": reg.properties()}})
+            r = replace(r, regression=dict(reg.properties()))
         out.append(r)
     return out
 

@@ -96,7 +96,7 @@ def problems(result: Any, scenario: Scenario, pyspy_text: str | None, nvml: bool
         out.append(f"outcome {outcome}, not hang: {result.message}")
     if result.signature != scenario.signature:
         out.append(f"signature {result.signature}, not {scenario.signature}")
-    planted = (result.extra.get("true_hang") or {}).get("signature")
+    planted = result.true_hang.get("signature")
     if planted is not None and planted != scenario.signature:
         out.append(f"the simulator planted {planted}, not {scenario.signature}")
     if not result.fingerprint:
@@ -124,7 +124,7 @@ def problems(result: Any, scenario: Scenario, pyspy_text: str | None, nvml: bool
 
 
 def _tree_pids(result: Any) -> list[int]:
-    return list((result.extra.get("teardown") or {}).get("pids") or [])
+    return list(result.teardown.get("pids") or [])
 
 
 def leftovers(pids: Iterable[int], alive: Callable[[int], bool], gpu_processes: Iterable[dict],

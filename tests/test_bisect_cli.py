@@ -269,12 +269,12 @@ def test_a_failure_after_the_bisection_keeps_its_result_and_exit_code(tmp_path, 
     import errno
 
     from soakmatrix.matrix import cli
-    from soakmatrix.matrix.cli import bisect as bisect_cli
+    from soakmatrix.matrix.bisect import emit
 
     def disk_full(*_args, **_kwargs):   # what no check up front can foresee: the disk fills during the run
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(bisect_cli, "write_regression_test", disk_full)
+    monkeypatch.setattr(emit, "write_regression_test", disk_full)
     umask = os.umask(0o077)   # the CLI sets its own; the test process keeps the one it had
     try:
         code = cli.main(["bisect", str(DEMO), "--cell", FAILING, "--virtual", "--json", "--quiet", "--seed", "3",

@@ -363,13 +363,14 @@ def test_a_signature_the_hang_model_never_plants_is_refused_in_virtual_time(plac
     assert code == 2 and out == "" and "--signature 'no_such_hang'" in err and "shm_broadcast_timeout" in err, err
 
 
-def test_a_signature_no_detector_knows_is_a_warning_on_real_probes(capsys):
-    from soakmatrix.matrix.cli.bisect import _check_signature
+def test_a_signature_no_detector_knows_is_a_warning_on_real_probes():
+    from soakmatrix.api.flags import _check_signature
 
-    _check_signature("no_such_hang", virtual=False, hang_model_path=None, matrix=None)
-    assert "warning: --signature 'no_such_hang'" in capsys.readouterr().err
-    _check_signature("shm_broadcast_timeout", virtual=False, hang_model_path=None, matrix=None)
-    assert capsys.readouterr().err == ""
+    warned: list[str] = []
+    _check_signature("no_such_hang", virtual=False, hang_model=None, matrix=None, warn=warned.append)
+    assert len(warned) == 1 and "warning: --signature 'no_such_hang'" in warned[0]
+    _check_signature("shm_broadcast_timeout", virtual=False, hang_model=None, matrix=None, warn=warned.append)
+    assert len(warned) == 1
 
 
 def test_an_empty_store_where_a_new_one_starts_is_warned_about(places, tmp_path):

@@ -46,6 +46,7 @@ WATCH_AND_PLUGIN = (
     "soakmatrix.jobs.sim", "soakmatrix.jobs.sim.cli", "soakmatrix.reports.history", "soakmatrix.reports.junit",
     "soakmatrix.fixtures.pytest_plugin", "soakmatrix.fixtures.pytest_soak", "soakmatrix.fixtures.pytest_cells",
     "soakmatrix.fixtures.pytest_placement", "soakmatrix.matrix.plan", "soakmatrix.matrix.contracts.stats",
+    "soakmatrix.api.matrices", "soakmatrix.api.watching", "soakmatrix.api.types", "soakmatrix.api.errors",
 )
 
 

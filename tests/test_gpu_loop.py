@@ -69,7 +69,7 @@ def cells(tmp_path_factory):
     for scenario in SCENARIOS:
         before, _ = nvml_snapshot()
         result = run_cell(spec_for(tmp_path_factory.mktemp(scenario.name), scenario), options=SoakOptions(drain_s=5))
-        after, procs = settled(result.extra.get("teardown", {}).get("pids") or [])
+        after, procs = settled(result.teardown.get("pids") or [])
         out[scenario.name] = (scenario, result, before, after, procs)
     return out
 
@@ -83,8 +83,8 @@ def test_the_soak_job_catches_each_gpu_hang_with_its_evidence(cells, name):
 @pytest.mark.parametrize("name", [s.name for s in SCENARIOS])
 def test_teardown_leaves_no_process_and_no_gpu_memory(cells, name):
     _, result, before, after, procs = cells[name]
-    pids = result.extra["teardown"]["pids"]
-    assert pids and result.extra["teardown"]["clean"], result.extra["teardown"]
+    pids = result.teardown["pids"]
+    assert pids and result.teardown["clean"], result.teardown
     alive = lambda p: psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE   # noqa: E731
     assert leftovers(pids, alive, procs, before, after) == []
 

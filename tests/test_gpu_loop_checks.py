@@ -63,7 +63,7 @@ def collective_result(**kw) -> CellResult:
                 stuck_frames=list(cls.stuck_frames), culprit=cls.culprit, threads=list(cls.threads),
                 gpu_state={"measured": True, "state": "idle", "gpus": [{"index": 0, "processes": [
                     {"pid": pids[-1], "used_memory": 600 * 2**20}]}]},
-                extra={"teardown": {"pids": pids, "clean": True}})
+                teardown={"pids": pids, "clean": True})
     base.update(kw)
     return CellResult(**base), text
 
@@ -118,8 +118,8 @@ def test_the_tree_with_torch_on_the_cpu_is_caught_as_on_a_gpu(tmp_path, name, st
     text = read_text(result.artifacts.get("py_spy"))
     assert problems(result, scenario, text, nvml=False) == [], result.message
     assert stuck_in in "\n".join(result.stuck_frames)
-    assert result.extra["true_hang"]["signature"] == scenario.signature    # what the simulator planted
-    pids = result.extra["teardown"]["pids"]
-    assert len(pids) == 4 and result.extra["teardown"]["clean"]    # API server, EngineCore, two workers
+    assert result.true_hang["signature"] == scenario.signature    # what the simulator planted
+    pids = result.teardown["pids"]
+    assert len(pids) == 4 and result.teardown["clean"]    # API server, EngineCore, two workers
     alive = lambda p: psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE   # noqa: E731
     assert leftovers(pids, alive, [], None, None) == []

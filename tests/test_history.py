@@ -4,6 +4,7 @@ and a driver killed mid-run losing nothing it had recorded."""
 from __future__ import annotations
 
 import signal
+import json
 import sqlite3
 import subprocess
 import sys
@@ -135,6 +136,26 @@ def test_migrates_an_old_store_and_keeps_its_data(tmp_path):
         assert ob.gpu_hours == pytest.approx(4 * 700 / 3600)
         store.record_bisection(c.id, {"signature": "silent_stall"})   # table added by migration 2
         assert store.results("r1")[0].signature == "silent_stall"
+
+
+def test_results_written_with_a_free_form_extra_dict_load_into_the_named_fields(tmp_path):
+    c = cell(2)
+    with HistoryStore(tmp_path / "h.sqlite") as store:
+        run_id = store.start_run(matrix="m", profile="p", kind="nightly")
+        store.record(run_id, result(c, "hang", signature="silent_stall"))
+    old = result(c, "hang", signature="silent_stall").to_dict()
+    for name in ("ray_node_id", "preflight", "stalls", "time_scale"):
+        del old[name]
+    old["extra"] = {"ray_node_id": "node-a", "preflight": {"ok": True}, "stalls": [{"at": 1.0}], "time_scale": 60.0,
+                    "a_key_nobody_names": 1}
+    db = sqlite3.connect(tmp_path / "h.sqlite")
+    db.execute("UPDATE results SET data = ?", (json.dumps(old),))
+    db.commit()
+    db.close()
+    with HistoryStore(tmp_path / "h.sqlite") as store:
+        [r] = store.results(run_id)
+    assert (r.ray_node_id, r.preflight, r.stalls, r.time_scale) == ("node-a", {"ok": True}, [{"at": 1.0}], 60.0)
+    assert "extra" not in r.to_dict() and "a_key_nobody_names" not in r.to_json()
 
 
 def test_refuses_newer_schemas_and_foreign_files(tmp_path):

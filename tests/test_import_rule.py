@@ -16,12 +16,13 @@ import ast
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-FOLDERS = ("matrix", "jobs", "reports", "fixtures")
+FOLDERS = ("matrix", "jobs", "reports", "fixtures", "soakmatrix/api")
 LEAVES = ("fixtures.tiny_model",)
 
 
 def module_name(path: Path) -> str:
     parts = list(path.relative_to(REPO).with_suffix("").parts)
+    parts = parts[1:] if parts[0] == "soakmatrix" else parts   # the API: soakmatrix.api.* -> api.*
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -79,6 +80,10 @@ def allowed(importer: str, imported: str) -> bool:
         return within(imported, "jobs")
     if within(importer, "reports"):
         return within(imported, "reports")
+    if within(importer, "api"):     # the Python API: over the core, under the CLI
+        return within(imported, "api", "matrix", "jobs", "reports", "fixtures.sim_testing")
+    if within(imported, "api"):
+        return within(importer, "matrix.cli", "fixtures")
     if within(importer, "matrix"):
         return within(imported, "matrix", "jobs", "reports")
     return True   # fixtures: the plugins users install may use every part

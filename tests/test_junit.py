@@ -301,7 +301,7 @@ def test_a_cell_that_passed_after_stalls_says_so_in_properties_and_system_out(tm
     stalls = [{"detector": "stream", "message": "no token on any of 8 open streams for 6.4 s (threshold 6.0 s)",
                "silent_s": 7.2, "evidence": "/runs/r1/cells/c1/stalls/1"},
               {"detector": "progress", "message": "tokens flat for 9.1 s", "silent_s": 9.8}]
-    result = make("passed", extra={"stalls": stalls}, message="no hang in 3600 s under load; 2 stalls that recovered")
+    result = make("passed", stalls=stalls, message="no hang in 3600 s under load; 2 stalls that recovered")
     quiet = make("passed", flags={"tp": 1})
     path = write_junit([result, quiet], tmp_path / "junit.xml", "soak")
     cases = cases_by_name(path)

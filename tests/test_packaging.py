@@ -21,6 +21,7 @@ def test_wheel_contains_every_module_under_its_import_name(tmp_path):
     expected = {f"soakmatrix/{folder}/{path.relative_to(REPO / folder).as_posix()}"
                 for folder in FOLDERS for path in (REPO / folder).rglob("*.py")
                 if "__pycache__" not in path.parts}
+    expected |= {f"soakmatrix/api/{path.name}" for path in (REPO / "soakmatrix" / "api").glob("*.py")}
     missing = sorted(expected - names)
     assert not missing, f"modules missing from the wheel: {missing}"
     assert not any(n.startswith(("matrix/", "jobs/", "fixtures/", "reports/")) for n in names), \
@@ -39,4 +40,5 @@ def test_every_package_folder_is_listed_in_pyproject():
                for folder in FOLDERS for init in (REPO / folder).rglob("__init__.py")
                if "__pycache__" not in init.parts}
     assert sorted(folders - listed) == [], "add these to [tool.setuptools] packages"
-    assert "soakmatrix" in listed   # the top level: __version__
+    assert "soakmatrix" in listed   # the top level: __version__ and the API's names
+    assert {"soakmatrix." + init.parent.name for init in (REPO / "soakmatrix").glob("*/__init__.py")} <= listed

@@ -57,7 +57,7 @@ def test_a_failed_node_refuses_the_cell_as_an_infra_error_with_the_doctors_detai
     assert refused.outcome is Outcome.INFRA_ERROR and refused.outcome.retryable
     assert refused.message == ("node gpu-7 failed its preflight (soakmatrix doctor): check1: detail 1; "
                                "check2: detail 2")
-    assert refused.node == "gpu-7" and refused.extra["preflight"]["checks"][1]["status"] == "fail"
+    assert refused.node == "gpu-7" and refused.preflight["checks"][1]["status"] == "fail"
 
 
 def test_simulated_cells_are_never_refused_on_a_node_without_a_gpu():

@@ -210,7 +210,7 @@ def test_a_hang_seen_by_the_watchdog_fixture_is_exposed_up_to_where_it_began(tmp
     result = watch.result(verdict, start)
     assert result.outcome == Outcome.HANG and result.detector == "stream"
     assert result.exposure_s == pytest.approx(4.0 * 60) and result.time_to_hang_s == pytest.approx(4.0 * 60)
-    assert result.extra["wall_exposure_s"] == 4.0 and result.extra["time_scale"] == 60.0
+    assert result.wall_exposure_s == 4.0 and result.time_scale == 60.0
     assert result.detected_after_s == 6.0
 
 
@@ -249,7 +249,7 @@ def test_the_watchdog_fixture_calls_a_stall_that_recovers_a_stall_not_a_hang(tmp
     watch, failed = _watch_over(tmp_path, monkeypatch, [stall], last_token_at=lambda: now - 0.5)
     result = watch.check("1m")
     assert failed == [] and result.outcome == Outcome.PASSED
-    [kept] = result.extra["stalls"]
+    [kept] = result.stalls
     assert kept["detector"] == "stream" and kept["silent_s"] == pytest.approx(6.5, abs=0.01)
     assert (Path(kept["evidence"]) / "py-spy.txt").exists() and "1 stall that recovered" in result.message
 
@@ -261,7 +261,7 @@ def test_the_watchdog_fixture_fails_on_a_hang_no_token_follows(tmp_path, monkeyp
     hang = HangVerdict("stream", "hang", at=now - 5.0, since=now - 11.0, message="no token for 6 s")
     watch, failed = _watch_over(tmp_path, monkeypatch, [hang], last_token_at=lambda: now - 11.0)
     result = watch.check("1m")
-    assert result.outcome == Outcome.HANG and "stalls" not in result.extra and len(failed) == 1
+    assert result.outcome == Outcome.HANG and not result.stalls and len(failed) == 1
 
 
 def test_gpus_are_split_between_workers():
@@ -647,11 +647,11 @@ def test_a_marked_soak_on_the_real_engine(pytester):
         def test_tiny_llama(soak_result):
             assert soak_result.outcome.value == "passed", soak_result.message
             assert soak_result.tokens > 300 and soak_result.requests > 5
-            health = soak_result.extra["health"]
+            health = soak_result.health
             assert health["probes"] > 0 and health["status_counts"] == {"200": health["probes"]}
             assert soak_result.vllm_version.startswith("vllm ")
             assert "sim_hangs" not in soak_result.artifacts     # no hang model: the plugin planted nothing
-            teardown = soak_result.extra["teardown"]
+            teardown = soak_result.teardown
             assert teardown["clean"], teardown
             assert len(teardown["pids"]) >= 3, teardown      # API server, EngineCore and a worker
             alive = [pid for pid in teardown["pids"]

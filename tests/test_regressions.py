@@ -158,5 +158,5 @@ def test_a_run_being_written_sees_regressions_against_earlier_runs(tmp_path):
         bad = result("b1", "hang", 120, ordinal=1)
         store.record(second, bad)
         (annotated,) = tracker.annotate(store.results(second))
-    assert annotated.extra["regression"]["regression.last_good"] == "b0"
+    assert annotated.regression["regression.last_good"] == "b0"
     assert tracker.seq == 1 and len(tracker.past) == 1

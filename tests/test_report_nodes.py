@@ -22,11 +22,11 @@ BAD = preflight("gpu-b", ("nvml", "ok", "8 GPU(s)"), ("shm", "fail", SHM))
 
 def results() -> list[CellResult]:
     return [
-        CellResult("c1", "cell one", "passed", node="gpu-a", extra={"preflight": GOOD}),
+        CellResult("c1", "cell one", "passed", node="gpu-a", preflight=GOOD),
         CellResult("c2", "cell two", "infra_error", node="gpu-b", message="node gpu-b failed its preflight",
-                   extra={"preflight": BAD}),
-        CellResult("c3", "cell three", "infra_error", node="gpu-b", extra={"preflight": BAD}),
-        CellResult("c2", "cell two", "hang", node="gpu-a", extra={"preflight": GOOD}),   # retried elsewhere
+                   preflight=BAD),
+        CellResult("c3", "cell three", "infra_error", node="gpu-b", preflight=BAD),
+        CellResult("c2", "cell two", "hang", node="gpu-a", preflight=GOOD),   # retried elsewhere
         CellResult("c4", "cell four", "passed", node="gpu-c"),                              # run without a preflight
     ]
 

@@ -171,7 +171,7 @@ def test_demo_end_to_end_finds_the_planted_hangs(tmp_path):
             assert r.flags["mtp"] == 1 and r.flags["cudagraph_mode"] == "FULL_AND_PIECEWISE", seen
     assert all(r.outcome is Outcome.PASSED for r in results if r not in hangs)
     # every node passed its preflight (the simulated backend's: ptrace alone), kept in each result
-    assert all(r.extra["preflight"]["backend"] == "sim" and r.extra["preflight"]["ok"] for r in results)
+    assert all(r.preflight["backend"] == "sim" and r.preflight["ok"] for r in results)
     # one planted bug, one finding: the shm broadcast hang's stuck step is the same at TP 1 (a thread
     # of the engine core) and TP 2 (a worker process)
     shm = [r for r in hangs if r.signature == "shm_broadcast_timeout"]
@@ -179,7 +179,7 @@ def test_demo_end_to_end_finds_the_planted_hangs(tmp_path):
     # recovered, whose stacks were missing and how long taking them took
     planted = [r for r in results if r.flags["mtp"] == 1 and r.flags["cudagraph_mode"] == "FULL_AND_PIECEWISE"]
     how = [(r.flags["tp"], r.gpu_type, r.outcome.value, r.signature, r.detector, r.message, r.fingerprint,
-            r.culprit or "no culprit", r.extra.get("evidence_s"), r.extra.get("stalls"),
+            r.culprit or "no culprit", r.evidence_s, r.stalls,
             Path(r.artifacts["evidence_notes"]).read_text() if "evidence_notes" in r.artifacts else "")
            for r in planted]
     assert {r.flags["tp"] for r in shm} == {1, 2} and len({r.fingerprint for r in shm}) == 1, how
@@ -223,7 +223,7 @@ def test_resume_after_killing_the_driver_reruns_only_unfinished_cells(tmp_path, 
 
     resumed = run_cli(*args, "--resume")
     # on a failure, what the healthy cells that did not pass saw (a false alarm on a busy machine)
-    seen = [(r.cell_name, r.outcome.value, r.detector, r.message, r.extra.get("stalls"))
+    seen = [(r.cell_name, r.outcome.value, r.detector, r.message, r.stalls)
             for r in before.values() if r.outcome is not Outcome.PASSED]
     assert resumed.returncode == 0, (resumed.stderr, seen)
     assert f"{len(before)} already have a verdict" in resumed.stderr

@@ -379,8 +379,9 @@ def sleepy_run_cell(spec, stop=None, on_event=None):
         time.sleep(spec.soak_s)
     return CellResult(spec.cell_id, spec.cell_name, Outcome.PASSED, gpu_type=spec.gpu_type,
                       gpu_count=spec.gpu_count, started_at=t0, ended_at=time.time(), attempt=spec.attempt,
-                      extra={"gpu_ids": gpu_ids, "cuda_visible": spec.env.get("CUDA_VISIBLE_DEVICES"),
-                             "pid": os.getpid(), "stopped": bool(stop and stop.is_set())})
+                      # what the test checks, in the one free-form field a result has
+                      artifacts={"gpu_ids": ",".join(gpu_ids), "cuda_visible": spec.env.get("CUDA_VISIBLE_DEVICES", ""),
+                                 "pid": str(os.getpid()), "stopped": str(bool(stop and stop.is_set()))})
 
 
 @pytest.fixture(scope="module")
@@ -434,17 +435,18 @@ def test_ray_places_cells_by_type_and_count_without_sharing_gpus(ray_cluster, fl
     for r in summary.results:
         pc = by_id[r.cell_id]
         assert r.outcome is Outcome.PASSED
-        assert label_of(r.extra["ray_node_id"]) == pc.ray_label
-        assert len(r.extra["gpu_ids"]) == pc.gpu_count
-        assert r.extra["cuda_visible"] == ",".join(r.extra["gpu_ids"])
+        assert label_of(r.ray_node_id) == pc.ray_label
+        assert len(r.artifacts["gpu_ids"].split(",")) == pc.gpu_count
+        assert r.artifacts["cuda_visible"] == r.artifacts["gpu_ids"]
     # no GPU held by two cells at once
     for a in summary.results:
         for b in summary.results:
-            if a is b or a.extra["ray_node_id"] != b.extra["ray_node_id"]:
+            if a is b or a.ray_node_id != b.ray_node_id:
                 continue
             overlap = min(a.ended_at, b.ended_at) - max(a.started_at, b.started_at)
             if overlap > 0.05:
-                assert not set(a.extra["gpu_ids"]) & set(b.extra["gpu_ids"]), (a.cell_name, b.cell_name)
+                assert not set(a.artifacts["gpu_ids"].split(",")) & set(b.artifacts["gpu_ids"].split(",")), \
+                    (a.cell_name, b.cell_name)
 
 
 @pytest.mark.slow
@@ -477,7 +479,7 @@ def test_ray_node_lost_mid_cell_is_infra_error_then_retried_elsewhere(ray_cluste
         assert removed and len(rec.retrying) == 1
         assert rec.retrying[0].outcome is Outcome.INFRA_ERROR
         assert result.outcome is Outcome.PASSED and result.attempt == 2
-        assert result.extra["ray_node_id"] != removed[0]
+        assert result.ray_node_id != removed[0]
         assert len(result.retries) == 1 and "attempt 1" in result.retries[0]
     finally:
         for node in (extra, spare):
@@ -681,11 +683,11 @@ def test_ray_a_node_that_fails_its_preflight_refuses_its_cells_and_each_node_is_
     bad = (tmp_path / "bad-node").read_text()
     assert [r.outcome for r in summary.results] == [Outcome.PASSED, Outcome.PASSED]
     refused = [r for r in rec.retrying if "failed its preflight" in r.message]
-    assert refused and all(r.outcome is Outcome.INFRA_ERROR and r.extra["ray_node_id"] == bad for r in refused)
+    assert refused and all(r.outcome is Outcome.INFRA_ERROR and r.ray_node_id == bad for r in refused)
     assert refused[0].message.endswith(f"shm: /dev/shm on {bad[:8]}")
-    assert refused[0].extra["preflight"]["checks"][0]["status"] == "fail"
+    assert refused[0].preflight["checks"][0]["status"] == "fail"
     for r in summary.results:
-        assert r.extra["ray_node_id"] != bad and r.extra["preflight"]["ok"]
+        assert r.ray_node_id != bad and r.preflight["ok"]
     # once per node per run, however many cells went there
     counts = {p.name: len(p.read_text()) for p in tmp_path.glob("doctor-*")}
     assert set(counts.values()) == {1} and f"doctor-{bad}" in counts, counts

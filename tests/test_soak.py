@@ -74,11 +74,11 @@ def server_temp_dirs(monkeypatch):
 
 
 def no_process_left(result, server_alive_until_teardown=True):
-    pids = result.extra["teardown"]["pids"]
+    pids = result.teardown["pids"]
     assert pids or not server_alive_until_teardown
     assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
                             for p in pids)
-    assert result.extra["teardown"]["clean"]
+    assert result.teardown["clean"]
 
 
 def test_a_silent_hang_is_found_with_evidence_and_a_result_file(tmp_path):
@@ -89,11 +89,11 @@ def test_a_silent_hang_is_found_with_evidence_and_a_result_file(tmp_path):
     assert r.message.startswith("tokens stopped at ") and f"detector {r.detector} fired after" in r.message
     assert r.detected_after_s >= 3 and r.time_to_hang_s >= 2 and abs(r.exposure_s - r.time_to_hang_s) < 0.1
     assert r.tokens > 0 and r.requests > 0 and r.node and r.engine == "fake" and r.vllm_version == "fake 0"
-    assert r.fingerprint and r.stuck_frames and r.log_tail and "stalls" not in r.extra
+    assert r.fingerprint and r.stuck_frames and r.log_tail and not r.stalls
     for name in ("py_spy", "metrics", "server_log", "sim_hangs", "result"):
         assert Path(r.artifacts[name]).exists(), name
-    assert 0 < r.extra["latency_from_true_start_s"] < 20
-    assert r.extra["health"]["status_counts"].get("200")        # recorded, not trusted
+    assert 0 < r.latency_from_true_start_s < 20
+    assert r.health["status_counts"].get("200")        # recorded, not trusted
     saved = json.loads(Path(r.artifacts["result"]).read_text())
     assert saved["outcome"] == "hang" and saved["signature"] == "silent_stall"
     assert events[:3] == ["launching", "ready", "load"] and events[-1] == "done" and "verdict" in events
@@ -108,20 +108,20 @@ def test_a_frozen_server_that_recovers_is_a_stall_kept_with_its_stacks_not_a_han
     options = replace(QUICK, confirmation=ConfirmationWindow(after_verdict_s=6))
     r = run_cell(spec_for(tmp_path, soak_s=14), engine=FakeEngine(*FROZEN_FOR_6_S), options=options)
     assert r.outcome == Outcome.PASSED, r.message
-    [stall] = r.extra["stalls"]
+    [stall] = r.stalls
     assert stall["detector"] in ("progress", "stream") and stall["silent_s"] >= 3
     assert stall["resumed_at"] > stall["verdict_at"]
     assert "1 stall that recovered" in r.message
     assert "Thread" in (Path(stall["evidence"]) / "py-spy.txt").read_text()   # the stall's stacks are kept
     assert not (Path(spec_for(tmp_path).artifacts_dir) / "evidence").exists()
-    assert r.signature is None and r.extra["load"]["completed"] > 0
+    assert r.signature is None and r.load["completed"] > 0
     no_process_left(r)
 
 
 def test_without_the_confirmation_every_verdict_stands(tmp_path):
     r = run_cell(spec_for(tmp_path, soak_s=14), engine=FakeEngine(*FROZEN_FOR_6_S),
                  options=replace(QUICK, confirmation=None))
-    assert r.outcome == Outcome.HANG and "stalls" not in r.extra, r.message
+    assert r.outcome == Outcome.HANG and not r.stalls, r.message
     no_process_left(r)
 
 
@@ -131,7 +131,7 @@ def test_exposure_and_time_to_hang_count_from_the_first_request_not_from_a_slow_
     r = run_cell(spec_for(tmp_path, soak_s=60), options=QUICK,
                  engine=FakeEngine("--hang-after-s", "3", "--models-delay-s", "3"))
     assert r.outcome == Outcome.HANG, r.message
-    assert 2.9 <= r.extra["load_start_delay_s"] < 6
+    assert 2.9 <= r.load_start_delay_s < 6
     assert 2 <= r.time_to_hang_s < 5 and abs(r.exposure_s - r.time_to_hang_s) < 0.1, r.to_dict()
     no_process_left(r)
 
@@ -139,7 +139,7 @@ def test_exposure_and_time_to_hang_count_from_the_first_request_not_from_a_slow_
 def test_a_healthy_cell_passes(tmp_path, server_temp_dirs):
     r = run_cell(spec_for(tmp_path, soak_s=4), engine=FakeEngine(), options=QUICK)
     assert r.outcome == Outcome.PASSED and r.requests > 0 and r.signature is None
-    assert "true_hang" not in r.extra
+    assert not r.true_hang
     assert 3.5 < r.exposure_s < 20
     no_process_left(r)
     assert len(server_temp_dirs) == 1 and not server_temp_dirs[0].exists()
@@ -202,9 +202,9 @@ def test_every_hang_style_of_the_simulated_engine(tmp_path, style):
     r = run_cell(spec)
     assert r.outcome == (Outcome.CRASH if style == "crash" else Outcome.HANG), r.message
     assert r.signature == STYLE_SIGNATURE[style], r.message
-    truth = r.extra["true_hang"]
+    truth = r.true_hang
     assert truth["signature"] == r.signature
-    assert 0 <= r.extra["latency_from_true_start_s"] < 20
+    assert 0 <= r.latency_from_true_start_s < 20
     assert Path(r.artifacts["server_log"]).exists() and r.log_tail
     if style != "crash":
         stacks = Path(r.artifacts["py_spy"]).read_text()
@@ -222,7 +222,7 @@ def test_slow_prefills_are_not_a_hang(tmp_path):
                     workload=workload(input_len=[2000, 12000], output_len=[8, 48]))
     r = run_cell(spec)
     assert r.outcome == Outcome.PASSED, r.message
-    assert r.extra["load"]["gap_max_s"] > 3        # the slow steps really happened
+    assert r.load["gap_max_s"] > 3        # the slow steps really happened
     no_process_left(r)
 
 
@@ -237,7 +237,7 @@ def test_log_and_exit_detectors_alone_catch_the_simulated_engine(tmp_path, style
     spec = spec_for(tmp_path, soak_s=60 * 30, backend="sim", hang_model=str(model), time_scale=30.0)
     r = run_cell(spec, options=SoakOptions(detector_names=[detector], drain_s=5))
     assert r.detector == detector and r.signature == signature, r.message
-    assert r.extra["time_scale"] == 30.0 and r.exposure_s >= 30 * r.extra["wall_exposure_s"] * 0.99
+    assert r.time_scale == 30.0 and r.exposure_s >= 30 * r.wall_exposure_s * 0.99
     no_process_left(r, server_alive_until_teardown=(style != "crash"))
 
 
@@ -251,7 +251,7 @@ def test_every_workload_kind_runs_clean_against_the_simulated_engine(tmp_path, k
     spec = spec_for(tmp_path, soak_s=16, backend="sim", workload=workload(kind, **params))
     r = run_cell(spec, options=SoakOptions(drain_s=20))
     assert r.outcome == Outcome.PASSED, r.message
-    assert r.requests > 3 and r.extra["load"]["failed"] == 0
+    assert r.requests > 3 and r.load["failed"] == 0
     no_process_left(r)
 
 

@@ -117,8 +117,8 @@ def test_bisection_on_the_real_engine_returns_exactly_the_planted_flag(tmp_path)
     results = [json.loads(p.read_text()) for p in out.rglob("result.json") if "previous-" not in str(p)]
     assert len(results) == doc["probes"], summary
     for result in results:
-        teardown = result["extra"].get("teardown", {"clean": True})
+        teardown = (result.get("teardown") or {"clean": True})
         assert teardown["clean"], f"{result['cell_name']}: {teardown}"
         if result["outcome"] == "hang":
-            assert result["extra"].get("true_hang", {}).get("hang_id") == "no-prefix-cache", \
+            assert result.get("true_hang", {}).get("hang_id") == "no-prefix-cache", \
                 f"a hang the plugin did not plant (a false alarm): {result['message']}"

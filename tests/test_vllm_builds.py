@@ -102,7 +102,7 @@ def make_bad_build(folder: Path) -> tuple[Path, Path]:
 def server_processes(results: list[dict], record: Path, grace_s: float = 0.0) -> list[psutil.Process]:
     """Living processes of either build's server: the pids each teardown saw, and any process whose
     environment names a build of this test (the bad one also by its hang record path)."""
-    pids = {pid for r in results for pid in r.get("extra", {}).get("teardown", {}).get("pids", [])}
+    pids = {pid for r in results for pid in r.get("teardown", {}).get("pids", [])}
     found = []
     for proc in psutil.process_iter(["name"]):
         try:
@@ -165,7 +165,7 @@ def test_two_python_environments_as_builds_show_the_regression_on_the_real_engin
     assert reg.signature == "silent_stall"
     assert reg.good_mttf_lower_s > reg.bad_mttf_s
     for result in (good, bad):
-        assert result.extra.get("teardown", {"clean": True})["clean"], result.extra.get("teardown")
+        assert (result.teardown or {"clean": True})["clean"], result.teardown
     cases = {c.get("name"): {p.get("name"): p.get("value") for p in c.iter("property")}
              for c in ET.parse(out / "junit.xml").getroot().iter("testcase")}
     bad_case = cases["tiny-llama|cpu|enforce_eager=true|staggered|bad"]

@@ -78,15 +78,15 @@ def test_each_planted_hang_is_caught_classified_and_torn_down(soaked, site):
     result, seen = soaked(site)
     assert result.outcome.value == "hang", result.message
     assert result.signature == signature
-    assert result.extra["true_hang"]["hang_id"] == f"planted-{style}"
-    assert 0 <= result.extra["latency_from_true_start_s"] < LATENCY_TARGET_S
+    assert result.true_hang["hang_id"] == f"planted-{style}"
+    assert 0 <= result.latency_from_true_start_s < LATENCY_TARGET_S
     assert any(frame in f for f in result.stuck_frames), result.stuck_frames
     assert_nothing_left(result, seen)
 
 
 def test_a_silent_stall_leaves_health_at_200_and_its_frame_in_the_stacks(soaked):
     result, _ = soaked("scheduler")
-    assert result.extra["health"]["last"] == 200       # a stuck, living engine still says it is healthy
+    assert result.health["last"] == 200       # a stuck, living engine still says it is healthy
     assert "planted_silent_stall" in py_spy_text(result)
 
 
@@ -116,7 +116,7 @@ def test_three_sites_three_fingerprints(soaked):
 def test_a_planted_crash_is_a_crash_finding_with_nothing_left(tmp_path):
     result, seen = soak_cell(tmp_path, CELL_A, 240, "crash", ENV)
     assert (result.outcome.value, result.signature) == ("crash", "crash"), result.message
-    assert result.extra["true_hang"]["style"] == "crash"
+    assert result.true_hang["style"] == "crash"
     assert_nothing_left(result, seen)
 
 
@@ -229,10 +229,10 @@ def test_watch_catches_the_scheduler_stall_in_another_cell_with_the_soak_jobs_fi
 
         (folder,) = out.iterdir()
         result = json.loads((folder / "result.json").read_text())
-        verdict = result["extra"]["verdict"]
+        verdict = result["verdict"]
         latency = verdict["at"] - planted["began_at"]
         print(f"planted silent stall caught by {verdict['detector']} in {latency:.1f} s "
-              f"(evidence {result['extra']['evidence_s']} s)")
+              f"(evidence {result['evidence_s']} s)")
         assert 0 < latency <= LATENCY_BOUND_S, (latency, text)   # no alarm before it: the first verdict is after it
         assert (result["outcome"], result["signature"]) == ("hang", "silent_stall"), result["message"]
 

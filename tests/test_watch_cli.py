@@ -90,11 +90,11 @@ def test_a_watch_whose_reader_goes_away_keeps_watching_and_writes_its_notes_besi
 def test_a_store_that_cannot_be_written_costs_the_record_not_the_watch(tmp_path):
     from types import SimpleNamespace
 
-    from soakmatrix.matrix.cli.watch import _store
+    from soakmatrix.api.watching import _store
     from soakmatrix.matrix.contracts.result import CellResult
 
     result = CellResult(cell_id="c", cell_name="m|g|watch|h:1", outcome="hang", model="m", gpu_type="g",
-                        workload="watch", extra={"url": "http://u:secretpw1@h:1"})
+                        workload="watch", url="http://u:secretpw1@h:1")
     notes: list[str] = []
     (tmp_path / "a-folder.sqlite").mkdir()     # what a full disk or a broken store raises, the same way
     _store(tmp_path / "a-folder.sqlite", SimpleNamespace(result=result, folder=tmp_path / "evidence"), notes.append)

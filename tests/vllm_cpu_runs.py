@@ -115,7 +115,7 @@ def soak_cell(folder: Path, flags: dict, soak_s: float, style: str | None = None
 
 def assert_nothing_left(result, seen) -> None:
     """The soak's teardown was clean: no process of the server's tree and no shared-memory segment."""
-    teardown = result.extra["teardown"]
+    teardown = result.teardown
     assert teardown["clean"], teardown
     assert len(seen["pids"]) >= 3, "expected API server, EngineCore and a worker"
     alive = [pid for pid in seen["pids"] | set(teardown["pids"])

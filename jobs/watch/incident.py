@@ -136,9 +136,10 @@ def build_result(verdict: HangVerdict, cls: Classification, ev: Evidence, target
         exposure_s=round(max(0.0, began - watch_started), 2), started_at=watch_started, ended_at=verdict.at,
         stuck_frames=list(cls.stuck_frames), log_tail=ev.log_tail[-50:], artifacts={**ev.artifacts,
                                                                                    "evidence_dir": str(folder)})
-    result.extra.update(url=target.display_url, pid=target.pid, causes=list(cls.causes), evidence_s=round(ev.seconds, 2),
-                        verdict={"detector": verdict.detector, "kind": verdict.kind, "at": verdict.at,
-                                 "since": verdict.since, "message": verdict.message, "hint": verdict.hint})
+    result.url, result.pid, result.causes = target.display_url, target.pid, list(cls.causes)
+    result.evidence_s = round(ev.seconds, 2)
+    result.verdict = {"detector": verdict.detector, "kind": verdict.kind, "at": verdict.at, "since": verdict.since,
+                      "message": verdict.message, "hint": verdict.hint}
     record_culprit(result, cls, ev)
     return result
 
@@ -175,7 +176,7 @@ def hook_env(result: CellResult, folder: Path) -> dict[str, str]:
     return {"SOAKMATRIX_EVIDENCE_DIR": str(folder), "SOAKMATRIX_SIGNATURE": result.signature or "",
             "SOAKMATRIX_FINGERPRINT": result.fingerprint or "", "SOAKMATRIX_OUTCOME": result.outcome.value,
             "SOAKMATRIX_DETECTOR": result.detector or "", "SOAKMATRIX_MESSAGE": result.message[:2000],
-            "SOAKMATRIX_URL": str(result.extra.get("url", "")), "SOAKMATRIX_PID": str(result.extra.get("pid") or "")}
+            "SOAKMATRIX_URL": result.url, "SOAKMATRIX_PID": str(result.pid or "")}
 
 
 def run_hook(command: str, env: dict[str, str], folder: Path, timeout_s: float) -> threading.Thread:

@@ -1,5 +1,6 @@
 """`soakmatrix bisect MATRIX --cell ID --builds FILE|GOOD..BAD`: the build bisection of one failing
-cell, set up from the matrix as the flag bisection is (`matrix/cli/bisect.py` calls `run_for_cell`).
+cell, set up from the matrix as the flag bisection is (the API's `soakmatrix.bisect_builds`, which
+the CLI calls, calls `run_for_cell`; it answers a `BuildRun`).
 
 The builds list (`specs.resolve_builds`, or `GOOD..BAD` over the matrix's `builds:`) becomes the
 matrix's `Build`s (`matrix_builds.to_builds`: names of the matrix's `builds:` section or build
@@ -14,7 +15,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, TextIO
+from typing import Any, Callable, TextIO
 
 from soakmatrix.matrix.bisect.journal import ProbeJournal, journaled
 from soakmatrix.matrix.bisect.model import default_gpu_count
@@ -38,6 +39,16 @@ EXIT_OF = {FOUND: EXIT_FOUND, RANGE: EXIT_FOUND, RATE_CHANGE: EXIT_FOUND, NOT_A_
            BAD_UNTESTABLE: EXIT_USAGE}
 
 
+@dataclass(frozen=True)
+class BuildRun:
+    """A finished build bisection of one cell, as `run_for_cell` answers it."""
+    code: int                   # the exit code: the flag bisection's when `then` ran
+    result: Any                 # the BuildBisectResult
+    doc: dict                   # the JSON document, without the flags' (`flag_doc`)
+    text: str                   # the report
+    flag_doc: dict | None = None   # `then`'s JSON document, when it ran
+
+
 class BuildUsage(Exception):
     """A builds list that cannot be read, an unknown build, no Ray to reach: exit 2."""
 
@@ -54,12 +65,12 @@ class RealProbes:
 def run_for_cell(matrix: Matrix, pc: PlannedCell, profile: Profile, *, builds_arg: str, template: str | None,
                  checkout: str, virtual: bool, hang_model_path: str | None, seed: int | None, confidence: float,
                  budget_gpu_hours: float | None, max_probes: int, calibration_hangs: int, signature: str | None,
-                 as_json: bool, out: TextIO, progress: Callable[[str], None] | None = None,
+                 as_json: bool, out: TextIO | None, progress: Callable[[str], None] | None = None,
                  real: RealProbes = RealProbes(), store_path: str | None = None,
                  then: Callable[[Build, str | None, BuildEvidence], tuple[int, dict, str]] | None = None,
                  parallel: int = 1, max_soak_s: float | None = None,
-                 journal: Callable[[dict], ProbeJournal | None] | None = None) -> int:
-    """Bisect the builds for `pc`, print the report; exit code. `then(first bad build, target signature,
+                 journal: Callable[[dict], ProbeJournal | None] | None = None) -> BuildRun:
+    """Bisect the builds for `pc`, print the report to `out` (None: print nothing). `then(first bad build, target signature,
     what was seen on that build)` runs after a found first bad build (the flag bisection on it) and
     answers (exit code, `--json` document, text): its report follows the builds' (nested under `flags`
     in JSON) and its code is returned. `journal(header)` opens the probe journal (None: none is kept):
@@ -115,7 +126,7 @@ def run_for_cell(matrix: Matrix, pc: PlannedCell, profile: Profile, *, builds_ar
             log.close()
     code = EXIT_OF.get(result.status, EXIT_INFRA)
     text = render_text(result, history=_history_line(evidence) if evidence else None)
-    if not as_json:   # printed before the flag bisection: hours of probes are not lost if it fails
+    if not as_json and out is not None:   # printed before the flag bisection: hours of probes are not lost if it fails
         print(text, file=out, flush=True)
     flag_doc = None
     if then is not None and result.status in (FOUND, RATE_CHANGE) and result.first_bad is not None:
@@ -123,17 +134,17 @@ def run_for_cell(matrix: Matrix, pc: PlannedCell, profile: Profile, *, builds_ar
         if as_json and progress:
             progress(f"soakmatrix bisect: first bad build {first_bad.name} (last good {names[result.first_bad - 1]})")
         code, flag_doc, flag_text = then(first_bad, result.signature, result.evidence[result.first_bad])
-        if not as_json:
+        if not as_json and out is not None:
             print(f"\nthe flags on the first bad build {first_bad.name}:\n{flag_text}", file=out)
     doc = to_json(result, history=evidence.to_json(names) if evidence else None)
     doc.update({"matrix": matrix.file, "cell": {"id": pc.id, "name": pc.name},
                 "oracle": "virtual" if virtual else f"soak ({real.backend})"})
-    if as_json:
+    if as_json and out is not None:
         print(json.dumps({**doc, **({"flags": flag_doc} if flag_doc is not None else {})}, indent=2, sort_keys=True,
                          default=str), file=out, flush=True)
     if store_path:
         _record(store_path, pc, doc)
-    return code
+    return BuildRun(code, result, doc, text, flag_doc)
 
 
 def _record(store_path: str, pc: PlannedCell, doc: dict) -> None:

@@ -1,9 +1,8 @@
 """`soakmatrix bisect`: the smallest set of flags that still hangs like a failing cell, with confidence.
 
-Reads the options, sets the bisection up from the matrix (`matrix.bisect.setup`: the cell, its
-elements and context, the oracle: virtual time from a hang model, or soak jobs on Ray), runs
-`matrix.bisect.bisect`, prints the table or JSON and optionally writes a pytest regression test
-(`matrix.bisect.emit`). Exit codes (EPILOG, in --help): 1 a minimal set was found (a hang), 0 the
+Reads the options and calls the API's `soakmatrix.bisect_flags` (or `soakmatrix.bisect_builds` with
+--builds), which set the bisection up from the matrix, run it, write the pytest regression test
+(--emit-test) and record the answer (--store); this module prints the table or JSON. Exit codes (EPILOG, in --help): 1 a minimal set was found (a hang), 0 the
 failing cell did not reproduce, 3 inconclusive (budget or probes exhausted, no verdict), 2 usage or
 configuration error. The result is printed before anything that can fail after it.
 """
@@ -13,12 +12,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sqlite3
 import sys
-from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
 
+from soakmatrix.api.builds import bisect_builds
+from soakmatrix.api.errors import UsageError
+from soakmatrix.api.flags import bisect_flags
+from soakmatrix.api.types import DEFAULT_BISECT_OUT, BisectOptions, FlagBisection
 from soakmatrix.matrix.arguments import (
     half_open_unit_interval,
     integer,
@@ -29,39 +29,17 @@ from soakmatrix.matrix.arguments import (
     text,
     typed,
 )
-from soakmatrix.matrix.bisect import MAX_ELEMENTS, Settings, bisect
-from soakmatrix.matrix.bisect.emit import write_regression_test
-from soakmatrix.matrix.bisect.history_exposure import HistoryExposure, calibration_saved, failing_hangs_wanted
-from soakmatrix.matrix.bisect.history_exposure import to_json as history_json
-from soakmatrix.matrix.bisect.journal import JournalError, ProbeJournal, journaled
-from soakmatrix.matrix.bisect.oracle_chunked import DEFAULT_MAX_SOAK_S
-from soakmatrix.matrix.bisect.oracle_lazy import SoakOnFirstProbe
-from soakmatrix.matrix.bisect.report import render_text, to_json
-from soakmatrix.matrix.bisect.setup import (
-    alternatives_of,
-    elements_of,
-    feasibility,
-    find_cell,
-    model_signature,
-    recorded_exposure,
-    recorded_signature,
-    soak_oracle,
-    virtual_oracle,
-)
-from soakmatrix.matrix.build_bisect.cli_run import RAY_HINT, BuildUsage, RealProbes, run_for_cell
-from soakmatrix.matrix.contracts.outcomes import EXIT_FOUND, EXIT_INFRA, EXIT_OK, EXIT_USAGE
+from soakmatrix.matrix.bisect import Settings
+from soakmatrix.matrix.bisect.journal import JournalError
 from soakmatrix.matrix.build_bisect.specs import parse_range
+from soakmatrix.matrix.contracts.outcomes import EXIT_INFRA, EXIT_USAGE
 from soakmatrix.matrix.contracts.redact import redact_text
 from soakmatrix.matrix.lasting_stream import divert_stderr
-from soakmatrix.matrix.paths import CONFIG_FILE, empty_store_warning, input_dir, output_dir, output_file
-from soakmatrix.matrix.plan import PlannedCell, plan, planned_cell
-from soakmatrix.matrix.schedule.cluster import CONNECT_ERRORS, address_from, cannot_reach
+from soakmatrix.matrix.paths import CONFIG_FILE, input_dir, output_dir, output_file
 from soakmatrix.matrix.schedule.cluster_loss import ClusterLost
-from soakmatrix.matrix.spec import Matrix, Profile, load_matrix
-from soakmatrix.matrix.spec_types import Build
 from soakmatrix.matrix.stop_signals import Stopped, StopSignals
 
-DEFAULT_OUT = "bisect-out"
+DEFAULT_OUT = DEFAULT_BISECT_OUT
 MAX_PARALLEL = 64          # probes at once: more than a cluster's GPUs hold, and each holds a server's memory
 MAX_PROBES = 100_000
 EXIT_INCONCLUSIVE = EXIT_INFRA   # the same number as run's infrastructure error; for bisect it means inconclusive
@@ -172,26 +150,12 @@ def builds_source(value: str) -> str:
 typed(builds_source, "path-in")
 
 
-def _open_store(path: str):
-    """The history store, opened (and so checked) before hours of probes: a file that is not one is exit 2."""
-    from soakmatrix.reports.history import HistoryStore, StoreError
-
-    try:
-        return HistoryStore(path)
-    except (StoreError, OSError, sqlite3.Error) as exc:
-        raise _Usage(f"--store: {exc}") from None
-
-
-class _Usage(Exception):
-    pass
-
-
 def main(args: argparse.Namespace) -> int:
     stop = StopSignals()
     try:
         with stop:
             return _main(args)
-    except (_Usage, JournalError) as exc:
+    except (UsageError, JournalError) as exc:
         print(f"soakmatrix bisect: {redact_text(str(exc))}", file=sys.stderr)
         return EXIT_USAGE
     except ClusterLost as exc:   # the probes under way died with the cluster; the answered ones are journaled
@@ -212,239 +176,36 @@ def main(args: argparse.Namespace) -> int:
 
 def journal_dir(args: argparse.Namespace) -> Path | None:
     """Where the probe journal goes: --out; real probes default to bisect-out, virtual ones keep none."""
-    if args.out:
-        return Path(args.out)
-    return None if args.virtual else Path(DEFAULT_OUT)
+    return BisectOptions(out=args.out, virtual=args.virtual).journal_dir
 
 
-def max_soak_s(args: argparse.Namespace) -> float | None:
-    """The longest piece of load one probe soaks in (`--max-soak`): 12 h with real probes, none in
-    virtual time (whose GPU-hours are then the benchmark's)."""
-    if args.max_soak is not None:
-        return args.max_soak
-    return None if args.virtual else DEFAULT_MAX_SOAK_S
-
-
-def _journal(args: argparse.Namespace, kind: str, header: dict,
-             progress: Callable[[str], None] | None) -> ProbeJournal | None:
-    folder = journal_dir(args)
-    if folder is None:
-        if args.resume:
-            raise _Usage("--resume: with --virtual, give the --out the journal was written to")
-        return None
-    try:
-        journal = ProbeJournal(folder / f"journal-{kind}.jsonl", {"kind": kind, **header}, resume=args.resume)
-    except OSError as exc:
-        raise _Usage(f"--out: cannot write the probe journal: {exc}") from None
-    if progress and args.resume:
-        progress(f"soakmatrix bisect: resuming from {journal.path}: {journal.probes} answered probe(s) replayed"
-                 if journal.batches else f"soakmatrix bisect: --resume: no answered probe in {journal.path}; "
-                 "starting afresh")
-    return journal
+def _say(line: str) -> None:
+    print(f"soakmatrix bisect: {line}", file=sys.stderr)
 
 
 def _main(args: argparse.Namespace) -> int:
-    matrix = load_matrix(args.matrix)
-    result_plan = plan(matrix, args.profile)
-    try:
-        pc = find_cell(result_plan.cells, args.cell, matrix)
-    except LookupError as exc:
-        raise _Usage(str(exc)) from None
-    profile = result_plan.profile
-
-    hang_model_path = args.hang_model or matrix.sim.hang_model
-    if args.virtual and not hang_model_path:
-        raise _Usage("--virtual needs a hang model: --hang-model FILE or the matrix's sim.hang_model")
-    signature, source = (args.signature, "--signature") if args.signature else (None, "")
-    history = None
-    if args.store:
-        warning = empty_store_warning("--store", args.store)
-        if warning:
-            print(f"soakmatrix bisect: {warning}", file=sys.stderr)
-        store = _open_store(args.store)
-        with store:
-            if signature is None:
-                signature, source = recorded_signature(store, pc.id)
-            if signature is None and args.virtual:
-                signature, source = model_signature(matrix, pc, hang_model_path)
-            # the nightly's results of this very cell: free exposure for the calibration
-            history = recorded_exposure(store, pc.id, signature)
-    if signature is None and args.virtual:
-        signature, source = model_signature(matrix, pc, hang_model_path)
-
-    if args.signature:
-        _check_signature(args.signature, args.virtual, hang_model_path, matrix)
+    options = BisectOptions.from_args(args)
     progress = None if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
-    if journal_dir(args) is not None:
-        divert_stderr(journal_dir(args) / "progress.log")   # where progress goes if stderr's reader goes away
+    if options.journal_dir is not None:
+        divert_stderr(options.journal_dir / "progress.log")   # where progress goes if stderr's reader goes away
     if args.builds:
-        return _builds(args, matrix, profile, pc, signature, hang_model_path, progress)
-    run = _flag_bisection(args, matrix, profile, pc, signature, source, history, hang_model_path, progress)
-    # the result first: what can fail after it (a test file, the store) must not lose hours of probes
-    if args.json:
-        json.dump(run.doc, sys.stdout, indent=2, sort_keys=True, default=str)
+        built = bisect_builds(args.matrix, args.cell, args.builds, profile=args.profile, then_flags=args.then_flags,
+                              options=options, progress=progress, warn=_say, report=sys.stdout, as_json=args.json)
+        for line in built.flags.warnings if built.flags else ():
+            _say(line)
+        return built.exit_code
+    answer = bisect_flags(args.matrix, args.cell, profile=args.profile, options=options, progress=progress,
+                          warn=_say, on_result=lambda answer: _print(answer, args.json))
+    for line in answer.warnings:
+        _say(line)
+    return answer.exit_code
+
+
+def _print(answer: FlagBisection, as_json: bool) -> None:
+    """The result first: what can fail after it (a test file, the store) must not lose hours of probes."""
+    if as_json:
+        json.dump(answer.doc, sys.stdout, indent=2, sort_keys=True, default=str)
         sys.stdout.write("\n")
     else:
-        sys.stdout.write(run.text)
+        sys.stdout.write(answer.text)
     sys.stdout.flush()
-    _after(args, run, matrix, hang_model_path, progress)
-    return run.code
-
-
-def _check_signature(signature: str, virtual: bool, hang_model_path: str | None, matrix: Matrix) -> None:
-    """A --signature the virtual oracle can never answer is refused (the bisection would only run out of
-    probes); one no detector knows is a warning (a real engine may still show it)."""
-    from soakmatrix.jobs.signatures import SIGNATURES
-    from soakmatrix.matrix.contracts.hangmodel import STYLE_SIGNATURE, load_hang_model
-
-    if virtual and hang_model_path:
-        model = load_hang_model(hang_model_path, registry=matrix.registry)
-        planted = sorted({STYLE_SIGNATURE[h.style] for h in model.hangs})
-        if signature not in planted:
-            raise _Usage(f"--signature {signature!r}: the hang model {hang_model_path} plants no hang with it "
-                         f"(it has: {', '.join(planted) or 'none'})")
-    elif signature not in SIGNATURES and signature not in STYLE_SIGNATURE.values():
-        print(f"soakmatrix bisect: warning: --signature {signature!r} is no signature the detectors name "
-              f"(they know: {', '.join(sorted(SIGNATURES))}); probes will end only on it", file=sys.stderr)
-
-
-@dataclass(frozen=True)
-class FlagRun:
-    """A finished flag bisection of one cell: its exit code, its result, `--json`'s document and the text."""
-    pc: PlannedCell
-    result: Any
-    code: int
-    doc: dict
-    text: str
-
-
-def _flag_bisection(args: argparse.Namespace, matrix: Matrix, profile: Profile, pc: PlannedCell,
-                    signature: str | None, source: str, history: Any, hang_model_path: str | None,
-                    progress: Callable[[str], None] | None) -> FlagRun:
-    # only the flag bisection moves flags: a build bisection keeps the cell's flags as they are
-    movable, fixed, why = elements_of(pc, matrix)
-    if len(movable) > MAX_ELEMENTS:
-        raise _Usage(f"{len(movable)} flags differ from the baseline; at most {MAX_ELEMENTS}")
-    settings = Settings(confidence=args.confidence, mttf_cap_s=args.mttf_cap, startup_s=profile.startup_s,
-                        calibration_hangs=args.calibration_hangs, parallel=args.parallel or (1 if args.virtual else 2),
-                        max_probes=args.max_probes, budget_gpu_hours=args.budget_gpu_hours,
-                        shrink_values=not args.no_shrink, modifier_prior=args.modifier_prior,
-                        measure_modifiers=not args.no_modifiers)
-    # the journal before Ray: one that cannot be used is exit 2 before a cluster starts
-    steering = {k: v for k, v in asdict(settings).items() if k not in ("max_probes", "budget_gpu_hours")}
-    journal = _journal(args, "flags", {
-        "cell": pc.id, "build": pc.build.name if pc.build else None, "signature": signature,
-        "virtual": args.virtual, "backend": args.backend, "seed": args.seed, **steering,
-        "max_soak_s": max_soak_s(args),
-        "history": [history.signature, history.hangs, history.exposure_s] if history else None}, progress)
-    if args.virtual:
-        oracle: Any = virtual_oracle(matrix, pc, profile, hang_model_path, args.seed)
-    else:
-        def start() -> tuple[Any, Any]:
-            try:
-                started = soak_oracle(matrix, pc, profile, backend=args.backend, ray_address=args.ray_address,
-                                      out_dir=str(journal_dir(args)), seed=args.seed)
-            except CONNECT_ERRORS as exc:
-                raise _Usage(f"{cannot_reach(address_from(args.ray_address), exc)} {RAY_HINT}") from None
-            if progress:
-                progress(f"soakmatrix bisect: on {redact_text(started[1].description)}")
-            return started
-
-        oracle = SoakOnFirstProbe(start)
-        if journal is None or not journal.batches:
-            try:
-                oracle.started()
-            except BaseException:
-                if journal is not None:
-                    journal.close()
-                raise
-    cluster = oracle if isinstance(oracle, SoakOnFirstProbe) else None
-    oracle = journaled(oracle, journal, max_soak_s(args))
-    if progress:
-        progress(f"soakmatrix bisect: cell {pc.id} {pc.name}: {len(movable)} flag(s) differ from the baseline "
-                 f"({', '.join(e.name for e in movable) or 'none'})"
-                 + (f"; context: {', '.join(why)}" if why else "")
-                 + (f"; target signature {signature} (from {source})" if signature else ""))
-    try:
-        result = bisect(pc.cell.flag_dict, movable, oracle, settings, signature=signature, context=why,
-                        context_elements=fixed, alternatives=alternatives_of(movable, matrix),
-                        feasible=feasibility(pc, matrix), progress=progress, signature_source=source,
-                        history=history)
-    finally:
-        if cluster is not None:
-            cluster.close()
-        if journal is not None:
-            journal.close()
-    doc = to_json(result)
-    doc.update({"matrix": matrix.file, "cell": {"id": pc.id, "name": pc.name},
-                "oracle": "virtual" if args.virtual else f"soak ({args.backend})"})
-    if history is not None:
-        doc["history"] = history_json(history, calibration_saved(history, failing_hangs_wanted(settings),
-                                                                 pc.gpu_count, settings.startup_s))
-    code = {"found": EXIT_FOUND, "not_reproduced": EXIT_OK}.get(result.status, EXIT_INCONCLUSIVE)
-    return FlagRun(pc, result, code, doc, f"cell {pc.id}  {pc.name}\n" + render_text(result))
-
-
-def _builds(args: argparse.Namespace, matrix: Matrix, profile: Profile, pc: PlannedCell, signature: str | None,
-            hang_model_path: str | None, progress: Callable[[str], None] | None) -> int:
-    """The build bisection; with --then-flags, the flag bisection of the cell on its first bad build."""
-    flag_runs: list[FlagRun] = []
-
-    def then(build: Build, target: str | None, seen: Any) -> tuple[int, dict, str]:
-        # the failing cell's flags, model, GPU and workload on the first bad build; what the build
-        # bisection saw there (the store's results on that build included) is its free exposure
-        combo = {"model": pc.cell.model, "gpu": pc.cell.gpu, "workload": pc.cell.workload, **pc.cell.flag_dict}
-        bad = planned_cell(matrix, profile, combo, build=build)
-        history = None
-        if target is not None and seen.exposure_s > 0:
-            history = HistoryExposure(target, seen.hangs, seen.exposure_s, seen.probes - seen.untestable,
-                                      (), source=f"the build bisection on {build.name}")
-        if progress:
-            progress(f"soakmatrix bisect: the flags of the cell on the first bad build {build.name}")
-        run = _flag_bisection(args, matrix, profile, bad, target, "the build bisection" if target else "", history,
-                              hang_model_path, progress)
-        flag_runs.append(run)
-        return run.code, run.doc, run.text
-
-    try:
-        code = run_for_cell(matrix, pc, profile, builds_arg=args.builds, template=args.build_template,
-                            checkout=args.checkout, virtual=args.virtual, hang_model_path=hang_model_path,
-                            seed=args.seed, confidence=args.confidence, budget_gpu_hours=args.budget_gpu_hours,
-                            max_probes=args.max_probes, calibration_hangs=args.calibration_hangs,
-                            signature=signature, as_json=args.json, out=sys.stdout, progress=progress,
-                            real=RealProbes(args.backend, args.ray_address, str(journal_dir(args) or DEFAULT_OUT)),
-                            store_path=args.store, then=then if args.then_flags else None,
-                            parallel=args.parallel or 1, max_soak_s=max_soak_s(args),
-                            journal=lambda header: _journal(args, "builds", header, progress))
-    except BuildUsage as exc:
-        raise _Usage(str(exc)) from None
-    for run in flag_runs:
-        _after(args, run, matrix, hang_model_path, progress)
-    return code
-
-
-def _after(args: argparse.Namespace, run: FlagRun, matrix: Matrix, hang_model_path: str | None,
-           progress: Callable[[str], None] | None) -> None:
-    """What comes after a printed flag bisection: the regression test (--emit-test), the store (--store)."""
-    if args.emit_test:
-        if run.result.status != "found":
-            print("soakmatrix bisect: no minimal set, so no regression test written", file=sys.stderr)
-        else:
-            try:
-                path = write_regression_test(args.emit_test, run.result, run.pc, matrix, args.backend,
-                                             hang_model_path)
-            except OSError as exc:
-                print(f"soakmatrix bisect: --emit-test: could not write {args.emit_test}: {exc}; the result above "
-                      "stands", file=sys.stderr)
-            else:
-                if progress:
-                    progress(f"soakmatrix bisect: wrote {path}")
-    if args.store:
-        from soakmatrix.reports.history import HistoryStore, StoreError
-
-        try:
-            with HistoryStore(args.store) as store:
-                store.record_bisection(run.pc.id, run.doc)
-        except (StoreError, OSError, sqlite3.Error) as exc:
-            print(f"soakmatrix bisect: --store: could not record the result in {args.store}: {exc}; the result "
-                  "above stands", file=sys.stderr)

@@ -14,7 +14,8 @@ from soakmatrix.matrix.arguments import positive_number
 from soakmatrix.matrix.paths import CONFIG_OR_STDIN, empty_store_warning
 from soakmatrix.matrix.contracts.outcomes import EXIT_OK
 from soakmatrix.matrix.contracts.yamlsrc import LIMITS, Problem, decode, read_text
-from soakmatrix.matrix.run import add_run_options, execute, make_plan
+from soakmatrix.matrix.run import add_run_options, say_rejected
+from soakmatrix.matrix.run_types import RunOptions
 from soakmatrix.matrix.smoke_selection import (
     cells_touching,
     informative_order,
@@ -22,7 +23,9 @@ from soakmatrix.matrix.smoke_selection import (
     touched_flags,
     trim_to_budget,
 )
-from soakmatrix.matrix.spec import Matrix, SpecError, load_matrix
+from soakmatrix.matrix.spec import Matrix, SpecError
+from soakmatrix.api.matrices import load_matrix, plan
+from soakmatrix.api.running import run
 
 HELP = ("The pull-request smoke matrix: the smoke profile's t-way cells that the change touches, "
         "most informative first, within a GPU-hour budget.")
@@ -68,7 +71,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"soakmatrix smoke: {warning}", file=sys.stderr)
     matrix = load_matrix(args.matrix)
     profile = matrix.profile(profile_name(matrix, args.profile))
-    cells = make_plan(matrix, profile, args.backend).cells
+    cells = plan(matrix, profile.name, backend=args.backend, on_rejected=say_rejected).cells
     out = sys.stderr
     focus: set[str] = set()
     if args.changed_files is not None:
@@ -94,4 +97,5 @@ def main(args: argparse.Namespace) -> int:
     if not trimmed.kept:
         print("smoke: no cell fits the budget", file=out)
         return EXIT_OK
-    return execute(matrix, profile, trimmed.kept, args, kind="smoke", fail_fast=args.fail_fast, keep_order=True)
+    return run(matrix, profile=profile.name, cells=trimmed.kept, options=RunOptions.from_args(args), kind="smoke",
+               fail_fast=args.fail_fast, keep_order=True).exit_code

@@ -275,10 +275,10 @@ def _collect(launcher: Launcher, handle: Any, item: Running, cap_s: float) -> Ce
             message = f"{type(exc).__name__}: {_first_line(exc)}"
         return infra_result(item.spec, message, node=item.node, started_at=item.started_at)
     result.attempt = item.spec.attempt
-    item.node = item.node or str(result.extra.get("ray_node_id", ""))
+    item.node = item.node or result.ray_node_id
     if not result.node and item.node:
         result.node = item.node
-    result.extra.setdefault("ray_node_id", item.node)
+    result.ray_node_id = result.ray_node_id or item.node
     return result
 
 

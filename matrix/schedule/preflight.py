@@ -27,7 +27,7 @@ from .loop import infra_result
 
 # (backend, expectation, GPU indices) -> the doctor's report as a dict (DoctorReport.to_dict)
 Diagnose = Callable[[str, "GpuExpectation | None", "Sequence[int] | None"], dict]
-PREFLIGHT_KEY = "preflight"      # where a cell's result keeps its node's report (extra)
+PREFLIGHT_KEY = "preflight"      # the result's field that keeps its node's report
 
 
 def doctor(backend: str, expected: GpuExpectation | None, gpu_indices: Sequence[int] | None) -> dict:
@@ -74,12 +74,12 @@ def failed_checks(report: Mapping) -> list[Mapping]:
 
 def refusal(spec: SoakSpec, report: Mapping, node: str = "") -> CellResult | None:
     """The cell's infra_error when its node failed the preflight (the failed checks in its message,
-    the whole report in `extra`), else None."""
+    the whole report in its `preflight`), else None."""
     failed = failed_checks(report)
     if not failed:
         return None
     where = report.get("node") or node
     detail = "; ".join(f"{c['name']}: {c['detail']}" for c in failed)
     result = infra_result(spec, f"node {where} failed its preflight (soakmatrix doctor): {detail}", node=where)
-    result.extra[PREFLIGHT_KEY] = dict(report)
+    result.preflight = dict(report)
     return result

@@ -158,13 +158,13 @@ def soak_task(spec: SoakSpec, mailbox: Any, cap_s: float, run_cell: RunCell | No
     if diagnose is not None:
         report, refused = checked_node(spec, ray_label, node, mailbox, diagnose, ray.get_gpu_ids())
         if refused is not None:
-            refused.extra["ray_node_id"] = node
+            refused.ray_node_id = node
             return refused.to_dict()
     spec = owned_by_this_worker(with_assigned_gpus(spec, ray.get_gpu_ids()))
     result = run_with_cap(run_cell, spec, cap_s)
     if report is not None:
-        result.extra[preflight.PREFLIGHT_KEY] = report
-    result.extra["ray_node_id"] = node
+        result.preflight = dict(report)
+    result.ray_node_id = node
     if spec.build:
         result.build, result.build_ordinal = spec.build, spec.build_ordinal
     if not result.node:
