@@ -19,7 +19,6 @@ regression test), report.py (text and JSON), bound.py (the least cost of any bis
 oracles, oracle_virtual.py and oracle_soak.py.
 """
 
-from .bisection import bisect
 from .model import (
     MAX_ELEMENTS,
     BisectResult,
@@ -34,10 +33,13 @@ from .model import (
     default_gpu_count,
 )
 from .posterior import exposure_until, p_as_fast
-from .search import CAP_RISE
+from .pipeline import bisect_flags
+from .policy import Policy
+
+bisect = bisect_flags     # the name the tests and older callers use: the same function
 
 __all__ = [
-    "CAP_RISE", "MAX_ELEMENTS", "BisectResult", "ConfigStats", "Element", "FeasibleFn", "FlagVerdict",
-    "GpuCountFn", "Settings", "ValueProbe", "bisect", "default_cap", "default_gpu_count", "exposure_until",
+    "MAX_ELEMENTS", "Policy", "BisectResult", "ConfigStats", "Element", "FeasibleFn", "FlagVerdict",
+    "GpuCountFn", "Settings", "ValueProbe", "bisect", "bisect_flags", "default_cap", "default_gpu_count", "exposure_until",
     "p_as_fast",
 ]

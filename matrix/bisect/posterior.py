@@ -18,16 +18,14 @@ from scipy import special
 from scipy.stats import nbinom
 
 from .model import MAX_ELEMENTS
+from .policy import Policy
 
-SMALL_SET = 3              # sets of 1..SMALL_SET flags are equally likely a priori
-LARGE_SET_FACTOR = 0.1     # each flag beyond that divides a set's prior by 10
-BASELINE_PRIOR = 0.02      # prior weight of "the baseline itself hangs", relative to one small set
 
 
 class Posterior:
     """Log-posterior over every subset K of n elements, updated incrementally per observation."""
 
-    def __init__(self, n: int, cap_s: float, slow_zero_prior: float):
+    def __init__(self, n: int, cap_s: float, slow_zero_prior: float, policy: Policy = Policy()):
         if n > MAX_ELEMENTS:
             raise ValueError(f"{n} elements differ from the baseline; bisection handles at most "
                              f"{MAX_ELEMENTS}: move more flags to the baseline or fix them in the cell")
@@ -40,8 +38,8 @@ class Posterior:
         # (so a pair needs no more evidence than a single flag), larger sets x0.1 per extra flag,
         # the baseline itself (the empty set) unlikely
         sizes = self.size.astype(float)
-        self.log_prior = np.where(sizes == 0, math.log(BASELINE_PRIOR),
-                                  np.maximum(sizes - SMALL_SET, 0.0) * math.log(LARGE_SET_FACTOR))
+        self.log_prior = np.where(sizes == 0, math.log(policy.baseline_prior),
+                                  np.maximum(sizes - policy.small_set, 0.0) * math.log(policy.large_set_factor))
         self.log_prior -= special.logsumexp(self.log_prior)
         self.H = np.zeros(1 << n)          # target hangs pooled over each K's fast configs
         self.E = np.zeros(1 << n)          # exposure pooled likewise

@@ -24,11 +24,6 @@ from .model import ConfigStats, Element, FeasibleFn, GpuCountFn, Settings, defau
 from .oracle import Probe, ProbeOracle, ProbeResult
 from .posterior import Posterior, exposure_until, p_as_fast, subset_sums
 
-MIN_SOAK_MTTFS = 0.5       # a probe soaks at least this many MTTFs (and at least its start-up)
-STAGE_HANGS = 6           # until this many hangs are pooled, a search probe soaks at most STAGE_MTTFS
-STAGE_MTTFS = 5.0
-NECESSITY_SOAKS = 3        # at most this many extra soaks per flag for the necessity check
-CAP_RISE = 4.0             # a default cap may follow the pooled MTTF up to this many times the calibration's
 
 
 def _h2(p: np.ndarray) -> np.ndarray:
@@ -50,6 +45,7 @@ class Search:
         self.full = (1 << self.n) - 1
         self.oracle = oracle
         self.s = settings
+        self.policy = settings.policy
         self.signature = signature
         self.feasible = feasible
         self.gpu_count = gpu_count
@@ -191,7 +187,7 @@ class Search:
         # a hypothesis at the cap is the slowest that still counts: never soak longer than that needs
         longest = self.post.cap * np.log(1.0 / delta)     # soak_for_detection(cap, 1 - delta)
         # every probe pays its start-up: a soak much shorter than that buys little
-        shortest = max(MIN_SOAK_MTTFS * mttf, self.s.startup_s)
+        shortest = max(self.policy.min_soak_mttfs * mttf, self.s.startup_s)
         return np.clip(soak, shortest, np.maximum(longest, shortest))
 
     def choose(self, lp: np.ndarray, delta: float) -> tuple[int, float]:
@@ -201,10 +197,10 @@ class Search:
         mttf = E / H
         settling = self._soak_for(p_fast, H, E, delta)
         soak = settling
-        if H < STAGE_HANGS:
+        if H < self.policy.stage_hangs:
             # lambda is still vague: refuting a config now would take a soak of many MTTFs that
             # positives (which pool more hangs) will soon shorten; soak a few MTTFs and come back
-            soak = np.minimum(settling, max(STAGE_MTTFS * mttf, self.s.startup_s))
+            soak = np.minimum(settling, max(self.policy.stage_mttfs * mttf, self.s.startup_s))
         detect = 1.0 - (E / (E + soak)) ** H
         p_hang = p_fast * detect
         info = _h2(p_hang) - p_fast * _h2(detect)
@@ -239,7 +235,7 @@ class Search:
         level = self.alpha / max(self.n, 1)
         for j in range(self.n):
             bit = 1 << j
-            if not top & bit or self.necessity_soaks.get(j, 0) >= NECESSITY_SOAKS:
+            if not top & bit or self.necessity_soaks.get(j, 0) >= self.policy.necessity_soaks:
                 continue
             rest = top & ~bit
             rows = [cs for m, cs in self.configs.items() if (m & rest) == rest and not m & bit]
@@ -263,7 +259,8 @@ class Search:
 
     def cap_from(self, hangs: float, exposure: float) -> float:
         """The default cap from a pool of configs that share the failing cell's rate."""
-        return min(CAP_RISE * self.initial_cap, default_cap(int(hangs), exposure, self.s.cap_factor))
+        return min(self.policy.cap_rise * self.initial_cap,
+                   default_cap(int(hangs), exposure, self.s.cap_factor, self.policy))
 
     def track_cap(self, H: float, E: float) -> bool:
         """Move a default cap to the one H hangs in E give, when that differs by over 10 %.
@@ -278,7 +275,7 @@ class Search:
 
     def _follow_cap(self, lp: np.ndarray) -> np.ndarray:
         """A default cap tracks the MTTF pooled over the likeliest set's configs (more hangs than
-        the calibration alone, so a tighter bound). It may rise to CAP_RISE x the calibration's:
+        the calibration alone, so a tighter bound). It may rise to policy.cap_rise x the calibration's:
         two lucky early calibration hangs would otherwise hold the cap far below the real MTTF
         and make every later hang look slow."""
         return self.post.log_posterior() if self.track_cap(*self._rate_pool(lp)) else lp

@@ -331,7 +331,7 @@ def _flag_bisection(args: argparse.Namespace, matrix: Matrix, profile: Profile, 
                         shrink_values=not args.no_shrink, modifier_prior=args.modifier_prior,
                         measure_modifiers=not args.no_modifiers)
     # the journal before Ray: one that cannot be used is exit 2 before a cluster starts
-    steering = {k: v for k, v in asdict(settings).items() if k not in ("max_probes", "budget_gpu_hours")}
+    steering = {k: v for k, v in asdict(settings).items() if k not in ("max_probes", "budget_gpu_hours", "policy")}
     journal = _journal(args, "flags", {
         "cell": pc.id, "build": pc.build.name if pc.build else None, "signature": signature,
         "virtual": args.virtual, "backend": args.backend, "seed": args.seed, **steering,

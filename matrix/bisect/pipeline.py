@@ -23,13 +23,13 @@ from .search import Search
 from .verdicts import flag_verdicts, shrink_values, smallest_values
 
 
-def bisect(failing_flags: Mapping[str, Any], elements: Sequence[Element], oracle: ProbeOracle,
-           settings: Settings = Settings(), *, signature: str | None = None,
-           context: Mapping[str, str] | None = None, context_elements: Sequence[Element] = (),
-           alternatives: Mapping[str, Sequence[Any]] | None = None,
-           feasible: FeasibleFn | None = None, gpu_count: GpuCountFn = default_gpu_count,
-           progress: Callable[[str], None] | None = None, signature_source: str = "",
-           history: HistoryExposure | None = None) -> BisectResult:
+def bisect_flags(failing_flags: Mapping[str, Any], elements: Sequence[Element], oracle: ProbeOracle,
+                 settings: Settings = Settings(), *, signature: str | None = None,
+                 context: Mapping[str, str] | None = None, context_elements: Sequence[Element] = (),
+                 alternatives: Mapping[str, Sequence[Any]] | None = None,
+                 feasible: FeasibleFn | None = None, gpu_count: GpuCountFn = default_gpu_count,
+                 progress: Callable[[str], None] | None = None, signature_source: str = "",
+                 history: HistoryExposure | None = None) -> BisectResult:
     """Find the smallest set of `elements` that, over the baseline, hangs like the failing cell.
 
     `failing_flags` is the failing cell's full flag dict; `elements` the flags that may move to
@@ -78,12 +78,12 @@ def bisect(failing_flags: Mapping[str, Any], elements: Sequence[Element], oracle
             f"the failing cell did not hang with the expected signature in {cal.exposure_s:.0f}s of load: "
             f"MTTF > {bound:.0f}s at {s.confidence:.0%}; nothing to bisect"])
 
-    cap = s.mttf_cap_s if s.mttf_cap_s else default_cap(cal.hangs, cal.exposure_s, s.cap_factor)
+    cap = s.mttf_cap_s if s.mttf_cap_s else default_cap(cal.hangs, cal.exposure_s, s.cap_factor, s.policy)
     notes = search.notes
     if cal.hangs < s.calibration_hangs:
         notes.append(f"calibration stopped at {cal.hangs} hang(s) (budget): the MTTF interval is wide")
     search.initial_cap = cap
-    search.post = Posterior(search.n, cap, s.slow_zero_prior)
+    search.post = Posterior(search.n, cap, s.slow_zero_prior, s.policy)
     for mask, cs in search.configs.items():
         search.post.observe(mask, cs.hangs, cs.exposure_s)
     if search.n == 0:
