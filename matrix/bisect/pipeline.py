@@ -12,6 +12,7 @@ import numpy as np
 
 from soakmatrix.matrix.contracts import stats
 
+from .ablation import ablation_search
 from .history_exposure import HistoryExposure, calibration_saved, describe, failing_hangs_wanted
 from .model import BisectResult, Element, FeasibleFn, GpuCountFn, Settings, ValueProbe, default_cap, default_gpu_count
 from .modifiers import measure, measure_length
@@ -90,7 +91,7 @@ def bisect_flags(failing_flags: Mapping[str, Any], elements: Sequence[Element], 
         lp = np.zeros(1)
         top = 0
     else:
-        top = search.search()
+        top = _search(search)
         lp = search.post.log_posterior()
         cap = search.post.cap
     p_top = float(np.exp(lp[top]))
@@ -157,6 +158,25 @@ def bisect_flags(failing_flags: Mapping[str, Any], elements: Sequence[Element], 
         out.minimal_flags = search.flags_of(top, **shrunk)
         out.shrunk = {name: {"from": search.failing[name], "to": value} for name, value in shrunk.items()}
     return out
+
+
+def _search(search: Search) -> int:
+    """The search phase: the answer's mask, the ablation's or (when the ablation cannot decide) the
+    posterior search's likeliest set; sets `search.decided` when it can vouch for it."""
+    if search.s.ablation:
+        answer = ablation_search(search)
+        if answer is not None:
+            search.decided = True
+            return answer
+        if not search.over_budget():
+            search.notes.append(f"removing one flag at a time could not decide ({search.gave_up}): "
+                                "searched every set of flags instead, with every probe so far")
+            search.progress(search.notes[-1])
+    search.posterior_search()
+    lp = search.post.log_posterior()
+    top = int(np.argmax(lp))
+    search.decided = math.exp(lp[top]) >= search.s.confidence
+    return top
 
 
 def _take_history(search, history: HistoryExposure, gpus: int) -> list[str]:

@@ -2,7 +2,8 @@
 search over every set of flags when removing one flag at a time cannot decide.
 
 Calibrate the failing cell (several hangs: the MTTF gets an interval and, by default, the cap,
-which then follows the pooled MTTF). Then ablation (ablation.py) runs first. When it cannot decide
+which then follows the pooled MTTF). Then ablation (ablation.py) runs first (pipeline.py calls
+each in turn: this module imports no phase, so no phase's import comes back here). When it cannot decide
 (every removal hangs, or the kept set never hangs: two triggers), the posterior search goes on from
 every probe so far: it picks the config whose outcome tells most per expected GPU-hour and soaks it
 until its first hang or until "it is fast" has dropped to alpha / (expected remaining probes), and
@@ -19,7 +20,6 @@ import numpy as np
 
 from soakmatrix.matrix.contracts import stats
 
-from .ablation import ablation_search
 from .model import ConfigStats, Element, FeasibleFn, GpuCountFn, Settings, default_cap, default_gpu_count
 from .oracle import Probe, ProbeOracle, ProbeResult
 from .posterior import Posterior, exposure_until, p_as_fast, subset_sums
@@ -281,24 +281,6 @@ class Search:
         return self.post.log_posterior() if self.track_cap(*self._rate_pool(lp)) else lp
 
     # -- the search -------------------------------------------------------------------------------
-
-    def search(self) -> int:
-        """The answer's mask: the ablation's, or (when the ablation cannot decide) the posterior
-        search's likeliest set."""
-        if self.s.ablation:
-            answer = ablation_search(self)
-            if answer is not None:
-                self.decided = True
-                return answer
-            if not self.over_budget():
-                self.notes.append(f"removing one flag at a time could not decide ({self.gave_up}): "
-                                  "searched every set of flags instead, with every probe so far")
-                self.progress(self.notes[-1])
-        self.posterior_search()
-        lp = self.post.log_posterior()
-        top = int(np.argmax(lp))
-        self.decided = math.exp(lp[top]) >= self.s.confidence
-        return top
 
     def posterior_search(self) -> None:
         s = self.s

@@ -29,7 +29,7 @@ from soakmatrix.matrix.arguments import (
     text,
     typed,
 )
-from soakmatrix.matrix.bisect import MAX_ELEMENTS, Settings, bisect
+from soakmatrix.matrix.bisect import MAX_ELEMENTS, Settings, bisect_flags
 from soakmatrix.matrix.bisect.emit import write_regression_test
 from soakmatrix.matrix.bisect.history_exposure import HistoryExposure, calibration_saved, failing_hangs_wanted
 from soakmatrix.matrix.bisect.history_exposure import to_json as history_json
@@ -366,10 +366,10 @@ def _flag_bisection(args: argparse.Namespace, matrix: Matrix, profile: Profile, 
                  + (f"; context: {', '.join(why)}" if why else "")
                  + (f"; target signature {signature} (from {source})" if signature else ""))
     try:
-        result = bisect(pc.cell.flag_dict, movable, oracle, settings, signature=signature, context=why,
-                        context_elements=fixed, alternatives=alternatives_of(movable, matrix),
-                        feasible=feasibility(pc, matrix), progress=progress, signature_source=source,
-                        history=history)
+        result = bisect_flags(pc.cell.flag_dict, movable, oracle, settings, signature=signature, context=why,
+                             context_elements=fixed, alternatives=alternatives_of(movable, matrix),
+                             feasible=feasibility(pc, matrix), progress=progress, signature_source=source,
+                             history=history)
     finally:
         if cluster is not None:
             cluster.close()
