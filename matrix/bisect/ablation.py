@@ -26,9 +26,8 @@ import numpy as np
 from soakmatrix.matrix.contracts import stats
 
 from .modifiers import halves, measure, measure_length, reference_pool
-from .posterior import exposure_until, p_as_fast
+from .posterior import Reference, exposure_until, p_as_fast
 from .ratecheck import rate_check
-from .reference import Reference
 
 if TYPE_CHECKING:
     from .search import Search

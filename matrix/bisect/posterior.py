@@ -5,12 +5,14 @@ one shared rate lambda >= 1/cap ("fast"), the others are "slow": rate 0 with pri
 `slow_zero_prior`, else uniform on (0, 1/cap). Hangs of another signature only end a probe early.
 With a 1/lambda prior the likelihood of every hypothesis has a closed form in (hangs, exposure)
 pooled over its fast configs, so every probe of every config informs every hypothesis, and an
-unknown lambda needs no plug-in estimate.
+unknown lambda needs no plug-in estimate. `Reference` is the failing cell's own rate as lambda's posterior,
+which the necessity rule-outs read.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -141,3 +143,33 @@ def exposure_at_level(p_of: Callable[[float], float], exposure: float, mttf: flo
         mid = 0.5 * (lo + hi)
         lo, hi = (mid, hi) if p_of(mid) > level else (lo, mid)
     return hi
+
+
+@dataclass(frozen=True)
+class Reference:
+    """The failing cell's rate that the necessity rule-outs read, as lambda's posterior: a mixture of
+    Gamma(hangs, exposures[i]) with weights[i] (summing to 1; the ablation passes one, from the pool
+    of the failing cell and the removals that look like it, `modifiers.reference_pool`)."""
+
+    hangs: float
+    exposures: np.ndarray
+    weights: np.ndarray
+
+    def p_no_hang(self, exposure: float) -> float:
+        """P(no hang in `exposure` at lambda): small when a config that did not hang in it is slower."""
+        if exposure <= 0:
+            return 1.0
+        e = self.exposures
+        return float(np.dot(self.weights, np.exp(self.hangs * (np.log(e) - np.log(e + exposure)))))
+
+    def exposure_until(self, exposure: float, level: float) -> float:
+        """The exposure (at least `exposure`) at which no hang would bring p_no_hang down to `level`."""
+        return exposure_at_level(self.p_no_hang, exposure, self.mttf(), level)
+
+    def mttf(self) -> float:
+        """The failing cell's MTTF, the exposures' mean over the hangs."""
+        return float(np.dot(self.weights, self.exposures)) / max(self.hangs, 1.0)
+
+    def plus_cell_hang(self, exposure: float) -> Reference:
+        """The reference once the failing cell (in every hypothesis's pool) hangs once more in `exposure`."""
+        return Reference(self.hangs + 1, self.exposures + exposure, self.weights)
