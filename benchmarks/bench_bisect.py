@@ -14,7 +14,7 @@ lower bound (`matrix/bisect/bound.py`): the least mean GPU-hours of any procedur
 exactly the planted set with the stated probability at every MTTF (the search itself, calibration
 and the checks for modifiers and second triggers left out, so a true floor), for the old question
 (is each flag needed to hang at all) and for the one the default settings answer
-(`matrix/bisect/bound_default.py`: no hang without a necessary flag up to an x8 slowdown, and
+(`benchmarks/bound_default.py`: no hang without a necessary flag up to an x8 slowdown, and
 modifier verdicts that call an x8 modifier with the stated probability). The `mod` column is how
 often the row's x8 modifier was called one, `spur` how often another flag outside the set was.
 
@@ -105,11 +105,11 @@ def lower_bound(case: Case) -> float:
 
 
 def default_floor(case: Case) -> float:
-    """The same for the question the default settings answer (`matrix/bisect/bound_default.py`):
+    """The same for the question the default settings answer (`benchmarks/bound_default.py`):
     each necessary flag's absence soaked until an x rule_out_factor slowdown is ruled out, and the
     modifier verdicts (with the row's x8 modifier called one with probability CONFIDENCE)."""
     from soakmatrix.matrix.bisect import Settings
-    from soakmatrix.matrix.bisect.bound_default import default_floor as floor
+    from benchmarks.bound_default import default_floor as floor
     return floor(case.n, case.k, case.mttf_s, STARTUP_S, CONFIDENCE, Settings().rule_out_factor,
                  modifier=case.modifier).gpu_hours
 

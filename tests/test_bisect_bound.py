@@ -8,7 +8,7 @@ import pytest
 
 from soakmatrix.matrix.bisect import Element, Settings, bisect
 from soakmatrix.matrix.bisect.bound import binary_divergence, lower_bound, refute_load
-from soakmatrix.matrix.bisect.bound_default import (
+from benchmarks.bound_default import (
     default_floor,
     detect_information,
     other_flags_split,

@@ -9,7 +9,7 @@ as the configs with the set" at alpha / (3 n), on its own evidence. That is the 
 bound (bound.py): the evidence against "one flag fewer is enough" is the cost any procedure pays,
 and ablation spends little else.
 By default (no cap) the necessity soaks also rule out "F x slower than the failing cell"
-(bound_default.py); the modifier verdicts' soaks (modifiers.py) run first, and the rate they are
+(benchmarks/bound_default.py); the modifier verdicts' soaks (modifiers.py) run first, and the rate they are
 read against pools the failing cell with every removal that looks like it (reference_pool): about
 40 hangs instead of the failing cell's 8, so each necessary flag needs about 45 MTTFs, not 58;
 and the failing cell gets another hang while that shortens the necessity soaks still to run by more

@@ -1,6 +1,6 @@
 """The least GPU-hours any flag bisection must spend on the question the default settings answer.
 
-`bound.py` bounds the old question (is each flag of the set needed to hang at all, t against "the
+`matrix/bisect/bound.py` bounds the old question (is each flag of the set needed to hang at all, t against "the
 set without t hangs as fast"). By default `necessary` says more: no target hang was seen
 without the flag, soaked until a slowdown up to F = `Settings.rule_out_factor` (8) is ruled out at
 the stated confidence c; and each flag outside the set gets a `modifier` verdict, family-wise at
@@ -60,7 +60,7 @@ from dataclasses import dataclass
 
 from scipy.optimize import brentq, minimize_scalar
 
-from .bound import binary_divergence, refute_load
+from soakmatrix.matrix.bisect.bound import binary_divergence, refute_load
 
 LARGEST_MTTFS = 2000.0     # the optimum's loads stay far below this (tens of MTTFs)
 
