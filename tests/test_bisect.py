@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from soakmatrix.matrix.bisect import Element, Policy, Settings, bisect, default_cap, exposure_until, p_as_fast
-from soakmatrix.matrix.bisect import modifiers
+from soakmatrix.matrix.bisect import modifier_reads
 from soakmatrix.matrix.bisect.model import ConfigStats
 from soakmatrix.matrix.bisect.oracle import Probe, ProbeResult
 from soakmatrix.matrix.bisect.oracle_virtual import VirtualOracle
@@ -201,12 +201,12 @@ def test_a_group_that_ruled_out_a_modifier_stays_cleared_when_the_failing_cell_h
                                s=Settings(confidence=0.99), policy=Policy())
 
     search = search_with(set())
-    assert modifiers._rules_out(search, group)
+    assert modifier_reads.rules_out(search, group)
     cell.hangs, cell.exposure_s = 12, 33131.0
-    assert modifiers._rules_out(search, group)
-    assert modifiers._cleared(SimpleNamespace(**vars(search), configs={cell.mask: cell, group.mask: group}), 0b1) == 0b1111110110
+    assert modifier_reads.rules_out(search, group)
+    assert modifier_reads.cleared_flags(SimpleNamespace(**vars(search), configs={cell.mask: cell, group.mask: group}), 0b1) == 0b1111110110
     # read afresh, the same numbers do not rule it out: the call stands because it was made
-    assert not modifiers._rules_out(search_with(set()), group)
+    assert not modifier_reads.rules_out(search_with(set()), group)
 
 
 def test_a_flag_whose_removal_hung_once_at_once_is_not_called_a_modifier_that_slows_the_hang():
@@ -689,20 +689,20 @@ def test_a_modifier_soak_runs_on_to_where_a_pass_would_decide():
     cell_mask, set_alone, without_f3 = 0b111111, 0b000001, 0b110111
     search = _search_with({cell_mask: (8, 8 * MTTF), set_alone: (1, 3 * MTTF)}, n=6)
     group = search.stats_of(set_alone)
-    until = modifiers._until_slow(search, group)
+    until = modifier_reads.until_slow(search, group)
     assert until > 3 * MTTF + Policy().soak_mttfs * MTTF
     group.exposure_s = until
-    assert modifiers._looks_slow(search, group)
+    assert modifier_reads.looks_slow(search, group)
     group.exposure_s = 3 * MTTF + 0.97 * (until - 3 * MTTF)
-    assert not modifiers._looks_slow(search, group)
+    assert not modifier_reads.looks_slow(search, group)
 
     search = _search_with({cell_mask: (12, 12 * MTTF), without_f3: (1, 2 * MTTF)}, n=6)
-    longest = modifiers.measure_length(search)
-    until = modifiers._until_called(search, set_alone, 3, longest)
+    longest = modifier_reads.measure_length(search)
+    until = modifier_reads.until_called(search, set_alone, 3, longest)
     assert 2 * MTTF + Policy().soak_mttfs * MTTF < until < longest
 
     def is_called(exposure_s):
         search.stats_of(without_f3).exposure_s = exposure_s
-        return 3 not in modifiers._suspects(search, set_alone, longest)
+        return 3 not in modifier_reads.flags_to_soak(search, set_alone, longest)
     assert is_called(until)
     assert not is_called(2 * MTTF + 0.97 * (until - 2 * MTTF))

@@ -25,7 +25,8 @@ import numpy as np
 
 from soakmatrix.matrix.contracts import stats
 
-from .modifiers import halves, measure, measure_length, reference_pool
+from .modifier_reads import measure_length, reference_pool
+from .modifiers import halves, measure
 from .posterior import Reference, exposure_until, p_as_fast
 from .ratecheck import rate_check
 

@@ -32,12 +32,11 @@ group's) as the failing cell's rate.
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING
 
-from scipy import stats as st
-
-from .modifier_stats import comparisons, compare, p_as_strong, point_probability, strata_by_config
+from .modifier_reads import (cleared_flags, flags_to_soak, looks_fast, looks_slow, rules_out, slower_tail, until_called,
+                             until_slow)
+from .modifier_stats import comparisons
 
 if TYPE_CHECKING:
     from .search import Search
@@ -49,7 +48,7 @@ def measure(search: Search, minimal_mask: int, longest_s: float) -> None:
     full = search.full
     if full == minimal_mask:
         return
-    suspects = _suspects(search, minimal_mask, longest_s)
+    suspects = flags_to_soak(search, minimal_mask, longest_s)
     if not suspects:
         return
     p = search.policy
@@ -57,7 +56,7 @@ def measure(search: Search, minimal_mask: int, longest_s: float) -> None:
     _top_up_cell(search, p.cell_first_hangs)
     _group_check(search, minimal_mask, longest_s)
     while not search.over_budget():
-        suspects = _suspects(search, minimal_mask, longest_s)
+        suspects = flags_to_soak(search, minimal_mask, longest_s)
         if not suspects:
             return
         _top_up_cell(search, p.cell_hangs)
@@ -71,7 +70,7 @@ def measure(search: Search, minimal_mask: int, longest_s: float) -> None:
             target = full & ~(1 << j)
             cs = search.stats_of(target)
             mttf = cell.exposure_s / max(cell.hangs, 1)
-            run_on = (_until_called(search, minimal_mask, j, longest_s) - cs.exposure_s) / copies
+            run_on = (until_called(search, minimal_mask, j, longest_s) - cs.exposure_s) / copies
             soak = min(max(p.soak_mttfs * mttf, cs.exposure_s / max(cs.hangs, 1), run_on, search.s.startup_s),
                        max((longest_s - cs.exposure_s) / copies, search.s.startup_s))
             batch += [(target, soak, "modifiers")] * copies
@@ -90,8 +89,8 @@ def _group_check(search: Search, minimal_mask: int, longest_s: float) -> None:
     """Once the failing cell's rate is known, the suspects that look innocent so far (their
     removal hung, not much slower than the failing cell, or they were dropped with a group in the
     ablation) are removed together, and the group's removal is soaked until its hangs rule out an
-    x rule_out_factor modifier among them (_rules_out: short of two that cancel, none of them is
-    one, and none needs soaks of its own), look slower than the failing cell (_looks_slow) or it
+    x rule_out_factor modifier among them (rules_out: short of two that cancel, none of them is
+    one, and none needs soaks of its own), look slower than the failing cell (looks_slow) or it
     has had policy.group_mttfs of load: then its modifier is looked for from the set's side (_locate),
     and if that does not clear the rest, each part is a group of its own (_split), down to single
     flags (which `measure` soaks one by one). All the flags outside the set together is the set
@@ -100,14 +99,14 @@ def _group_check(search: Search, minimal_mask: int, longest_s: float) -> None:
     mttf = cell.exposure_s / max(cell.hangs, 1)
     comps = comparisons(search, minimal_mask, interval=False)
     # a suspect whose removal was never soaked alone was dropped with a group whose removal hung
-    group = [j for j in _suspects(search, minimal_mask, longest_s)
+    group = [j for j in flags_to_soak(search, minimal_mask, longest_s)
              if (search.full & ~(1 << j)) not in search.configs
              or (comps[j].hangs_without > 0 and comps[j].ratio < search.policy.group_ratio)]
     if not group:
         return
     # flags an earlier group cleared (before the set shrank) join a later one: a flag the necessity
     # soaks dropped then needs no soaks of its own either (its group is mostly the set alone)
-    cleared = _cleared(search, minimal_mask)
+    cleared = cleared_flags(search, minimal_mask)
     group += [j for j in range(search.n) if cleared >> j & 1 and j not in group]
     pending = [group]
     untils: dict[int, float] = {}
@@ -124,17 +123,17 @@ def _group_check(search: Search, minimal_mask: int, longest_s: float) -> None:
         # with --parallel N, N copies of the group's removal at once (their exposure pools; the
         # rule-out is looked at after each round, so fewer looks, the same level)
         copies = max(1, search.s.parallel)
-        while (not _rules_out(search, cs) and not _looks_slow(search, cs) and cs.exposure_s < until
+        while (not rules_out(search, cs) and not looks_slow(search, cs) and cs.exposure_s < until
                and not search.over_budget()):
-            piece = max(search.policy.soak_mttfs * mttf, (_until_slow(search, cs) - cs.exposure_s) / copies)
+            piece = max(search.policy.soak_mttfs * mttf, (until_slow(search, cs) - cs.exposure_s) / copies)
             soak = max(min(piece, (until - cs.exposure_s) / copies), search.s.startup_s)
             search.run([(target, soak, "modifiers")] * copies)
-        if not _rules_out(search, cs) and search.stats_of(search.full).hangs < search.policy.cell_hangs:
+        if not rules_out(search, cs) and search.stats_of(search.full).hangs < search.policy.cell_hangs:
             # the group did not clear: the failing cell's side of every comparison first
             _top_up_cell(search, search.policy.cell_hangs)
             pending.insert(0, group)
             continue
-        if not _rules_out(search, cs):
+        if not rules_out(search, cs):
             if _locate(search, minimal_mask, group, target, mttf):
                 continue
             # a modifier among them, likely: its likeliest one alone, or each half a group of its
@@ -150,7 +149,7 @@ def _locate(search: Search, minimal_mask: int, group: list[int], target: int, mt
     modifier hangs as fast as the failing cell (a hang or two, at policy.locate_level), plus the other half
     it stays slow. The likeliest modifier (_likeliest) is tried alone first, else the first half.
     Each step is a loose call: what it finds is only a candidate. `target` plus that flag lacks
-    every other flag of the group, and its soak (_rules_out, at the group rule-out's own level)
+    every other flag of the group, and its soak (rules_out, at the group rule-out's own level)
     clears them all in one removal; its hangs against `target`'s also enter the candidate's own
     verdict (the set plus it and the set alone differ in it alone). True when that removal cleared
     them; False (a loose call went wrong, or two modifiers) leaves the group to _split, with every
@@ -165,10 +164,10 @@ def _locate(search: Search, minimal_mask: int, group: list[int], target: int, mt
             return False
         cs = search.stats_of(added)
         until = cs.exposure_s + p.group_mttfs * mttf
-        while (not _looks_fast(search, cs, p.locate_level) and not _looks_slow(search, cs, p.locate_level)
+        while (not looks_fast(search, cs, p.locate_level) and not looks_slow(search, cs, p.locate_level)
                and cs.exposure_s < until and not search.over_budget()):
             _soak_on(search, added, cs, until, mttf, p.locate_level)
-        fast = _looks_fast(search, cs, p.locate_level) and not _looks_slow(search, cs, p.locate_level)
+        fast = looks_fast(search, cs, p.locate_level) and not looks_slow(search, cs, p.locate_level)
         candidates = first if fast else second
     if len(candidates) != 1:
         return False
@@ -177,26 +176,17 @@ def _locate(search: Search, minimal_mask: int, group: list[int], target: int, mt
         return False
     cs = search.stats_of(joint)
     until = cs.exposure_s + p.group_mttfs * mttf
-    while (not _rules_out(search, cs) and not _looks_slow(search, cs) and cs.exposure_s < until
+    while (not rules_out(search, cs) and not looks_slow(search, cs) and cs.exposure_s < until
            and not search.over_budget()):
         _soak_on(search, joint, cs, until, mttf, p.group_slow_level)
-    return _rules_out(search, cs)
-
-
-def _looks_fast(search: Search, cs, level: float) -> bool:
-    """The config's hangs reject "x rule_out_factor slower than the failing cell" at `level`: it
-    holds the modifier (a loose call: _locate's steps)."""
-    cell = search.stats_of(search.full)
-    if cs.hangs == 0 or cell.hangs == 0:
-        return False
-    return p_as_strong([(cell.hangs, cell.exposure_s, cs.hangs, cs.exposure_s)], search.s.rule_out_factor) <= level
+    return rules_out(search, cs)
 
 
 def _soak_on(search: Search, mask: int, cs, until: float, mttf: float, level: float) -> None:
     """One round of a group soak: --parallel copies, each on to where the config would look slow
     at `level` (at least policy.soak_mttfs failing-cell MTTFs), short of `until`."""
     copies = max(1, search.s.parallel)
-    piece = max(search.policy.soak_mttfs * mttf, (_until_slow(search, cs, level) - cs.exposure_s) / copies)
+    piece = max(search.policy.soak_mttfs * mttf, (until_slow(search, cs, level) - cs.exposure_s) / copies)
     soak = max(min(piece, (until - cs.exposure_s) / copies), search.s.startup_s)
     search.run([(mask, soak, "modifiers")] * copies)
 
@@ -232,7 +222,7 @@ def _likeliest(search: Search, minimal_mask: int, group: list[int], target: int)
                 continue
             h, e = h + cs.hangs, e + cs.exposure_s
         if e > 0:
-            p = _slower_tail(cell.hangs, cell.exposure_s, int(h), e)
+            p = slower_tail(cell.hangs, cell.exposure_s, int(h), e)
             if p <= best_p:
                 best, best_p = j, p
     return best
@@ -242,167 +232,3 @@ def halves(group: list[int]) -> list[list[int]]:
     """A group of flags split in two (the larger half first); a single flag stays as it is."""
     half = (len(group) + 1) // 2
     return [group[:half], group[half:]] if len(group) > 1 else [group]
-
-
-def _looks_slow(search: Search, cs, level: float | None = None) -> bool:
-    """The config's hangs reject "as fast as the failing cell" (one-sided, at `level`): a modifier
-    is likely among the flags it lacks, and more soaks of it would not clear them."""
-    level = search.policy.group_slow_level if level is None else level
-    cell = search.stats_of(search.full)
-    if cell.hangs == 0 or cs.exposure_s <= 0:
-        return False
-    return _slower_tail(cell.hangs, cell.exposure_s, cs.hangs, cs.exposure_s) <= level
-
-
-def _slower_tail(cell_hangs: int, cell_exposure_s: float, hangs: float, exposure_s: float) -> float:
-    """P(the failing cell takes at least the hangs it took of both | both as fast), one-sided: small
-    when the other config is slower than the failing cell (_until_slow inverts it)."""
-    rows = [(cell_hangs, cell_exposure_s, hangs, exposure_s)]
-    return 1.0 - p_as_strong(rows, 1.0) + point_probability(rows)
-
-
-def _until_slow(search: Search, cs, level: float | None = None) -> float:
-    """The config's exposure at which, without another hang, it would look slow (_looks_slow at
-    `level`); inf while the failing cell has not hung."""
-    level = search.policy.group_slow_level if level is None else level
-    cell = search.stats_of(search.full)
-    if cell.hangs == 0:
-        return math.inf
-    # _slower_tail, P(X >= the cell's hangs | Binomial(all hangs, the cell's share of the
-    # exposure)), is the Beta(cell hangs, config hangs + 1) cdf at that share: its quantile at the
-    # level is the share where the tail reaches it (a hair less, so that float rounding does not
-    # leave the pass a hair short)
-    share = float(st.beta.ppf(level, cell.hangs, cs.hangs + 1)) * (1.0 - 1e-9)
-    if share <= 0.0:
-        return math.inf
-    return max(cs.exposure_s, cell.exposure_s * (1.0 - share) / share)
-
-
-def _until_called(search: Search, minimal_mask: int, j: int, longest_s: float) -> float:
-    """The exposure of flag j's removal from the failing cell at which, without another hang, the
-    flag would be called early (_suspects' test and level), found to policy.called_steps bisection
-    steps (a hair long rather than short); `longest_s` when not even that would call it."""
-    bit = 1 << j
-    target = search.full & ~bit
-    cell = search.stats_of(search.full)
-    now = search.configs[target].exposure_s if target in search.configs else 0.0
-    if cell.exposure_s <= 0:
-        return now
-    rows = strata_by_config(search, bit, minimal_mask)
-    hangs = search.configs[target].hangs if target in search.configs else 0
-    level = _clear_level(search, minimal_mask)
-
-    def called_at(exposure_s: float) -> bool:
-        rows[target] = (cell.hangs, cell.exposure_s, hangs, exposure_s)
-        c = compare(list(rows.values()), search.s.confidence, interval=False)
-        return _called_early(c, hangs, level, search.policy.innocent_hangs)
-
-    low, high = now, max(longest_s, now)
-    if called_at(low):
-        return low
-    if not called_at(high):
-        return high
-    for _ in range(search.policy.called_steps):
-        mid = (low + high) / 2.0
-        low, high = (low, mid) if called_at(mid) else (mid, high)
-    return high
-
-
-def _called_early(c, removal_hangs: int, level: float, innocent_hangs: int) -> bool:
-    """A flag's comparison calls it before its soaks are done: at `level`, and either slower
-    without it or on `innocent_hangs`+ hangs of its removal (a removal that hung once, quickly, is
-    no call that the flag slows the hang)."""
-    return c.p_value <= level and (c.ratio >= 1 or removal_hangs >= innocent_hangs)
-
-
-def _clear_level(search: Search, minimal_mask: int) -> float:
-    """The level at which a flag is called early: a third of its Holm share, so that looking after
-    every soak does not spend the family's error budget on the innocent flags."""
-    outside = search.n - bin(minimal_mask).count("1")
-    return (1.0 - search.s.confidence) / (3.0 * max(outside, 1))
-
-
-def _rules_out(search: Search, cs) -> bool:
-    """The config's hangs against the failing cell's rule out "an x rule_out_factor modifier is
-    among the flags it lacks" at a third of 1 - confidence (looked at after every soak). The call
-    stands once made (search.cleared_groups): the level holds for the first crossing, and the
-    failing cell's later hangs (its top-up to policy.cell_hangs) would otherwise take it back by chance
-    and send each flag of the group to soaks of its own."""
-    if cs.mask in search.cleared_groups:
-        return True
-    cell = search.stats_of(search.full)
-    if cs.hangs < 2 or cell.hangs == 0:
-        return False
-    p = p_as_strong([(cell.hangs, cell.exposure_s, cs.hangs, cs.exposure_s)], search.s.rule_out_factor)
-    if p <= (1.0 - search.s.confidence) / search.policy.group_rule_out_share:
-        search.cleared_groups.add(cs.mask)
-        return True
-    return False
-
-
-def _cleared(search: Search, minimal_mask: int) -> int:
-    """Flags outside the set removed together with others in a config whose hangs rule out an
-    x rule_out_factor modifier among them (a group's removal, _group_check)."""
-    out = 0
-    for m, cs in search.configs.items():
-        gone = search.full & ~m
-        if (m & minimal_mask) != minimal_mask or bin(gone).count("1") < 2:
-            continue
-        if _rules_out(search, cs):
-            out |= gone
-    return out
-
-
-def _suspects(search: Search, minimal_mask: int, longest_s: float) -> list[int]:
-    """Flags outside the set whose verdict more soaking of their removal may still change."""
-    p = search.policy
-    comps = comparisons(search, minimal_mask, interval=False)
-    clear = _clear_level(search, minimal_mask)
-    out = []
-    cleared = _cleared(search, minimal_mask)
-    for j, c in comps.items():
-        if cleared >> j & 1:
-            continue
-        target = search.full & ~(1 << j)
-        if not search.runnable[target]:
-            continue
-        cs = search.configs.get(target)
-        if cs is None:
-            out.append(j)      # dropped with a group (ablation), not yet soaked alone
-            continue
-        if _called_early(c, cs.hangs, clear, p.innocent_hangs):
-            continue
-        if cs.hangs >= p.measure_hangs or cs.exposure_s >= longest_s:
-            continue
-        if cs.hangs >= p.innocent_hangs and c.ratio < p.innocent_ratio:
-            continue
-        out.append(j)
-    return out
-
-
-def measure_length(search: Search) -> float:
-    """The most a modifier verdict soaks one removal: the exposure in which a removal
-    rule_out_factor x slower than the failing cell hangs policy.measure_hangs times, and some."""
-    cell = search.stats_of(search.full)
-    return search.s.rule_out_factor * cell.exposure_s / max(cell.hangs, 1) * (search.policy.measure_hangs + 2)
-
-
-def reference_pool(search: Search, minimal_mask: int) -> tuple[float, float]:
-    """Hangs and exposure of the failing cell pooled with every removal of flags outside the set
-    (one flag, or a group that looks at most policy.innocent_ratio x slower) that its own comparison
-    with the failing cell does not tell apart (policy.reference_level): the rate
-    "x F slower than the failing cell" is read against. A removal that is slower (a modifier not
-    yet called) only lowers the pooled rate and lengthens the rule-out; a faster one is left out."""
-    cell = search.stats_of(search.full)
-    h, e = float(cell.hangs), float(cell.exposure_s)
-    for m, cs in search.configs.items():
-        # removals of flags outside the set, alone or in groups (the ablation's and the groups')
-        if m == search.full or (m & minimal_mask) != minimal_mask or cs.exposure_s <= 0 or cell.exposure_s <= 0:
-            continue
-        c = compare([(cell.hangs, cell.exposure_s, cs.hangs, cs.exposure_s)], search.s.confidence, interval=False)
-        # a group's removal joins only while it looks as fast (a modifier among its flags would slow
-        # the reference, and each necessary flag's rule-out with it)
-        p = search.policy
-        if c.p_value > p.reference_level and (bin(search.full & ~m).count("1") == 1 or c.ratio < p.innocent_ratio):
-            h, e = h + cs.hangs, e + cs.exposure_s
-    return h, e

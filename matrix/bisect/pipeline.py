@@ -24,7 +24,8 @@ from soakmatrix.matrix.contracts import stats
 from .ablation import ablation_search
 from .history_exposure import HistoryExposure, calibration_saved, describe, failing_hangs_wanted
 from .model import BisectResult, Element, FeasibleFn, GpuCountFn, Settings, ValueProbe, default_cap, default_gpu_count
-from .modifiers import measure, measure_length
+from .modifier_reads import measure_length
+from .modifiers import measure
 from .oracle import ProbeOracle
 from .oracle_restart import RestartingOracle, other_signatures
 from .posterior import Posterior

@@ -149,7 +149,7 @@ def exposure_at_level(p_of: Callable[[float], float], exposure: float, mttf: flo
 class Reference:
     """The failing cell's rate that the necessity rule-outs read, as lambda's posterior: a mixture of
     Gamma(hangs, exposures[i]) with weights[i] (summing to 1; the ablation passes one, from the pool
-    of the failing cell and the removals that look like it, `modifiers.reference_pool`)."""
+    of the failing cell and the removals that look like it, `modifier_reads.reference_pool`)."""
 
     hangs: float
     exposures: np.ndarray
