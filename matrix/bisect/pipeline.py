@@ -29,6 +29,7 @@ from .modifiers import measure
 from .oracle import ProbeOracle
 from .oracle_restart import RestartingOracle, other_signatures
 from .posterior import Posterior
+from .posterior_search import posterior_search
 from .ratecheck import drop_modifiers, rate_check, recheck_members, soak_the_set_alone
 from .search import Search
 from .verdicts import flag_verdicts, shrink_values, smallest_values
@@ -241,7 +242,7 @@ def _search(search: Search) -> int:
             search.notes.append(f"removing one flag at a time could not decide ({search.gave_up}): "
                                 "searched every set of flags instead, with every probe so far")
             search.progress(search.notes[-1])
-    search.posterior_search()
+    posterior_search(search)
     lp = search.post.log_posterior()
     top = int(np.argmax(lp))
     search.decided = math.exp(lp[top]) >= search.s.confidence
