@@ -14,7 +14,7 @@ lower bound (`matrix/bisect/bound.py`): the least mean GPU-hours of any procedur
 exactly the planted set with the stated probability at every MTTF (the search itself, calibration
 and the checks for modifiers and second triggers left out, so a true floor), for the old question
 (is each flag needed to hang at all) and for the one the default settings answer
-(`matrix/bisect/bound_default.py`: no hang without a necessary flag up to an x8 slowdown, and
+(`benchmarks/bound_default.py`: no hang without a necessary flag up to an x8 slowdown, and
 modifier verdicts that call an x8 modifier with the stated probability). The `mod` column is how
 often the row's x8 modifier was called one, `spur` how often another flag outside the set was.
 
@@ -105,11 +105,11 @@ def lower_bound(case: Case) -> float:
 
 
 def default_floor(case: Case) -> float:
-    """The same for the question the default settings answer (`matrix/bisect/bound_default.py`):
+    """The same for the question the default settings answer (`benchmarks/bound_default.py`):
     each necessary flag's absence soaked until an x rule_out_factor slowdown is ruled out, and the
     modifier verdicts (with the row's x8 modifier called one with probability CONFIDENCE)."""
     from soakmatrix.matrix.bisect import Settings
-    from soakmatrix.matrix.bisect.bound_default import default_floor as floor
+    from benchmarks.bound_default import default_floor as floor
     return floor(case.n, case.k, case.mttf_s, STARTUP_S, CONFIDENCE, Settings().rule_out_factor,
                  modifier=case.modifier).gpu_hours
 
@@ -170,21 +170,9 @@ def config_kind(case: Case, on: frozenset[int]) -> str:
     return KINDS[6] if mod in off else KINDS[5]
 
 
-def _told(modifier: int):
-    """`modifiers._likeliest` told the planted modifier (--told-modifier): the modifier verdicts'
-    search for it (`_locate`, `_split`) then goes straight to it, so what is left of the row's cost
-    is what the verdicts cost once the flag is known."""
-    def likeliest(search, minimal_mask: int, group: list[int], target: int) -> int | None:
-        return modifier if modifier in group else None
-    return likeliest
-
-
 def _run_bisect(args: tuple[Case, list[int], bool, int, bool, int | None]) -> list[tuple[float, int, int, int, int, int, dict, float, int]]:
-    from soakmatrix.matrix.bisect import Element, Settings, bisect
-    from soakmatrix.matrix.bisect import ablation
-    from soakmatrix.matrix.bisect import modifiers as modifier_soaks
+    from soakmatrix.matrix.bisect import Element, Policy, Settings, bisect_flags
     case, seeds, fixed_positions, width, told, holm_least = args
-    own_likeliest, own_holm = modifier_soaks._likeliest, ablation.HOLM_LEAST
     names = [f"f{i}" for i in range(case.n)]
     failing = {name: True for name in names}
     elements = [Element(name, True, False) for name in names]
@@ -195,15 +183,12 @@ def _run_bisect(args: tuple[Case, list[int], bool, int, bool, int | None]) -> li
         # (the search breaks ties by position, so fixed positions flatter or punish it)
         planted = names if fixed_positions else [names[i] for i in rng.permutation(case.n)]
         oracle = _CaseOracle(case, planted, rng)
-        if told and case.modifier:
-            modifier_soaks._likeliest = _told(names.index(planted[case.modifier_flag]))
-        if holm_least is not None:
-            ablation.HOLM_LEAST = holm_least
-        try:
-            r = bisect(failing, elements, oracle, Settings(confidence=CONFIDENCE, startup_s=STARTUP_S, max_probes=400,
-                                                            parallel=width))
-        finally:
-            modifier_soaks._likeliest, ablation.HOLM_LEAST = own_likeliest, own_holm
+        # the diagnostics reach the bisection through its policy: --told-modifier names the planted
+        # modifier to the modifier verdicts' search, --holm-least steps the rule-outs down
+        policy = Policy(told_modifier=planted[case.modifier_flag] if told and case.modifier else None,
+                        holm_least=holm_least or 0)
+        r = bisect_flags(failing, elements, oracle, Settings(confidence=CONFIDENCE, startup_s=STARTUP_S, max_probes=400,
+                                                             parallel=width, policy=policy))
         got = {planted.index(x) for x in r.minimal}
         truths = case.answers(None)
         exact = r.status == "found" and got in truths
@@ -312,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
                              "(what the rows would cost if finding it were free)")
     parser.add_argument("--holm-least", type=int, metavar="K",
                         help="a diagnostic: the necessity rule-outs step down (Holm) to alpha / K at the loosest "
-                             "(ablation.HOLM_LEAST; 0 is alpha / k for each kept flag, as by default)")
+                             "(Policy.holm_least; 0 is alpha / k for each kept flag, as by default)")
     parser.add_argument("--shapes", action="store_true",
                         help="the seeds' own shapes at the default settings (benchmarks/bench_bisect_shapes.py)")
     args = parser.parse_args(argv)

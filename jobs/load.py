@@ -21,6 +21,7 @@ from typing import Any
 import aiohttp
 
 from soakmatrix.jobs.detect.protocol import StreamState
+from soakmatrix.jobs.sse import DONE, data_payload
 from soakmatrix.matrix.contracts.workloads import params_of
 
 from .load_shapes import Arrivals, RequestSource, RequestSpec, is_open_loop, target_concurrency
@@ -302,11 +303,10 @@ class LoadDriver:
     async def _read_stream(self, r: aiohttp.ClientResponse, entry: _Open, text: list[str]) -> int | None:
         usage_tokens = None
         async for raw in r.content:
-            line = raw.strip()
-            if not line.startswith(b"data:"):
+            payload = data_payload(raw)
+            if payload is None:
                 continue
-            payload = line[5:].strip()
-            if payload == b"[DONE]":
+            if payload == DONE:
                 break
             try:
                 data = json.loads(payload)

@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from soakmatrix.matrix.bisect import CAP_RISE, Element, Settings, bisect, default_cap, exposure_until, p_as_fast
-from soakmatrix.matrix.bisect import modifiers
+from soakmatrix.matrix.bisect import Element, Policy, Settings, bisect, default_cap, exposure_until, p_as_fast
+from soakmatrix.matrix.bisect import modifier_reads
 from soakmatrix.matrix.bisect.model import ConfigStats
 from soakmatrix.matrix.bisect.oracle import Probe, ProbeResult
 from soakmatrix.matrix.bisect.oracle_virtual import VirtualOracle
@@ -95,10 +95,10 @@ def test_calibration_first_then_failing_cell_mttf_has_an_interval():
     assert first == failing(6)
     assert result.failing.hangs >= 2
     assert result.failing.low_s < result.failing.point_s < result.failing.high_s
-    # the default cap starts from the calibration and follows the pooled hangs, within CAP_RISE x
+    # the default cap starts from the calibration and follows the pooled hangs, within Policy.cap_rise x
     # the calibration's; the failing cell's own MTTF stays under it
     assert result.failing.point_s < result.mttf_cap_s
-    assert result.mttf_cap_s <= CAP_RISE * default_cap(result.failing.hangs, result.failing.exposure_s) * 1.0001
+    assert result.mttf_cap_s <= Policy().cap_rise * default_cap(result.failing.hangs, result.failing.exposure_s) * 1.0001
 
 
 def test_the_cap_rises_when_the_calibration_hung_by_luck_early():
@@ -121,7 +121,7 @@ def test_the_cap_rises_when_the_calibration_hung_by_luck_early():
     calibration_cap = default_cap(2, 300.0)
     assert calibration_cap < MTTF
     assert result.status == "found" and result.minimal == ["f0"]
-    assert calibration_cap < result.mttf_cap_s <= CAP_RISE * calibration_cap * 1.0001
+    assert calibration_cap < result.mttf_cap_s <= Policy().cap_rise * calibration_cap * 1.0001
     # the answer is consistent: the set's own MTTF is under the cap it is reported against
     assert result.minimal_mttf.point_s < result.mttf_cap_s
 
@@ -198,15 +198,15 @@ def test_a_group_that_ruled_out_a_modifier_stays_cleared_when_the_failing_cell_h
 
     def search_with(cleared):
         return SimpleNamespace(full=cell.mask, cleared_groups=cleared, stats_of=lambda m: cell if m == cell.mask else group,
-                               s=Settings(confidence=0.99))
+                               s=Settings(confidence=0.99), policy=Policy())
 
     search = search_with(set())
-    assert modifiers._rules_out(search, group)
+    assert modifier_reads.rules_out(search, group)
     cell.hangs, cell.exposure_s = 12, 33131.0
-    assert modifiers._rules_out(search, group)
-    assert modifiers._cleared(SimpleNamespace(**vars(search), configs={cell.mask: cell, group.mask: group}), 0b1) == 0b1111110110
+    assert modifier_reads.rules_out(search, group)
+    assert modifier_reads.cleared_flags(SimpleNamespace(**vars(search), configs={cell.mask: cell, group.mask: group}), 0b1) == 0b1111110110
     # read afresh, the same numbers do not rule it out: the call stands because it was made
-    assert not modifiers._rules_out(search_with(set()), group)
+    assert not modifier_reads.rules_out(search_with(set()), group)
 
 
 def test_a_flag_whose_removal_hung_once_at_once_is_not_called_a_modifier_that_slows_the_hang():
@@ -214,20 +214,21 @@ def test_a_flag_whose_removal_hung_once_at_once_is_not_called_a_modifier_that_sl
     # (a probe ends at its first hang), against the failing cell's 12 hangs in 3.2 h. Holm rejects
     # "no effect" (p = 0.0004), and the flag was called "modifier x0.00: with it the hang comes
     # 5278x less often" on that one hang
-    from soakmatrix.matrix.bisect.modifier_stats import SPEEDUP_HANGS, called
+    from soakmatrix.matrix.bisect.modifier_stats import called
 
     cell = ConfigStats(0b111, "failing cell", {}, hangs=12, exposure_s=11700.0)
 
     def verdict(hangs, exposure_s):
         removal = ConfigStats(0b011, "baseline +f0 +f1", {}, hangs=hangs, exposure_s=exposure_s)
-        search = SimpleNamespace(n=3, configs={cell.mask: cell, removal.mask: removal}, s=Settings(confidence=0.99))
+        search = SimpleNamespace(n=3, configs={cell.mask: cell, removal.mask: removal}, s=Settings(confidence=0.99),
+                                 policy=Policy())
         comparison, is_modifier = called(search, 0b011)[2]
         return comparison, is_modifier
 
     c, is_modifier = verdict(1, 0.3)
     assert c.ratio < 0.01 and c.p_value < 0.01 and not is_modifier
     # as many hangs as it takes, fast: the call stands
-    c, is_modifier = verdict(SPEEDUP_HANGS, 60.0)
+    c, is_modifier = verdict(Policy().speedup_hangs, 60.0)
     assert c.ratio < 0.05 and is_modifier
     # the other way (slower without it) one hang is enough, as before
     c, is_modifier = verdict(1, 150000.0)
@@ -236,7 +237,8 @@ def test_a_flag_whose_removal_hung_once_at_once_is_not_called_a_modifier_that_sl
     from soakmatrix.matrix.bisect.verdicts import flag_verdicts
     removal = ConfigStats(0b011, "baseline +f0 +f1", {}, hangs=1, exposure_s=0.3)
     configs = {cell.mask: cell, removal.mask: removal}
-    search = SimpleNamespace(n=3, full=0b111, configs=configs, s=Settings(confidence=0.99), stats_of=configs.__getitem__,
+    search = SimpleNamespace(n=3, full=0b111, configs=configs, s=Settings(confidence=0.99), policy=Policy(),
+                             stats_of=configs.__getitem__,
                              elements=[Element(f"f{i}", True, False) for i in range(3)])
     verdict_f2 = flag_verdicts(search, 0b011, {}, [])[2]
     assert verdict_f2.kind == "irrelevant"
@@ -519,16 +521,16 @@ def test_ablation_removes_thirds_then_halves_of_the_removals_that_did_not_hang()
     assert all(v.kind == "irrelevant" for v in result.verdicts if v.element.name not in ("f1", "f4"))
 
 
-def test_a_group_whose_removal_hangs_drops_all_its_flags_at_once(monkeypatch):
+def test_a_group_whose_removal_hangs_drops_all_its_flags_at_once():
     oracle = DeterministicOracle({"f0"})
     result = bisect(failing(8), elements(8), oracle, Settings(confidence=0.99), gpu_count=lambda f: 1)
     removed = [[f for f, on in p.flags.items() if not on] for p in oracle.probes[2:9]]
     assert removed == [["f0", "f1", "f2"], ["f3", "f4", "f5"], ["f6", "f7"], ["f0", "f1"], ["f2"], ["f0"], ["f1"]]
     assert result.status == "found" and result.minimal == ["f0"]
-    # without group ablation each flag is removed alone: 8 removals instead of 7
-    monkeypatch.setattr("soakmatrix.matrix.bisect.ablation.GROUP_ABLATION", False)
+    # below the policy's group_ablation_flags each flag is removed alone: 8 removals instead of 7
     alone = DeterministicOracle({"f0"})
-    assert bisect(failing(8), elements(8), alone, Settings(confidence=0.99), gpu_count=lambda f: 1).minimal == ["f0"]
+    settings = Settings(confidence=0.99, policy=Policy(group_ablation_flags=9))
+    assert bisect(failing(8), elements(8), alone, settings, gpu_count=lambda f: 1).minimal == ["f0"]
     assert [[f for f, on in p.flags.items() if not on] for p in alone.probes[2:10]] == [[f"f{i}"] for i in range(8)]
 
 
@@ -592,7 +594,7 @@ def test_irrelevant_flags_are_called_modifiers_rarely_in_total():
     assert called <= 5
 
 
-def test_a_necessity_soak_is_one_probe_once_the_reference_rate_is_fixed(monkeypatch):
+def test_a_necessity_soak_is_one_probe_once_the_reference_rate_is_fixed():
     # the soak that rules out "x8 slower without the flag" runs in one piece: a stage boundary would
     # buy no new information and cost a start-up (an MTTF at MTTF 10 min); a hang ends it anyway
     def removals_of_culprits(oracle):
@@ -607,13 +609,6 @@ def test_a_necessity_soak_is_one_probe_once_the_reference_rate_is_fixed(monkeypa
     necessity = [p.soak_s for p in whole.probes[-2:]]
     # each rules out x8 at 0.99 in one go: tens of the failing cell's MTTFs (its hangs come at mttf / 2)
     assert all(s > 30 * whole.mttf / 2 for s in necessity), necessity
-
-    monkeypatch.setattr("soakmatrix.matrix.bisect.ablation.NECESSITY_IN_ONE_PIECE", False)
-    staged = DeterministicOracle({"f1", "f4"}, mttf=600.0)
-    again = bisect(failing(6), elements(6), staged, Settings(confidence=0.99), gpu_count=lambda f: 1)
-    assert set(again.minimal) == {"f1", "f4"}
-    assert len(removals_of_culprits(staged)) > 4
-    assert again.gpu_hours > result.gpu_hours
 
 
 def test_a_group_that_did_not_clear_gives_up_its_likeliest_modifier_alone_else_halves():
@@ -633,10 +628,10 @@ def test_a_group_that_did_not_clear_gives_up_its_likeliest_modifier_alone_else_h
 
 
 def test_the_failing_cell_gets_its_last_hangs_only_when_a_group_does_not_clear():
-    # the modifier verdicts soak the failing cell to CELL_FIRST_HANGS, and to CELL_HANGS only once
+    # the modifier verdicts soak the failing cell to cell_first_hangs, and to cell_hangs only once
     # a group of flags outside the set fails to rule out an x8 modifier among them (the set alone
     # carries the plain world's verdicts more cheaply: the floor's split is a third on the cell)
-    from soakmatrix.matrix.bisect.modifiers import CELL_FIRST_HANGS, CELL_HANGS
+    CELL_FIRST_HANGS, CELL_HANGS = Policy().cell_first_hangs, Policy().cell_hangs
 
     def cell_hangs(result, n):
         return sum(r.hung_with(result.signature) for r in result.log if all(r.probe.flags[f"f{i}"] for i in range(n)))
@@ -669,122 +664,45 @@ def test_the_failing_cell_gets_another_hang_while_it_shortens_the_necessity_soak
     assert pays(8, 0b0001) and not pays(14, 0b0001) and pays(14, keep)
 
 
-def test_the_step_down_loosens_the_rule_out_of_the_flags_left_once_one_is_called(monkeypatch):
+def test_the_step_down_loosens_the_rule_out_of_the_flags_left_once_one_is_called():
     # three kept flags: f0's absence soaked far past its rule-out, f1 and f2 short of it; at
     # alpha / k each, f1 and f2 still need the x8 rule-out at alpha / 3; stepping down (Holm),
     # f0 called at alpha / 3 leaves them alpha / 2, so they need less soak
     from soakmatrix.matrix.bisect import ablation
     keep = 0b0111
-    search = _search_with({0b1111: (40, 40 * MTTF), 0b1110: (0, 80 * MTTF), 0b1101: (0, 20 * MTTF),
-                           0b1011: (0, 20 * MTTF)})
-    H, E = ablation._pool(search, keep)
-    factor = (8.0, search.alpha, ablation._reference_of(search, keep))
+    data = {0b1111: (40, 40 * MTTF), 0b1110: (0, 80 * MTTF), 0b1101: (0, 20 * MTTF), 0b1011: (0, 20 * MTTF)}
 
     def needs(least: int) -> dict[int, float]:
-        monkeypatch.setattr(ablation, "HOLM_LEAST", least)
+        search = _search_with(data, settings=Settings(confidence=0.99, policy=Policy(holm_least=least)))
+        H, E = ablation._pool(search, keep)
+        factor = (8.0, search.alpha, ablation._reference_of(search, keep))
         return dict(ablation._unrefuted(search, keep, keep, H, E, 1.0, factor)[1])
     each, stepped = needs(0), needs(2)
     assert 0 not in each and set(each) == set(stepped) == {1, 2}
     assert all(stepped[j] < each[j] for j in (1, 2))
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_the_shared_reference_rate_finds_the_set_and_its_modifier(monkeypatch, seed):
-    # reference.py's rate in place of the chosen pool (ablation.MIXTURE_REFERENCE): the same
-    # answer on a culprit with an x8 modifier among 6 flags
-    from soakmatrix.matrix.bisect import ablation
-    monkeypatch.setattr(ablation, "MIXTURE_REFERENCE", True)
-    model = planted(6, ["f0"], MTTF, modifiers=[Modifier({"f3": (False,)}, 8.0)])
-    result = run_virtual(model, 6, seed, Settings(confidence=0.95))
-    kinds = {v.element.name: v.kind for v in result.verdicts}
-    assert result.status == "found" and result.minimal == ["f0"]
-    assert kinds["f0"] == "necessary" and kinds["f3"] == "modifier"
-
-
 def test_a_modifier_soak_runs_on_to_where_a_pass_would_decide():
     # a group's removal soaks on to where, without a hang, it would look slower than the failing
     # cell; a flag's removal on to where it would be called: a pass of that length decides, 97 % of
-    # it does not (one probe and one start-up, not one per SOAK_MTTFS piece)
+    # it does not (one probe and one start-up, not one per soak_mttfs piece)
     cell_mask, set_alone, without_f3 = 0b111111, 0b000001, 0b110111
     search = _search_with({cell_mask: (8, 8 * MTTF), set_alone: (1, 3 * MTTF)}, n=6)
     group = search.stats_of(set_alone)
-    until = modifiers._until_slow(search, group)
-    assert until > 3 * MTTF + modifiers.SOAK_MTTFS * MTTF
+    until = modifier_reads.until_slow(search, group)
+    assert until > 3 * MTTF + Policy().soak_mttfs * MTTF
     group.exposure_s = until
-    assert modifiers._looks_slow(search, group)
+    assert modifier_reads.looks_slow(search, group)
     group.exposure_s = 3 * MTTF + 0.97 * (until - 3 * MTTF)
-    assert not modifiers._looks_slow(search, group)
+    assert not modifier_reads.looks_slow(search, group)
 
     search = _search_with({cell_mask: (12, 12 * MTTF), without_f3: (1, 2 * MTTF)}, n=6)
-    longest = modifiers.measure_length(search)
-    until = modifiers._until_called(search, set_alone, 3, longest)
-    assert 2 * MTTF + modifiers.SOAK_MTTFS * MTTF < until < longest
+    longest = modifier_reads.measure_length(search)
+    until = modifier_reads.until_called(search, set_alone, 3, longest)
+    assert 2 * MTTF + Policy().soak_mttfs * MTTF < until < longest
 
     def is_called(exposure_s):
         search.stats_of(without_f3).exposure_s = exposure_s
-        return 3 not in modifiers._suspects(search, set_alone, longest)
+        return 3 not in modifier_reads.flags_to_soak(search, set_alone, longest)
     assert is_called(until)
     assert not is_called(2 * MTTF + 0.97 * (until - 2 * MTTF))
-
-
-@pytest.mark.slow   # many seeded bisections
-def test_the_modifiers_removal_is_soaked_in_fewer_pieces(monkeypatch):
-    # the worst benchmark row's shape (one culprit among 12 flags, MTTF 10 min, an x8 modifier):
-    # the modifier's removal passes most 2-MTTF pieces, each with its own start-up; run on to where
-    # a pass decides, its verdict takes far fewer probes, and the verdicts are as often right
-    mttf = 600.0
-    model = planted(12, ["f0"], mttf, modifiers=[Modifier({"f5": (False,)}, 8.0)])
-
-    def run(to_decision: bool) -> tuple[int, int]:
-        monkeypatch.setattr(modifiers, "SOAK_TO_DECISION", to_decision)
-        probes = right = 0
-        for seed in range(16):
-            result = run_virtual(model, 12, seed, Settings(confidence=0.99))
-            probes += sum(1 for r in result.log
-                          if [f for f, on in r.probe.flags.items() if on is False] == ["f5"])
-            right += (result.minimal == ["f0"]
-                      and {v.element.name: v for v in result.verdicts}["f5"].kind == "modifier")
-        return probes, right
-
-    old_probes, old_right = run(False)
-    new_probes, new_right = run(True)
-    assert new_probes < 0.75 * old_probes, (new_probes, old_probes)
-    assert new_right >= old_right - 1 and new_right >= 13, (new_right, old_right)
-
-
-@pytest.mark.slow   # many seeded bisections
-def test_a_group_holding_the_modifier_finds_it_from_the_sets_side_and_clears_the_rest_at_once(monkeypatch):
-    # one culprit among 10 flags, MTTF 10 min, an x8 modifier: the set alone (every flag outside
-    # it off) is slow, so its group does not clear. Found by adding flags back to the set (the half
-    # that holds the modifier hangs fast, a hang or two), the set plus the modifier then clears the
-    # 8 innocent flags in one removal, and its hangs against the set alone's count for the
-    # modifier's verdict: fewer probes on innocent flags' removals than halving the group from the
-    # failing cell's side, no more GPU-hours, the verdicts as often right
-    mttf = 600.0
-    names = [f"f{i}" for i in range(10)]
-    model = planted(10, ["f0"], mttf, modifiers=[Modifier({"f3": (False,)}, 8.0)])
-
-    def run(locate: bool) -> tuple[int, float, int, int]:
-        monkeypatch.setattr(modifiers, "LOCATE", locate)
-        innocent_probes = joint = right = 0
-        gpu_hours = 0.0
-        for seed in range(16):
-            result = run_virtual(model, 10, seed, Settings(confidence=0.99))
-            gpu_hours += result.gpu_hours
-            for r in result.log:
-                off = {f for f, on in r.probe.flags.items() if on is False and f in names}
-                innocent_probes += bool(off) and not off & {"f0", "f3"}
-                joint += off == set(names) - {"f0", "f3"} and r.outcome == "hang"
-            kinds = {v.element.name: v.kind for v in result.verdicts}
-            right += (result.minimal == ["f0"] and kinds["f3"] == "modifier"
-                      and all(kinds[f] == "irrelevant" for f in names if f not in ("f0", "f3")))
-        return innocent_probes, gpu_hours, joint, right
-
-    old_innocent, old_hours, old_joint, old_right = run(False)
-    new_innocent, new_hours, new_joint, new_right = run(True)
-    # measured: 249 -> 220 probes (the ablation's own are in both), 376 -> 356 GPU-hours, 24 -> 45 hangs
-    # of the set plus the modifier, 16 of 16 right both ways
-    assert new_innocent < 0.92 * old_innocent, (new_innocent, old_innocent)
-    assert new_joint > 1.5 * old_joint, (new_joint, old_joint)
-    assert new_hours < 0.97 * old_hours, (new_hours, old_hours)
-    assert new_right >= old_right - 1 and new_right >= 14, (new_right, old_right)

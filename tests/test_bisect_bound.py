@@ -8,7 +8,7 @@ import pytest
 
 from soakmatrix.matrix.bisect import Element, Settings, bisect
 from soakmatrix.matrix.bisect.bound import binary_divergence, lower_bound, refute_load
-from soakmatrix.matrix.bisect.bound_default import (
+from benchmarks.bound_default import (
     default_floor,
     detect_information,
     other_flags_split,
@@ -94,7 +94,7 @@ def test_the_default_floor_is_the_minimum_of_its_cost_over_a_grid():
     b = default_floor(n, k, mttf, s, c, f)
     d_rule = binary_divergence(c, 1 - c)
     d_same = binary_divergence(c, (1 - c) / (n - k + 1))
-    y_m = plain_modifier_load(f, binary_divergence((1 - c) / (n - k), c))
+    y_m = plain_modifier_load(f, binary_divergence(1 - c, c))
     sigma = s / mttf
 
     def mttfs(y: float) -> float:
@@ -110,7 +110,7 @@ def test_the_default_floor_is_the_minimum_of_its_cost_over_a_grid():
     assert b.hang_mttfs * math.log1p(b.refute_mttfs / (f * b.hang_mttfs)) == pytest.approx(d_rule, rel=1e-6)
     # the best split of Y_m carries exactly the evidence the modifier verdicts need
     best_split = max(split_information(y_m - z, z, f) for z in [y_m * i / 4000 for i in range(4001)])
-    assert best_split == pytest.approx(binary_divergence((1 - c) / (n - k), c), rel=1e-4)
+    assert best_split == pytest.approx(binary_divergence(1 - c, c), rel=1e-4)
 
 
 def test_the_modifier_worlds_floor_beats_every_point_of_a_grid_that_meets_its_constraint():
@@ -156,7 +156,7 @@ def test_the_modifier_floor_already_pays_for_the_other_flags_verdicts_and_the_se
                  for x in rates)
     swapped = min(both * kl(1, x) + only_u * kl(1, x / f) + only_v * kl(1 / f, x) + neither * kl(1 / f, x / f)
                   for x in rates)
-    q = (1 - c) / (n - k - 1)
+    q = 1 - c       # family-wise control bounds one flag's false call by 1 - c, no tighter
     assert second >= binary_divergence(q, c) * (1 - 1e-6)
     assert swapped >= binary_divergence(c, q) * (1 - 1e-6)
     assert neither / f >= 2 * c - 1 and only_u >= 2 * c - 1        # expected hangs of the set alone, set + u

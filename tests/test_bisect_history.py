@@ -9,9 +9,8 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from soakmatrix.matrix.bisect import Element, Settings, bisect
+from soakmatrix.matrix.bisect import Element, Policy, Settings, bisect
 from soakmatrix.matrix.bisect.history_exposure import HistoryExposure, calibration_saved, history_exposure
-from soakmatrix.matrix.bisect.modifiers import CELL_FIRST_HANGS
 from soakmatrix.matrix.bisect.oracle_virtual import VirtualOracle
 from soakmatrix.matrix.contracts import flags as flagmod
 from soakmatrix.matrix.contracts.hangmodel import Hang, HangModel
@@ -19,6 +18,8 @@ from soakmatrix.matrix.contracts.outcomes import Outcome
 from tests.test_bisect_cli import DEMO, FAILING, _cell_id, soakmatrix
 
 SIG = "shm_broadcast_timeout"
+
+CELL_FIRST_HANGS = Policy().cell_first_hangs
 
 
 @dataclass(frozen=True)

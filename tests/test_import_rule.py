@@ -8,6 +8,8 @@ layering fails here before it becomes a cycle.
 - `matrix/` may import `jobs/` and `reports/`; its CLI modules never import each other.
 - `fixtures/tiny_model.py` is a leaf (it imports nothing of ours) that anyone may call.
 - No cycle among module-level imports.
+- No cycle at all inside the flag bisection (`matrix/bisect/`): imports inside functions and under
+  TYPE_CHECKING count too, so that each module can be read after the ones it imports.
 """
 
 from __future__ import annotations
@@ -113,15 +115,11 @@ def test_cli_modules_never_import_each_other():
     assert not wrong, "shared command code belongs in matrix/run.py or its subsystem:\n" + "\n".join(wrong)
 
 
-def test_no_cycle_among_module_level_imports():
-    known = set(modules())
-    graph = {n: {m for m in ours(imports_of(p, known, top_level_only=True), known)} for n, p in modules().items()}
-    # a package's own __init__ importing its submodules is how packages re-export; not a cycle
-    for n in graph:
-        graph[n] = {m for m in graph[n] if not m.startswith(n + ".")}
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
     cycles, index, low, stack, on_stack, counter = [], {}, {}, [], set(), [0]
 
-    def visit(v: str) -> None:   # Tarjan's strongly connected components
+    def visit(v: str) -> None:
         index[v] = low[v] = counter[0]
         counter[0] += 1
         stack.append(v)
@@ -146,7 +144,42 @@ def test_no_cycle_among_module_level_imports():
     for v in sorted(graph):
         if v not in index:
             visit(v)
+    return cycles
+
+
+def _graph(known: set[str], names: dict[str, Path], top_level_only: bool) -> dict[str, set[str]]:
+    graph = {n: {m for m in ours(imports_of(p, known, top_level_only=top_level_only), known) if m in names}
+             for n, p in names.items()}
+    # a package's own __init__ importing its submodules is how packages re-export; not a cycle
+    for n in graph:
+        graph[n] = {m for m in graph[n] if not m.startswith(n + ".")}
+    return graph
+
+
+def test_no_cycle_among_module_level_imports():
+    known = set(modules())
+    cycles = _cycles(_graph(known, modules(), top_level_only=True))
     assert not cycles, f"import cycles: {cycles}"
+
+
+PACKAGES_WITHOUT_ANY_CYCLE = ("matrix.bisect",)
+
+
+def test_no_cycle_at_all_inside_the_flag_bisection():
+    known = set(modules())
+    for package in PACKAGES_WITHOUT_ANY_CYCLE:
+        names = {n: p for n, p in modules().items() if n.startswith(package + ".")}
+        cycles = _cycles(_graph(known, names, top_level_only=False))
+        assert not cycles, f"import cycles in {package} (function-level and TYPE_CHECKING imports count): {cycles}"
+
+
+def test_the_cycle_check_sees_an_import_inside_a_function_or_under_type_checking():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+    tree = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .x import X\n"
+                     "def f():\n    from .y import g\n")
+    found = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    assert {"x", "y"} <= found
 
 
 def test_the_rule_itself_catches_a_wrong_import():

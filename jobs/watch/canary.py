@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 
 from soakmatrix.jobs.detect.protocol import StreamState
+from soakmatrix.jobs.sse import DONE, data_payload
 
 from .bounded_http import Exchange, HttpLimits, Outcome, RequestFailed, fetch
 
@@ -140,11 +141,10 @@ class Canary:
                 error, server_fault = f"HTTP {exchange.status}", (exchange.status or 0) >= 500
                 return
             for line in exchange.lines(self.limits.line_bytes):
-                line = line.strip()
-                if not line.startswith("data: "):
+                payload = data_payload(line)
+                if payload is None:
                     continue
-                payload = line[6:]
-                if payload == "[DONE]":
+                if payload == DONE:
                     break
                 try:
                     chunk = json.loads(payload)

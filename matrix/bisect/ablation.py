@@ -9,7 +9,7 @@ as the configs with the set" at alpha / (3 n), on its own evidence. That is the 
 bound (bound.py): the evidence against "one flag fewer is enough" is the cost any procedure pays,
 and ablation spends little else.
 By default (no cap) the necessity soaks also rule out "F x slower than the failing cell"
-(bound_default.py); the modifier verdicts' soaks (modifiers.py) run first, and the rate they are
+(benchmarks/bound_default.py); the modifier verdicts' soaks (modifiers.py) run first, and the rate they are
 read against pools the failing cell with every removal that looks like it (reference_pool): about
 40 hangs instead of the failing cell's 8, so each necessary flag needs about 45 MTTFs, not 58;
 and the failing cell gets another hang while that shortens the necessity soaks still to run by more
@@ -25,27 +25,13 @@ import numpy as np
 
 from soakmatrix.matrix.contracts import stats
 
-from .modifiers import halves, measure, measure_length, reference_pool
-from .posterior import exposure_until, p_as_fast
+from .modifier_reads import measure_length, reference_pool
+from .modifiers import halves, measure
+from .posterior import Reference, exposure_until, p_as_fast
 from .ratecheck import rate_check
-from .reference import Reference, reference_rate
 
 if TYPE_CHECKING:
     from .search import Search
-
-ABLATION_STAGE_MTTFS = 5.0  # an ablation soak: at most this many MTTFs read from every probe so far
-SINGLE_STAGE_MTTFS = 8.0   # ... and a flag's removal split out of a group whose removal did not hang
-SCREEN_LEVEL = 0.02        # a kept flag's absence is screened at this level before the rate check
-NECESSITY_SPLIT = 3.0      # ablation keeps a flag once its absence rejects "as fast" at alpha / (this x n)
-CERTIFICATION_SOAKS = 2    # soaks of baseline + the kept flags before asking the rate check why it does not hang
-REFERENCE_HANGS = 8        # hangs of the failing cell the rule-out soaks read its rate from
-GROUP_ABLATION = True      # the first round removes groups, then halves of those that did not hang ...
-GROUP_ABLATION_FLAGS = 6   # ... from this many flags on (with 4 or 5, two culprits put one in each half too often)
-FIRST_PARTS = 3            # the first round's groups, thirds (halves tried: docs/design/alternatives.md)
-RESCUE_PROBES = 12         # the rate check's probes for a kept set that does not hang (else: two triggers)
-NECESSITY_IN_ONE_PIECE = True  # once the reference rate is fixed, a necessity soak is one probe, not stages
-HOLM_LEAST = 0             # > 0: the rule-outs step down (Holm), alpha / this at the loosest; 0: alpha / k each (docs/design/alternatives.md)
-MIXTURE_REFERENCE = False  # True: the rule-outs' rate shared by every config with the set (reference.py), not a chosen pool
 
 
 def ablation_search(search: Search) -> int | None:
@@ -54,16 +40,16 @@ def ablation_search(search: Search) -> int | None:
     flags must hang (certification); every kept flag's absence is screened at a loose level
     (an innocent flag kept by an unlucky first soak hangs here); the rate check looks for a
     flag outside the set that the rate needs; and each kept flag's absence is soaked until it
-    rejects "as fast as the configs with the set" at alpha / (3 n) (NECESSITY_SPLIT).
+    rejects "as fast as the configs with the set" at alpha / (3 n) (policy.necessity_split).
 
     Returns the kept set, or None when ablation cannot decide (a removal that cannot run,
     every removal hanging, a kept set that does not hang and the rate check cannot say why:
     two triggers), for the posterior search to go on from, with every probe's data."""
-    s = search.s
+    s, p = search.s, search.policy
     keep = _ablate_each(search)
     if keep is None:
         return None
-    level = search.alpha / max(search.n, 1) / NECESSITY_SPLIT
+    level = search.alpha / max(search.n, 1) / p.necessity_split
     # the rate check (a modifier the cap makes part of the set) runs once, between screen and
     # necessity, and only under an explicit cap: by default a flag without which the hang was seen
     # is a modifier, never part of the set
@@ -79,7 +65,7 @@ def ablation_search(search: Search) -> int | None:
                 return _give_up(search, "every flag's removal still hung: two triggers, or the baseline hangs")
             if not search.runnable[keep]:
                 return _give_up(search, "baseline + the kept flags cannot run")
-            if narrow.probes < CERTIFICATION_SOAKS:
+            if narrow.probes < p.certification_soaks:
                 _certify(search, keep, H, E)
                 continue
             # baseline + the set is slower than the configs with more flags: one of those is
@@ -89,14 +75,14 @@ def ablation_search(search: Search) -> int | None:
                 return _give_up(search, "baseline + the kept flags does not hang")
             rescued.add(keep)
             notes: list[str] = []
-            grown, rate_cap = rate_check(search, keep, s.mttf_cap_s, notes, RESCUE_PROBES)
+            grown, rate_cap = rate_check(search, keep, s.mttf_cap_s, notes, p.rescue_probes)
             if grown == keep or rate_cap is None:
                 return _give_up(search, "baseline + the kept flags does not hang, and no one flag more makes it")
             search.notes += notes
             search.rate_added |= grown & ~keep
             keep = grown
             continue
-        goal = level if guarded else SCREEN_LEVEL
+        goal = level if guarded else p.screen_level
         # by default the necessity soaks also rule out "only rule_out_factor x slower than the failing
         # cell without it" (seed 002's autotune: 8x), family-wise over the kept flags, against the
         # failing cell's own rate (the configs with the set mix in the modifiers' slower ones); the
@@ -110,7 +96,7 @@ def ablation_search(search: Search) -> int | None:
                 measure(search, keep, measure_length(search))
                 continue
             ref = _reference_of(search, keep)
-            if ref.hangs < REFERENCE_HANGS and _reference(search):
+            if ref.hangs < p.reference_hangs and _reference(search, p.reference_hangs):
                 continue
             factor = (s.rule_out_factor, search.alpha, ref)
             if _another_reference_hang_pays(search, keep, H, E, goal, factor):
@@ -141,7 +127,7 @@ def ablation_search(search: Search) -> int | None:
                 return _give_up(search, f"no config without {search.elements[j].name} can run")
             # once the reference rate is fixed, a stage boundary buys no new information and costs a
             # start-up (an MTTF at MTTF 10 min); a hang ends the probe either way
-            whole = factor is not None and NECESSITY_IN_ONE_PIECE
+            whole = factor is not None
             soak = max(need / n_copies if whole else min(need / n_copies, _stage(search, target)), s.startup_s)
             batch += [(target, soak, "search")] * n_copies
         search.run(batch)
@@ -149,24 +135,24 @@ def ablation_search(search: Search) -> int | None:
 
 
 def _ablate_each(search: Search) -> int | None:
-    """The first round: the failing cell without a group of flags, one soak each (ABLATION_STAGE_MTTFS
-    x the MTTF read so far, never longer than a config at the cap needs to show itself). The flags
-    go in FIRST_PARTS groups first. A group whose removal hangs drops all its flags at once (the
+    """The first round: the failing cell without a group of flags, one soak each
+    (policy.ablation_stage_mttfs x the MTTF read so far, never longer than a config at the cap needs
+    to show itself). The flags go in policy.first_parts groups first. A group whose removal hangs drops all its flags at once (the
     rest still holds the trigger); one that does not is split in two and each half's removal
     soaked, down to single flags (with one culprit among 12 that is some 5 hangs instead of 11; the
     passes lack a culprit and count toward its necessity soaks). Thirds first, not halves: with
     two or three culprits both halves nearly always hold one, and a pass of a group missing two
     culprits counts for neither one's necessity; with one culprit, thirds cost about the same
-    (docs/design/alternatives.md). A single flag split out of a group soaks SINGLE_STAGE_MTTFS.
-    With fewer than GROUP_ABLATION_FLAGS flags (or GROUP_ABLATION False) each flag is removed
-    alone from the start, ABLATION_STAGE_MTTFS each.
+    (docs/bisect-history.md, fifth pass). A single flag split out of a group soaks
+    policy.single_stage_mttfs. With fewer than policy.group_ablation_flags flags each flag is removed
+    alone from the start, policy.ablation_stage_mttfs each.
     Returns the flags whose removal did not hang, or None if a flag's removal cannot run."""
-    s = search.s
+    s, p = search.s, search.policy
     keep = search.full
     longest = stats.soak_for_detection(search.post.cap, 1 - search.alpha / max(search.n, 1))
     everyone = list(range(search.n))
-    grouped = GROUP_ABLATION and search.n >= GROUP_ABLATION_FLAGS
-    untested = _parts(everyone, FIRST_PARTS) if grouped else [[j] for j in everyone]
+    grouped = search.n >= p.group_ablation_flags
+    untested = _parts(everyone, p.first_parts) if grouped else [[j] for j in everyone]
     while untested and not search.over_budget():
         soak = max(min(_stage(search), longest), s.startup_s)
         batch, groups = [], []
@@ -182,7 +168,8 @@ def _ablate_each(search: Search) -> int | None:
                 # split out of a group whose removal did not hang, so likelier a culprit than a flag
                 # taken at random; a culprit's soak counts toward its necessity soak, and the longer
                 # it is, the more often that soak is its last (one start-up fewer)
-                batch.append((target, max(min(soak * SINGLE_STAGE_MTTFS / ABLATION_STAGE_MTTFS, longest), s.startup_s), "search"))
+                batch.append((target, max(min(soak * p.single_stage_mttfs / p.ablation_stage_mttfs, longest),
+                                     s.startup_s), "search"))
             else:
                 batch.append((target, soak, "search"))
             groups.append(group)
@@ -209,7 +196,7 @@ def _parts(flags: list[int], count: int) -> list[list[int]]:
 def _certify(search: Search, keep: int, H: float, E: float) -> None:
     """Soak baseline + the kept flags long enough to see it hang if it is as fast as the
     configs with more flags (the slower of the pooled MTTF and the one read from every probe)."""
-    mttf = max(E / max(H, 1.0), _stage(search) / ABLATION_STAGE_MTTFS)
+    mttf = max(E / max(H, 1.0), _stage(search) / search.policy.ablation_stage_mttfs)
     if search.s.mttf_cap_s is None:
         # the set alone may hang only rule_out_factor x slower (the modifiers left out of it)
         soak = stats.soak_for_detection(search.s.rule_out_factor * mttf, 1 - search.alpha / 2)
@@ -226,7 +213,7 @@ def _unrefuted(search: Search, flags: int, keep: int, H: float, E: float, goal: 
     """Of `flags` (all in `keep`): those whose absence was seen to hang (to drop), and the
     others whose absence has not yet rejected "as fast as the configs with `keep`" at `goal`
     (and, with `factor` = (F, alpha, reference), "F x slower than the reference rate" at alpha / k,
-    k the kept flags; with HOLM_LEAST, stepping down from alpha / k to alpha / HOLM_LEAST as flags are
+    k the kept flags; with policy.holm_least, stepping down from alpha / k to alpha / holm_least as flags are
     called), with the exposure still needed, fewest first."""
     dropped, rows = 0, []
     for j in range(search.n):
@@ -243,9 +230,10 @@ def _unrefuted(search: Search, flags: int, keep: int, H: float, E: float, goal: 
         f, alpha, ref = factor
         # no hang in e at rate lambda / f is no hang in e / f at lambda
         p = {j: ref.p_no_hang(e / f) for j, e, _ in rows}
-        if HOLM_LEAST:
+        holm_least = search.policy.holm_least
+        if holm_least:
             kept = bin(keep & ~dropped).count("1")
-            least = min(HOLM_LEAST, kept)
+            least = min(holm_least, kept)
             called = 0
             for j in sorted(p, key=p.get):
                 if p[j] > alpha / max(kept - called, least, 1):
@@ -278,15 +266,13 @@ def _another_reference_hang_pays(search: Search, keep: int, H: float, E: float, 
 
 
 def _reference_of(search: Search, keep: int) -> Reference:
-    """The failing cell's rate the rule-outs read: shared by every config with the set
-    (reference.py), or the pool of the failing cell and the removals that look like it."""
-    if MIXTURE_REFERENCE:
-        return reference_rate(search, keep)
+    """The failing cell's rate the rule-outs read: the pool of the failing cell and the removals
+    that look like it."""
     h_ref, e_ref = reference_pool(search, keep)
     return Reference(h_ref, np.array([e_ref]), np.array([1.0]))
 
 
-def _reference(search: Search, hangs: int = REFERENCE_HANGS) -> bool:
+def _reference(search: Search, hangs: int) -> bool:
     """Top the failing cell up to `hangs` hangs, the rate the rule-out soaks are read against (two
     calibration hangs leave its predictive so wide that each necessary flag would need some 85
     MTTFs; eight bring that to about 38). Returns whether it ran a probe."""
@@ -300,7 +286,7 @@ def _reference(search: Search, hangs: int = REFERENCE_HANGS) -> bool:
 
 
 def _stage(search: Search, mask: int | None = None) -> float:
-    """The longest soak the ablation gives one config at a time: ABLATION_STAGE_MTTFS x an MTTF
+    """The longest soak the ablation gives one config at a time: policy.ablation_stage_mttfs x an MTTF
     that neither lucky early hangs nor the kept flags' passes can pull far off, and at least
     twice `mask`'s longest soak so far: a hang that needs a long unbroken run under load (seed
     000 came hours into a chat) is never seen by soaks that stay short, however many.
@@ -316,7 +302,7 @@ def _stage(search: Search, mask: int | None = None) -> float:
     everything = sum(cs.exposure_s for cs in search.configs.values())
     slowest = everything / max(len(hangs), 1)
     if not hangs:
-        return max(ABLATION_STAGE_MTTFS * slowest, again)
+        return max(search.policy.ablation_stage_mttfs * slowest, again)
     t = np.array([h[0] for h in hangs])
     soak = np.array([max(h[1], h[0]) for h in hangs])
     rate = len(hangs) / max(float(t.sum()), 1e-9)
@@ -327,7 +313,7 @@ def _stage(search: Search, mask: int | None = None) -> float:
         if abs(new_rate - rate) <= 1e-9 * rate:
             break
         rate = new_rate
-    return max(ABLATION_STAGE_MTTFS * min(1.0 / max(rate, 1e-12), slowest), again)
+    return max(search.policy.ablation_stage_mttfs * min(1.0 / max(rate, 1e-12), slowest), again)
 
 
 def _pool(search: Search, keep: int) -> tuple[float, float]:

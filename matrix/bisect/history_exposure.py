@@ -18,9 +18,7 @@ from typing import Any, Iterable
 
 from soakmatrix.matrix.contracts.durations import format_duration
 
-from .ablation import REFERENCE_HANGS
 from .model import Settings
-from .modifiers import CELL_FIRST_HANGS
 
 LOADED = ("passed", "hang", "crash")
 
@@ -65,13 +63,13 @@ def history_exposure(observations: Iterable[Any], cell_id: str, signature: str |
 def failing_hangs_wanted(settings: Settings) -> int:
     """How many hangs of the failing cell a bisection soaks it for at least: the calibration's; by
     default (ablation, no cap) the reference the necessity soaks read the rate from; and the ones
-    the modifier verdicts' first group check compares with (CELL_FIRST_HANGS; up to CELL_HANGS
+    the modifier verdicts' first group check compares with (policy.cell_first_hangs; up to policy.cell_hangs
     when a group does not clear, and more while they shorten the necessity soaks: not counted)."""
     wanted = settings.calibration_hangs
     if settings.ablation and settings.mttf_cap_s is None:
-        wanted = max(wanted, REFERENCE_HANGS)
+        wanted = max(wanted, settings.policy.reference_hangs)
     if settings.measure_modifiers:
-        wanted = max(wanted, CELL_FIRST_HANGS)
+        wanted = max(wanted, settings.policy.cell_first_hangs)
     return wanted
 
 

@@ -13,9 +13,8 @@ from typing import Any, Callable, Mapping
 from soakmatrix.matrix.contracts import stats
 
 from .oracle import ProbeResult
+from .policy import Policy
 
-CAP_BOUND_CONFIDENCE = 0.99
-POINT_CAP_FACTOR = 3.0     # the default cap settles at this many times the pooled MTTF
 MAX_ELEMENTS = 16          # hypotheses are every subset: 2^16 of them is still milliseconds
 
 
@@ -47,6 +46,7 @@ class Settings:
     ablation: bool = True               # remove one flag at a time first; False: the posterior search only
     rule_out_factor: float = 8.0        # "necessary": no hang without it, soaked until a slowdown up to this is ruled out
     measure_modifiers: bool = True      # soak the flags outside the set for modifier verdicts (modifiers.py)
+    policy: Policy = Policy()           # every constant that changes an answer or a cost (policy.py)
 
 
 @dataclass
@@ -125,16 +125,16 @@ def default_gpu_count(flags: Mapping[str, Any]) -> int:
     return int(flags.get("tp", 1) or 1)
 
 
-def default_cap(hangs: int, exposure_s: float, factor: float = 2.0) -> float:
+def default_cap(hangs: int, exposure_s: float, factor: float = 2.0, policy: Policy = Policy()) -> float:
     """The MTTF cap derived from the failing cell (later: from the configs that share its rate).
 
     `factor` x the MTTF's 99% upper bound while few hangs are in (so a noisy calibration, two
     lucky early hangs, does not put the failing cell itself above the cap), tightening to
-    POINT_CAP_FACTOR x the point estimate as hangs pool up, never below the upper bound. A cap that
+    `policy.point_cap_factor` x the point estimate as hangs pool up, never below the upper bound. A cap that
     settles near a fixed multiple of the MTTF keeps a modifier's verdict (is the hang without it
     slower than the cap?) away from a coin toss on the cap's own noise."""
-    upper = stats.mttf_upper_bound(hangs, exposure_s, CAP_BOUND_CONFIDENCE)
+    upper = stats.mttf_upper_bound(hangs, exposure_s, policy.cap_bound_confidence)
     if hangs <= 0:
         return factor * upper
-    return max(upper, min(factor * upper, POINT_CAP_FACTOR * exposure_s / hangs))
+    return max(upper, min(factor * upper, policy.point_cap_factor * exposure_s / hangs))
 

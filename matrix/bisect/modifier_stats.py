@@ -26,8 +26,6 @@ from scipy import stats as st
 if TYPE_CHECKING:
     from .search import Search
 
-SPEEDUP_HANGS = 4        # a "faster without it" call needs this many hangs without the flag
-SPEEDUP_GUARD = True      # ... (False: every Holm call stands)
 RATIO_GRID = np.exp(np.linspace(math.log(1e-3), math.log(1e3), 481))
 
 
@@ -145,20 +143,21 @@ def comparisons(search: Search, minimal_mask: int, interval: bool = True) -> dic
 
 def called(search: Search, minimal_mask: int) -> dict[int, tuple[Comparison, bool]]:
     """Each flag outside the set: its comparison and whether Holm calls it a modifier. A flag
-    whose removal makes the hang come faster is called only on SPEEDUP_HANGS hangs without it or
+    whose removal makes the hang come faster is called only on policy.speedup_hangs hangs without it or
     more: a probe ends at its first hang, and one that came within seconds of the start reads as
     a large speed-up at a small p (two of six false calls over 600 seeds of n=6, k=3, MTTF 10 min
     were such, "x0.04" and "x0.00"). Holm's calls are only thinned: no false call is added."""
     comps = comparisons(search, minimal_mask)
     keys = list(comps)
     rejected = holm([comps[j].p_value for j in keys], 1.0 - search.s.confidence)
-    return {j: (comps[j], r and not thin_speedup(comps[j])) for j, r in zip(keys, rejected)}
+    least = search.policy.speedup_hangs
+    return {j: (comps[j], r and not thin_speedup(comps[j], least)) for j, r in zip(keys, rejected)}
 
 
-def thin_speedup(c: Comparison) -> bool:
-    """The comparison says the hang comes faster without the flag, on fewer than SPEEDUP_HANGS hangs
-    without it."""
-    return SPEEDUP_GUARD and c.ratio < 1 and c.hangs_without < SPEEDUP_HANGS
+def thin_speedup(c: Comparison, least_hangs: int) -> bool:
+    """The comparison says the hang comes faster without the flag, on fewer than `least_hangs`
+    hangs without it (policy.speedup_hangs)."""
+    return c.ratio < 1 and c.hangs_without < least_hangs
 
 
 def point_probability(rows: list[tuple[int, float, int, float]]) -> float:

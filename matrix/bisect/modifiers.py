@@ -1,30 +1,30 @@
 """Modifier soaks: what to soak so that each flag outside the set gets its modifier verdict
 (modifier_stats.py reads the soaks and makes the calls).
 
-`measure` soaks what the verdicts need: the failing cell to CELL_FIRST_HANGS hangs; then the flags
+`measure` soaks what the verdicts need: the failing cell to policy.cell_first_hangs hangs; then the flags
 whose removal looks innocent so far (or that the ablation dropped with a group, never soaked alone)
 removed together (one group: once its hangs against the failing cell's rule out an x
 rule_out_factor modifier among them, they need no soaks of their own: 8 innocent flags cost the
 group's 3-5 hangs, not some 23 hangs of their own). Most often that group is the set alone, and
 most often it clears: the plain world's verdicts then cost some 8 + 5 hangs, not 12 + 4 (the
-floor's split of them is a third on the failing cell). A group that reaches GROUP_MTTFS of load, or
+floor's split of them is a third on the failing cell). A group that reaches policy.group_mttfs of load, or
 whose hangs reject "as fast as the failing cell" first (a modifier is likely in it), first gets the
-failing cell to CELL_HANGS (the side every later comparison reads). Then its modifier is looked for
+failing cell to policy.cell_hangs (the side every later comparison reads). Then its modifier is looked for
 from the other side (_locate): flags added back to the config without the group, the part that
 holds the modifier hangs as fast as the failing cell in a hang or two, and the set plus the flag
 found clears all the others in one removal (not 4-6 hangs for each innocent half). When that fails
 (a loose call went wrong, two modifiers), the group is split: its likeliest modifier alone and the
-rest (the flag whose other removals look slowest against the failing cell, at PEEL_LEVEL or
-below), else in halves, and each part checked the same way, down to single flags. Then each flag
-left gets its removal soaked until it is called (Holm level), looks innocent (INNOCENT_HANGS
-hangs or more and a ratio under INNOCENT_RATIO), has MEASURE_HANGS hangs, or has soaked out to the
+rest (the flag whose other removals look slowest against the failing cell, at policy.peel_level
+or below), else in halves, and each part checked the same way, down to single flags. Then each flag
+left gets its removal soaked until it is called (Holm level), looks innocent (policy.innocent_hangs
+hangs or more and a ratio under policy.innocent_ratio), has policy.measure_hangs hangs, or has soaked out to the
 necessity length; a flag is called early only at a third of its Holm share, so looking after every
 soak stays within budget.
 
-Each of these soaks runs on to where a pass would decide (SOAK_TO_DECISION): a group's removal to
+Each of these soaks runs on to where a pass would decide: a group's removal to
 where, without a hang, it would look slower than the failing cell; a flag's removal to where it
 would be called. A hang ends the probe either way, so a fast config pays nothing for the longer
-soak, and a slow one (the modifier's removal) needs one start-up, not one per SOAK_MTTFS piece.
+soak, and a slow one (the modifier's removal) needs one start-up, not one per policy.soak_mttfs piece.
 By default the ablation runs `measure` before the necessity soaks: `reference_pool` hands them the
 hangs these soaks bought (the failing cell's, each innocent removal's and each innocent-looking
 group's) as the failing cell's rate.
@@ -32,32 +32,14 @@ group's) as the failing cell's rate.
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING
 
-from scipy import stats as st
-
-from .modifier_stats import comparisons, compare, p_as_strong, point_probability, strata_by_config
+from .modifier_reads import (cleared_flags, flags_to_soak, looks_fast, looks_slow, rules_out, slower_tail, until_called,
+                             until_slow)
+from .modifier_stats import comparisons
 
 if TYPE_CHECKING:
     from .search import Search
-
-MEASURE_HANGS = 10          # hangs of the failing cell and of a suspect's removal before a verdict without more
-INNOCENT_RATIO = 1.5       # a removal with INNOCENT_HANGS+ hangs and a ratio under this looks innocent: no more soaks
-INNOCENT_HANGS = 4         # 2: an 8x modifier's quick hangs looked innocent 9 % of the time; 3: 2 %
-CELL_FIRST_HANGS = 8       # the failing cell's hangs before the first group check (6 and 12 tried: docs/design/alternatives.md)
-CELL_HANGS = 12            # ... and once a group does not clear: the side of every comparison that follows
-GROUP_RATIO = 3.0          # a suspect joins the group removal while its own removal looks at most this much slower
-GROUP_MTTFS = 20.0         # the most load (failing-cell MTTFs) the group's removal gets to rule out a modifier
-GROUP_SLOW_LEVEL = 0.05    # ... unless its hangs reject "as fast as the failing cell" at this level first
-REFERENCE_LEVEL = 0.05     # a removal joins the failing cell's reference rate unless told apart at this level
-GROUP_RULE_OUT_SHARE = 3.0  # a group clears its flags at (1 - confidence) / this (6 tried: docs/design/alternatives.md)
-SOAK_MTTFS = 2.0           # a modifier soak: at least this many failing-cell MTTFs (4 tried: docs/design/alternatives.md)
-SOAK_TO_DECISION = True    # ... and on to where a pass would decide (False: pieces of SOAK_MTTFS, as before)
-CALLED_STEPS = 12          # bisection steps of the search for where a flag's removal would be called
-PEEL_LEVEL = 0.05          # a group that did not clear gives up the flag whose other removals look this slow
-LOCATE = True              # a group that did not clear: its modifier found from the set's side first (_locate)
-LOCATE_LEVEL = 0.05        # ... each step's loose call (0.02, 0.1 and 0.2 tried: docs/design/alternatives.md)
 
 
 def measure(search: Search, minimal_mask: int, longest_s: float) -> None:
@@ -66,17 +48,18 @@ def measure(search: Search, minimal_mask: int, longest_s: float) -> None:
     full = search.full
     if full == minimal_mask:
         return
-    suspects = _suspects(search, minimal_mask, longest_s)
+    suspects = flags_to_soak(search, minimal_mask, longest_s)
     if not suspects:
         return
+    p = search.policy
     cell = search.stats_of(full)
-    _top_up_cell(search, CELL_FIRST_HANGS)
+    _top_up_cell(search, p.cell_first_hangs)
     _group_check(search, minimal_mask, longest_s)
     while not search.over_budget():
-        suspects = _suspects(search, minimal_mask, longest_s)
+        suspects = flags_to_soak(search, minimal_mask, longest_s)
         if not suspects:
             return
-        _top_up_cell(search, CELL_HANGS)
+        _top_up_cell(search, p.cell_hangs)
         # with fewer suspects than --parallel, the width is dealt out round-robin: copies of a
         # removal are independent soaks whose exposure pools
         width = max(1, search.s.parallel)
@@ -87,8 +70,8 @@ def measure(search: Search, minimal_mask: int, longest_s: float) -> None:
             target = full & ~(1 << j)
             cs = search.stats_of(target)
             mttf = cell.exposure_s / max(cell.hangs, 1)
-            run_on = (_until_called(search, minimal_mask, j, longest_s) - cs.exposure_s) / copies
-            soak = min(max(SOAK_MTTFS * mttf, cs.exposure_s / max(cs.hangs, 1), run_on, search.s.startup_s),
+            run_on = (until_called(search, minimal_mask, j, longest_s) - cs.exposure_s) / copies
+            soak = min(max(p.soak_mttfs * mttf, cs.exposure_s / max(cs.hangs, 1), run_on, search.s.startup_s),
                        max((longest_s - cs.exposure_s) / copies, search.s.startup_s))
             batch += [(target, soak, "modifiers")] * copies
         search.run(batch)
@@ -106,9 +89,9 @@ def _group_check(search: Search, minimal_mask: int, longest_s: float) -> None:
     """Once the failing cell's rate is known, the suspects that look innocent so far (their
     removal hung, not much slower than the failing cell, or they were dropped with a group in the
     ablation) are removed together, and the group's removal is soaked until its hangs rule out an
-    x rule_out_factor modifier among them (_rules_out: short of two that cancel, none of them is
-    one, and none needs soaks of its own), look slower than the failing cell (_looks_slow) or it
-    has had GROUP_MTTFS of load: then its modifier is looked for from the set's side (_locate),
+    x rule_out_factor modifier among them (rules_out: short of two that cancel, none of them is
+    one, and none needs soaks of its own), look slower than the failing cell (looks_slow) or it
+    has had policy.group_mttfs of load: then its modifier is looked for from the set's side (_locate),
     and if that does not clear the rest, each part is a group of its own (_split), down to single
     flags (which `measure` soaks one by one). All the flags outside the set together is the set
     alone, whose earlier soaks count."""
@@ -116,14 +99,14 @@ def _group_check(search: Search, minimal_mask: int, longest_s: float) -> None:
     mttf = cell.exposure_s / max(cell.hangs, 1)
     comps = comparisons(search, minimal_mask, interval=False)
     # a suspect whose removal was never soaked alone was dropped with a group whose removal hung
-    group = [j for j in _suspects(search, minimal_mask, longest_s)
+    group = [j for j in flags_to_soak(search, minimal_mask, longest_s)
              if (search.full & ~(1 << j)) not in search.configs
-             or (comps[j].hangs_without > 0 and comps[j].ratio < GROUP_RATIO)]
+             or (comps[j].hangs_without > 0 and comps[j].ratio < search.policy.group_ratio)]
     if not group:
         return
     # flags an earlier group cleared (before the set shrank) join a later one: a flag the necessity
     # soaks dropped then needs no soaks of its own either (its group is mostly the set alone)
-    cleared = _cleared(search, minimal_mask)
+    cleared = cleared_flags(search, minimal_mask)
     group += [j for j in range(search.n) if cleared >> j & 1 and j not in group]
     pending = [group]
     untils: dict[int, float] = {}
@@ -136,22 +119,22 @@ def _group_check(search: Search, minimal_mask: int, longest_s: float) -> None:
             pending += halves(group)
             continue
         cs = search.stats_of(target)
-        until = untils.setdefault(target, cs.exposure_s + GROUP_MTTFS * mttf)
+        until = untils.setdefault(target, cs.exposure_s + search.policy.group_mttfs * mttf)
         # with --parallel N, N copies of the group's removal at once (their exposure pools; the
         # rule-out is looked at after each round, so fewer looks, the same level)
         copies = max(1, search.s.parallel)
-        while (not _rules_out(search, cs) and not _looks_slow(search, cs) and cs.exposure_s < until
+        while (not rules_out(search, cs) and not looks_slow(search, cs) and cs.exposure_s < until
                and not search.over_budget()):
-            piece = max(SOAK_MTTFS * mttf, (_until_slow(search, cs) - cs.exposure_s) / copies)
+            piece = max(search.policy.soak_mttfs * mttf, (until_slow(search, cs) - cs.exposure_s) / copies)
             soak = max(min(piece, (until - cs.exposure_s) / copies), search.s.startup_s)
             search.run([(target, soak, "modifiers")] * copies)
-        if not _rules_out(search, cs) and search.stats_of(search.full).hangs < CELL_HANGS:
+        if not rules_out(search, cs) and search.stats_of(search.full).hangs < search.policy.cell_hangs:
             # the group did not clear: the failing cell's side of every comparison first
-            _top_up_cell(search, CELL_HANGS)
+            _top_up_cell(search, search.policy.cell_hangs)
             pending.insert(0, group)
             continue
-        if not _rules_out(search, cs):
-            if LOCATE and _locate(search, minimal_mask, group, target, mttf):
+        if not rules_out(search, cs):
+            if _locate(search, minimal_mask, group, target, mttf):
                 continue
             # a modifier among them, likely: its likeliest one alone, or each half a group of its
             # own (a modifier among 9 flags costs a level or a few of groups, not 8 innocent flags'
@@ -163,14 +146,15 @@ def _locate(search: Search, minimal_mask: int, group: list[int], target: int, mt
     """A group that did not clear: find its modifier from the other side, then clear the rest at once.
     `target` (the failing cell without the group; most often the set alone) is slow when a modifier
     is among the group, so flags added back to it show where: `target` plus the half that holds the
-    modifier hangs as fast as the failing cell (a hang or two, at LOCATE_LEVEL), plus the other half
+    modifier hangs as fast as the failing cell (a hang or two, at policy.locate_level), plus the other half
     it stays slow. The likeliest modifier (_likeliest) is tried alone first, else the first half.
     Each step is a loose call: what it finds is only a candidate. `target` plus that flag lacks
-    every other flag of the group, and its soak (_rules_out, at the group rule-out's own level)
+    every other flag of the group, and its soak (rules_out, at the group rule-out's own level)
     clears them all in one removal; its hangs against `target`'s also enter the candidate's own
     verdict (the set plus it and the set alone differ in it alone). True when that removal cleared
     them; False (a loose call went wrong, or two modifiers) leaves the group to _split, with every
     soak here kept."""
+    p = search.policy
     candidates = list(group)
     while len(candidates) > 1 and not search.over_budget():
         best = _likeliest(search, minimal_mask, candidates, target) if len(candidates) > 2 else None
@@ -179,11 +163,11 @@ def _locate(search: Search, minimal_mask: int, group: list[int], target: int, mt
         if not search.runnable[added]:
             return False
         cs = search.stats_of(added)
-        until = cs.exposure_s + GROUP_MTTFS * mttf
-        while (not _looks_fast(search, cs, LOCATE_LEVEL) and not _looks_slow(search, cs, LOCATE_LEVEL)
+        until = cs.exposure_s + p.group_mttfs * mttf
+        while (not looks_fast(search, cs, p.locate_level) and not looks_slow(search, cs, p.locate_level)
                and cs.exposure_s < until and not search.over_budget()):
-            _soak_on(search, added, cs, until, mttf, LOCATE_LEVEL)
-        fast = _looks_fast(search, cs, LOCATE_LEVEL) and not _looks_slow(search, cs, LOCATE_LEVEL)
+            _soak_on(search, added, cs, until, mttf, p.locate_level)
+        fast = looks_fast(search, cs, p.locate_level) and not looks_slow(search, cs, p.locate_level)
         candidates = first if fast else second
     if len(candidates) != 1:
         return False
@@ -191,27 +175,18 @@ def _locate(search: Search, minimal_mask: int, group: list[int], target: int, mt
     if not search.runnable[joint]:
         return False
     cs = search.stats_of(joint)
-    until = cs.exposure_s + GROUP_MTTFS * mttf
-    while (not _rules_out(search, cs) and not _looks_slow(search, cs) and cs.exposure_s < until
+    until = cs.exposure_s + p.group_mttfs * mttf
+    while (not rules_out(search, cs) and not looks_slow(search, cs) and cs.exposure_s < until
            and not search.over_budget()):
-        _soak_on(search, joint, cs, until, mttf, GROUP_SLOW_LEVEL)
-    return _rules_out(search, cs)
-
-
-def _looks_fast(search: Search, cs, level: float) -> bool:
-    """The config's hangs reject "x rule_out_factor slower than the failing cell" at `level`: it
-    holds the modifier (a loose call: _locate's steps)."""
-    cell = search.stats_of(search.full)
-    if cs.hangs == 0 or cell.hangs == 0:
-        return False
-    return p_as_strong([(cell.hangs, cell.exposure_s, cs.hangs, cs.exposure_s)], search.s.rule_out_factor) <= level
+        _soak_on(search, joint, cs, until, mttf, p.group_slow_level)
+    return rules_out(search, cs)
 
 
 def _soak_on(search: Search, mask: int, cs, until: float, mttf: float, level: float) -> None:
     """One round of a group soak: --parallel copies, each on to where the config would look slow
-    at `level` (at least SOAK_MTTFS failing-cell MTTFs), short of `until`."""
+    at `level` (at least policy.soak_mttfs failing-cell MTTFs), short of `until`."""
     copies = max(1, search.s.parallel)
-    piece = max(SOAK_MTTFS * mttf, (_until_slow(search, cs, level) - cs.exposure_s) / copies)
+    piece = max(search.policy.soak_mttfs * mttf, (until_slow(search, cs, level) - cs.exposure_s) / copies)
     soak = max(min(piece, (until - cs.exposure_s) / copies), search.s.startup_s)
     search.run([(mask, soak, "modifiers")] * copies)
 
@@ -219,8 +194,8 @@ def _soak_on(search: Search, mask: int, cs, until: float, mttf: float, level: fl
 def _split(search: Search, minimal_mask: int, group: list[int], target: int) -> list[list[int]]:
     """A group that did not clear, split: its likeliest modifier alone and the rest, else halves.
     The likeliest is the flag whose removals other than the group's own (the ablation's, single
-    or in groups) look slowest against the failing cell, if at PEEL_LEVEL or below (a tie: the
-    later flag). Peeling only a flag that stands out alone hardly ever fired (docs/design/alternatives.md)."""
+    or in groups) look slowest against the failing cell, if at policy.peel_level or below (a tie: the
+    later flag). Peeling only a flag that stands out alone hardly ever fired (docs/bisect-history.md)."""
     cell = search.stats_of(search.full)
     if cell.hangs == 0 or len(group) < 3:
         return halves(group)
@@ -232,9 +207,14 @@ def _split(search: Search, minimal_mask: int, group: list[int], target: int) -> 
 
 def _likeliest(search: Search, minimal_mask: int, group: list[int], target: int) -> int | None:
     """The flag of `group` whose removals other than `target` look slowest against the failing
-    cell, if at PEEL_LEVEL or below (a tie: the later flag); None when none does."""
+    cell, if at policy.peel_level or below (a tie: the later flag); None when none does. Told the
+    modifier (policy.told_modifier, a benchmark's diagnostic): that flag if in `group`, else None."""
+    told = search.policy.told_modifier
+    if told is not None:
+        j = next((i for i, e in enumerate(search.elements) if e.name == told), None)
+        return j if j in group else None
     cell = search.stats_of(search.full)
-    best, best_p = None, PEEL_LEVEL
+    best, best_p = None, search.policy.peel_level
     for j in group:
         h = e = 0.0
         for m, cs in search.configs.items():
@@ -242,7 +222,7 @@ def _likeliest(search: Search, minimal_mask: int, group: list[int], target: int)
                 continue
             h, e = h + cs.hangs, e + cs.exposure_s
         if e > 0:
-            p = _slower_tail(cell.hangs, cell.exposure_s, int(h), e)
+            p = slower_tail(cell.hangs, cell.exposure_s, int(h), e)
             if p <= best_p:
                 best, best_p = j, p
     return best
@@ -252,167 +232,3 @@ def halves(group: list[int]) -> list[list[int]]:
     """A group of flags split in two (the larger half first); a single flag stays as it is."""
     half = (len(group) + 1) // 2
     return [group[:half], group[half:]] if len(group) > 1 else [group]
-
-
-def _looks_slow(search: Search, cs, level: float = GROUP_SLOW_LEVEL) -> bool:
-    """The config's hangs reject "as fast as the failing cell" (one-sided, at `level`): a modifier
-    is likely among the flags it lacks, and more soaks of it would not clear them."""
-    cell = search.stats_of(search.full)
-    if cell.hangs == 0 or cs.exposure_s <= 0:
-        return False
-    return _slower_tail(cell.hangs, cell.exposure_s, cs.hangs, cs.exposure_s) <= level
-
-
-def _slower_tail(cell_hangs: int, cell_exposure_s: float, hangs: float, exposure_s: float) -> float:
-    """P(the failing cell takes at least the hangs it took of both | both as fast), one-sided: small
-    when the other config is slower than the failing cell (_until_slow inverts it)."""
-    rows = [(cell_hangs, cell_exposure_s, hangs, exposure_s)]
-    return 1.0 - p_as_strong(rows, 1.0) + point_probability(rows)
-
-
-def _until_slow(search: Search, cs, level: float = GROUP_SLOW_LEVEL) -> float:
-    """The config's exposure at which, without another hang, it would look slow (_looks_slow at
-    `level`); its own exposure when SOAK_TO_DECISION is off, and inf while the failing cell has not
-    hung."""
-    cell = search.stats_of(search.full)
-    if not SOAK_TO_DECISION:
-        return cs.exposure_s
-    if cell.hangs == 0:
-        return math.inf
-    # _slower_tail, P(X >= the cell's hangs | Binomial(all hangs, the cell's share of the
-    # exposure)), is the Beta(cell hangs, config hangs + 1) cdf at that share: its quantile at the
-    # level is the share where the tail reaches it (a hair less, so that float rounding does not
-    # leave the pass a hair short)
-    share = float(st.beta.ppf(level, cell.hangs, cs.hangs + 1)) * (1.0 - 1e-9)
-    if share <= 0.0:
-        return math.inf
-    return max(cs.exposure_s, cell.exposure_s * (1.0 - share) / share)
-
-
-def _until_called(search: Search, minimal_mask: int, j: int, longest_s: float) -> float:
-    """The exposure of flag j's removal from the failing cell at which, without another hang, the
-    flag would be called early (_suspects' test and level), found to CALLED_STEPS bisection steps
-    (a hair long rather than short); `longest_s` when not even that would call it, and the removal's
-    own exposure when SOAK_TO_DECISION is off."""
-    bit = 1 << j
-    target = search.full & ~bit
-    cell = search.stats_of(search.full)
-    now = search.configs[target].exposure_s if target in search.configs else 0.0
-    if not SOAK_TO_DECISION or cell.exposure_s <= 0:
-        return now
-    rows = strata_by_config(search, bit, minimal_mask)
-    hangs = search.configs[target].hangs if target in search.configs else 0
-    level = _clear_level(search, minimal_mask)
-
-    def called_at(exposure_s: float) -> bool:
-        rows[target] = (cell.hangs, cell.exposure_s, hangs, exposure_s)
-        c = compare(list(rows.values()), search.s.confidence, interval=False)
-        return _called_early(c, hangs, level)
-
-    low, high = now, max(longest_s, now)
-    if called_at(low):
-        return low
-    if not called_at(high):
-        return high
-    for _ in range(CALLED_STEPS):
-        mid = (low + high) / 2.0
-        low, high = (low, mid) if called_at(mid) else (mid, high)
-    return high
-
-
-def _called_early(c, removal_hangs: int, level: float) -> bool:
-    """A flag's comparison calls it before its soaks are done: at `level`, and either slower
-    without it or on INNOCENT_HANGS+ hangs of its removal (a removal that hung once, quickly, is no
-    call that the flag slows the hang)."""
-    return c.p_value <= level and (c.ratio >= 1 or removal_hangs >= INNOCENT_HANGS)
-
-
-def _clear_level(search: Search, minimal_mask: int) -> float:
-    """The level at which a flag is called early: a third of its Holm share, so that looking after
-    every soak does not spend the family's error budget on the innocent flags."""
-    outside = search.n - bin(minimal_mask).count("1")
-    return (1.0 - search.s.confidence) / (3.0 * max(outside, 1))
-
-
-def _rules_out(search: Search, cs) -> bool:
-    """The config's hangs against the failing cell's rule out "an x rule_out_factor modifier is
-    among the flags it lacks" at a third of 1 - confidence (looked at after every soak). The call
-    stands once made (search.cleared_groups): the level holds for the first crossing, and the
-    failing cell's later hangs (its top-up to CELL_HANGS) would otherwise take it back by chance
-    and send each flag of the group to soaks of its own."""
-    if cs.mask in search.cleared_groups:
-        return True
-    cell = search.stats_of(search.full)
-    if cs.hangs < 2 or cell.hangs == 0:
-        return False
-    p = p_as_strong([(cell.hangs, cell.exposure_s, cs.hangs, cs.exposure_s)], search.s.rule_out_factor)
-    if p <= (1.0 - search.s.confidence) / GROUP_RULE_OUT_SHARE:
-        search.cleared_groups.add(cs.mask)
-        return True
-    return False
-
-
-def _cleared(search: Search, minimal_mask: int) -> int:
-    """Flags outside the set removed together with others in a config whose hangs rule out an
-    x rule_out_factor modifier among them (a group's removal, _group_check)."""
-    out = 0
-    for m, cs in search.configs.items():
-        gone = search.full & ~m
-        if (m & minimal_mask) != minimal_mask or bin(gone).count("1") < 2:
-            continue
-        if _rules_out(search, cs):
-            out |= gone
-    return out
-
-
-def _suspects(search: Search, minimal_mask: int, longest_s: float) -> list[int]:
-    """Flags outside the set whose verdict more soaking of their removal may still change."""
-    comps = comparisons(search, minimal_mask, interval=False)
-    clear = _clear_level(search, minimal_mask)
-    out = []
-    cleared = _cleared(search, minimal_mask)
-    for j, c in comps.items():
-        if cleared >> j & 1:
-            continue
-        target = search.full & ~(1 << j)
-        if not search.runnable[target]:
-            continue
-        cs = search.configs.get(target)
-        if cs is None:
-            out.append(j)      # dropped with a group (ablation), not yet soaked alone
-            continue
-        if _called_early(c, cs.hangs, clear):
-            continue
-        if cs.hangs >= MEASURE_HANGS or cs.exposure_s >= longest_s:
-            continue
-        if cs.hangs >= INNOCENT_HANGS and c.ratio < INNOCENT_RATIO:
-            continue
-        out.append(j)
-    return out
-
-
-def measure_length(search: Search) -> float:
-    """The most a modifier verdict soaks one removal: the exposure in which a removal
-    rule_out_factor x slower than the failing cell hangs MEASURE_HANGS times, and some."""
-    cell = search.stats_of(search.full)
-    return search.s.rule_out_factor * cell.exposure_s / max(cell.hangs, 1) * (MEASURE_HANGS + 2)
-
-
-def reference_pool(search: Search, minimal_mask: int) -> tuple[float, float]:
-    """Hangs and exposure of the failing cell pooled with every removal of flags outside the set
-    (one flag, or a group that looks at most INNOCENT_RATIO x slower) that its own comparison with
-    the failing cell does not tell apart (REFERENCE_LEVEL): the rate
-    "x F slower than the failing cell" is read against. A removal that is slower (a modifier not
-    yet called) only lowers the pooled rate and lengthens the rule-out; a faster one is left out."""
-    cell = search.stats_of(search.full)
-    h, e = float(cell.hangs), float(cell.exposure_s)
-    for m, cs in search.configs.items():
-        # removals of flags outside the set, alone or in groups (the ablation's and the groups')
-        if m == search.full or (m & minimal_mask) != minimal_mask or cs.exposure_s <= 0 or cell.exposure_s <= 0:
-            continue
-        c = compare([(cell.hangs, cell.exposure_s, cs.hangs, cs.exposure_s)], search.s.confidence, interval=False)
-        # a group's removal joins only while it looks as fast (a modifier among its flags would slow
-        # the reference, and each necessary flag's rule-out with it)
-        if c.p_value > REFERENCE_LEVEL and (bin(search.full & ~m).count("1") == 1 or c.ratio < INNOCENT_RATIO):
-            h, e = h + cs.hangs, e + cs.exposure_s
-    return h, e

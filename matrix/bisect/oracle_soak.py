@@ -71,29 +71,26 @@ def probe_result(probe: Probe, result: CellResult, gpu_count: int, startup_s: fl
                        {"cell_id": result.cell_id, "artifacts": dict(result.artifacts), "node": result.node})
 
 
-class SoakOracle:
-    """Runs each batch of probes as soak jobs side by side on the connected Ray cluster."""
+class SoakRounds:
+    """One round of planned cells soaked side by side as soak jobs on Ray: what the flag and the build
+    bisections' soak oracles share (this module's `SoakOracle`, `build_bisect.oracle_soak`). Each
+    round gets its own folder (`probe-NNN`, after any a stopped round left) and each soak its own
+    engine seed; a stopped loop (Ctrl-C, SIGTERM) raises KeyboardInterrupt, a lost cluster
+    ClusterLost: no answers, so the round is not journaled and a resume soaks it again."""
 
-    def __init__(self, matrix: Matrix, profile: Profile, model: str, gpu: str, workload: str, *,
-                 backend: str = "sim", out_dir: str | Path = "bisect-out",
-                 launcher_factory: Callable[[], Any] | None = None,
-                 on_result: Callable[[CellResult], None] | None = None, seed: int | None = None,
-                 build: Build | None = None):
+    def __init__(self, matrix: Matrix, profile: Profile, *, backend: str = "sim", out_dir: str | Path = "bisect-out",
+                 launcher_factory: Callable[[], Any] | None = None, seed: int | None = None,
+                 on_result: Callable[[CellResult], None] | None = None, overrides: dict[str, Any] | None = None):
         self.matrix, self.profile = matrix, profile
-        self.model, self.gpu, self.workload = model, gpu, workload
         self.backend = backend
-        self.build = build       # the engine build every probe runs in (its runtime_env); None: the nodes'
         self.out_dir = Path(out_dir)
+        self.overrides = dict(overrides or {})    # more keyword arguments of `soak_spec_for`
         self._launcher_factory = launcher_factory
         self._launcher = None
         self._on_result = on_result
         self._round = 0
         self._seed = seed or 0
         self._probes = 0
-
-    def _cell(self, probe: Probe) -> PlannedCell:
-        combo = {"model": self.model, "gpu": self.gpu, "workload": self.workload, **probe.flags}
-        return replace(planned_cell(self.matrix, self.profile, combo, build=self.build), soak_s=probe.soak_s)
 
     def launcher(self) -> Any:
         if self._launcher is None:
@@ -105,17 +102,18 @@ class SoakOracle:
         number the next round's folder and seeds after theirs, not over them."""
         self._round, self._probes = self._round + rounds, self._probes + probes
 
-    def run(self, probes: Sequence[Probe]) -> list[ProbeResult]:
-        """One round: every probe at once, repeats of one config as copies of it (`side_by_side`)."""
+    def next_round(self) -> Path:
+        """The next round's folder (a stopped round's is kept, with what it left)."""
+        self._round += 1
+        while (self.out_dir / f"probe-{self._round:03d}").exists():
+            self._round += 1
+        return self.out_dir / f"probe-{self._round:03d}"
+
+    def soak(self, cells: Sequence[PlannedCell], round_dir: Path) -> list[CellResult | None]:
+        """Soak `cells` (made distinct by `side_by_side`) at once in `round_dir`: each one's result,
+        None where the loop gave none."""
         from soakmatrix.matrix.schedule import ClusterLost, cap_seconds, run_cells
 
-        if not probes:
-            return []
-        cells = side_by_side([self._cell(p) for p in probes])
-        self._round += 1
-        while (self.out_dir / f"probe-{self._round:03d}").exists():   # a stopped round's: keep what it left
-            self._round += 1
-        round_dir = self.out_dir / f"probe-{self._round:03d}"
         by_id = {pc.id: i for i, pc in enumerate(cells)}
         # a seed per probe: the simulated engine draws its hang times from it, and two soaks of one
         # config with one seed would hang at the same moment (pooled, counted as two independent hangs)
@@ -125,7 +123,7 @@ class SoakOracle:
             seeds[pc.id] = self._seed * 100_003 + self._probes
 
         def make_spec(pc: PlannedCell) -> SoakSpec:
-            return soak_spec_for(pc, self.matrix, self.backend, round_dir, seed=seeds[pc.id])
+            return soak_spec_for(pc, self.matrix, self.backend, round_dir, seed=seeds[pc.id], **self.overrides)
 
         cap = cap_seconds(max(pc.soak_s for pc in cells), startup_timeout_s(self.profile.startup_s), None,
                           matrix_time_scale(self.matrix, self.backend))
@@ -137,16 +135,45 @@ class SoakOracle:
             raise KeyboardInterrupt
         if summary.lost:
             raise ClusterLost(summary.lost)   # no answers: the round is not journaled, a resume soaks it again
-        results: list[ProbeResult | None] = [None] * len(probes)
+        out: list[CellResult | None] = [None] * len(cells)
         for result in summary.results:
             i = by_id.get(result.cell_id)
             if i is not None:
-                results[i] = probe_result(probes[i], result, cells[i].gpu_count, self.profile.startup_s)
-        return [r if r is not None else ProbeResult(probes[i], "infra_error", None, 0.0, 0.0, "no result (cancelled)")
+                out[i] = result
+        return out
+
+
+class SoakOracle(SoakRounds):
+    """Runs each batch of probes as soak jobs side by side on the connected Ray cluster."""
+
+    def __init__(self, matrix: Matrix, profile: Profile, model: str, gpu: str, workload: str, *,
+                 backend: str = "sim", out_dir: str | Path = "bisect-out",
+                 launcher_factory: Callable[[], Any] | None = None,
+                 on_result: Callable[[CellResult], None] | None = None, seed: int | None = None,
+                 build: Build | None = None):
+        super().__init__(matrix, profile, backend=backend, out_dir=out_dir, launcher_factory=launcher_factory,
+                         seed=seed, on_result=on_result)
+        self.model, self.gpu, self.workload = model, gpu, workload
+        self.build = build       # the engine build every probe runs in (its runtime_env); None: the nodes'
+
+    def _cell(self, probe: Probe) -> PlannedCell:
+        combo = {"model": self.model, "gpu": self.gpu, "workload": self.workload, **probe.flags}
+        return replace(planned_cell(self.matrix, self.profile, combo, build=self.build), soak_s=probe.soak_s)
+
+    def run(self, probes: Sequence[Probe]) -> list[ProbeResult]:
+        """One round: every probe at once, repeats of one config as copies of it (`side_by_side`)."""
+        if not probes:
+            return []
+        cells = side_by_side([self._cell(p) for p in probes])
+        results = self.soak(cells, self.next_round())
+        return [probe_result(probes[i], r, cells[i].gpu_count, self.profile.startup_s) if r is not None
+                else ProbeResult(probes[i], "infra_error", None, 0.0, 0.0, "no result (cancelled)")
                 for i, r in enumerate(results)]
 
 
 class _Quiet:
+    """The loop's events: only each finished cell's result, to `on_result` when given."""
+
     def __init__(self, on_result: Callable[[CellResult], None] | None):
         self._on_result = on_result
 

@@ -5,12 +5,14 @@ one shared rate lambda >= 1/cap ("fast"), the others are "slow": rate 0 with pri
 `slow_zero_prior`, else uniform on (0, 1/cap). Hangs of another signature only end a probe early.
 With a 1/lambda prior the likelihood of every hypothesis has a closed form in (hangs, exposure)
 pooled over its fast configs, so every probe of every config informs every hypothesis, and an
-unknown lambda needs no plug-in estimate.
+unknown lambda needs no plug-in estimate. `Reference` is the failing cell's own rate as lambda's posterior,
+which the necessity rule-outs read.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -18,16 +20,14 @@ from scipy import special
 from scipy.stats import nbinom
 
 from .model import MAX_ELEMENTS
+from .policy import Policy
 
-SMALL_SET = 3              # sets of 1..SMALL_SET flags are equally likely a priori
-LARGE_SET_FACTOR = 0.1     # each flag beyond that divides a set's prior by 10
-BASELINE_PRIOR = 0.02      # prior weight of "the baseline itself hangs", relative to one small set
 
 
 class Posterior:
     """Log-posterior over every subset K of n elements, updated incrementally per observation."""
 
-    def __init__(self, n: int, cap_s: float, slow_zero_prior: float):
+    def __init__(self, n: int, cap_s: float, slow_zero_prior: float, policy: Policy = Policy()):
         if n > MAX_ELEMENTS:
             raise ValueError(f"{n} elements differ from the baseline; bisection handles at most "
                              f"{MAX_ELEMENTS}: move more flags to the baseline or fix them in the cell")
@@ -40,8 +40,8 @@ class Posterior:
         # (so a pair needs no more evidence than a single flag), larger sets x0.1 per extra flag,
         # the baseline itself (the empty set) unlikely
         sizes = self.size.astype(float)
-        self.log_prior = np.where(sizes == 0, math.log(BASELINE_PRIOR),
-                                  np.maximum(sizes - SMALL_SET, 0.0) * math.log(LARGE_SET_FACTOR))
+        self.log_prior = np.where(sizes == 0, math.log(policy.baseline_prior),
+                                  np.maximum(sizes - policy.small_set, 0.0) * math.log(policy.large_set_factor))
         self.log_prior -= special.logsumexp(self.log_prior)
         self.H = np.zeros(1 << n)          # target hangs pooled over each K's fast configs
         self.E = np.zeros(1 << n)          # exposure pooled likewise
@@ -143,3 +143,33 @@ def exposure_at_level(p_of: Callable[[float], float], exposure: float, mttf: flo
         mid = 0.5 * (lo + hi)
         lo, hi = (mid, hi) if p_of(mid) > level else (lo, mid)
     return hi
+
+
+@dataclass(frozen=True)
+class Reference:
+    """The failing cell's rate that the necessity rule-outs read, as lambda's posterior: a mixture of
+    Gamma(hangs, exposures[i]) with weights[i] (summing to 1; the ablation passes one, from the pool
+    of the failing cell and the removals that look like it, `modifier_reads.reference_pool`)."""
+
+    hangs: float
+    exposures: np.ndarray
+    weights: np.ndarray
+
+    def p_no_hang(self, exposure: float) -> float:
+        """P(no hang in `exposure` at lambda): small when a config that did not hang in it is slower."""
+        if exposure <= 0:
+            return 1.0
+        e = self.exposures
+        return float(np.dot(self.weights, np.exp(self.hangs * (np.log(e) - np.log(e + exposure)))))
+
+    def exposure_until(self, exposure: float, level: float) -> float:
+        """The exposure (at least `exposure`) at which no hang would bring p_no_hang down to `level`."""
+        return exposure_at_level(self.p_no_hang, exposure, self.mttf(), level)
+
+    def mttf(self) -> float:
+        """The failing cell's MTTF, the exposures' mean over the hangs."""
+        return float(np.dot(self.weights, self.exposures)) / max(self.hangs, 1.0)
+
+    def plus_cell_hang(self, exposure: float) -> Reference:
+        """The reference once the failing cell (in every hypothesis's pool) hangs once more in `exposure`."""
+        return Reference(self.hangs + 1, self.exposures + exposure, self.weights)

@@ -20,18 +20,13 @@ from scipy import special
 from soakmatrix.matrix.contracts import stats
 from soakmatrix.matrix.contracts.durations import format_duration
 
-from .model import POINT_CAP_FACTOR
 
 if TYPE_CHECKING:
     from .search import Search
 
-# How much slower the hang may be without one flag outside the set: log-uniform from twice the
-# default cap's factor up (a factor nearer the cap's would be a coin toss on the cap's own noise).
-MODIFIER_FACTORS = tuple(2.0 * POINT_CAP_FACTOR * 2.0 ** i for i in range(4))   # x6, x12, x24, x48
-ENOUGH_FACTOR = 2.0                  # the rate check's guard counts up to x2 slower as "the set is enough"
-MODIFIER_SOAKS = (1.0, 2.0, 4.0)     # candidate soaks of a rate-check probe, in pooled MTTFs
-MAX_MODIFIER_PROBES = 100
-MODIFIER_EVIDENCE_HANGS = 3          # the set alone hangs at least this often: every modifier verdict's "without" side
+# How much slower the hang may be without one flag outside the set (policy.modifier_factors):
+# log-uniform from twice the default cap's factor up (a factor nearer the cap's would be a coin
+# toss on the cap's own noise). The rate check's other constants are the policy's too.
 
 
 class ModifierModel:
@@ -55,8 +50,9 @@ class ModifierModel:
                 if (m & mask) == mask and cs.exposure_s > 0]
         self.H = float(sum(h for _, h, _ in rows))
         self.E = float(sum(e for _, _, e in rows))
-        J, R = len(candidates), len(MODIFIER_FACTORS)
-        self.r = np.array(MODIFIER_FACTORS)
+        factors = search.policy.modifier_factors
+        J, R = len(candidates), len(factors)
+        self.r = np.array(factors)
         HA = np.array([sum(h for m, h, _ in rows if m >> j & 1) for j in candidates], dtype=float)
         EA = np.array([sum(e for m, _, e in rows if m >> j & 1) for j in candidates], dtype=float)
         HB, EB = self.H - HA, self.E - EA
@@ -85,7 +81,8 @@ class ModifierModel:
         # the failing cell halve the rate without one of them) against the mildest slowdown of the
         # grid that would make it needed; a candidate that no slowdown of the grid makes needed
         # (a generous explicit cap) needs no guard
-        log_x2 = -HB * math.log(ENOUGH_FACTOR) - self.H * np.log(np.maximum(EA + EB / ENOUGH_FACTOR, 1e-9))
+        enough = self.search.policy.enough_factor
+        log_x2 = -HB * math.log(enough) - self.H * np.log(np.maximum(EA + EB / enough, 1e-9))
         log_enough = np.logaddexp(log_none, log_x2) - math.log(2.0)
         needs = self.p_slow > 0.5
         mildest = np.argmax(needs, axis=1)
@@ -129,7 +126,7 @@ class ModifierModel:
                 continue
             has = np.array([c >> j & 1 for j in self.candidates], dtype=bool)
             rate = np.where(has[:, None], lam, lam / self.r[None, :])                 # J x R
-            for k in MODIFIER_SOAKS:
+            for k in s.policy.modifier_soaks:
                 soak = k * mttf
                 p_h_none = -math.expm1(-lam_none * soak)
                 p_h = -np.expm1(-rate * soak)
@@ -166,9 +163,10 @@ def _mutual_information(joint_h: np.ndarray, joint_n: np.ndarray) -> float:
 
 
 def _settle(search: Search, mask: int, candidates: list[int], cap: float | None,
-            max_probes: int = MAX_MODIFIER_PROBES) -> tuple[ModifierModel, bool]:
+            max_probes: int | None = None) -> tuple[ModifierModel, bool]:
     """Soak what the modifier model picks until it decides (the set is enough, or a candidate is
     needed). Returns the last model and whether it decided (not: the probe or GPU-hour budget)."""
+    max_probes = search.policy.max_modifier_probes if max_probes is None else max_probes
     alpha = 1.0 - search.s.confidence
     for probes in range(max_probes + 1):
         model = ModifierModel(search, mask, candidates, cap)
@@ -187,7 +185,7 @@ def _settle(search: Search, mask: int, candidates: list[int], cap: float | None,
 
 
 def rate_check(search: Search, mask: int, cap: float | None, notes: list[str],
-                max_probes: int = MAX_MODIFIER_PROBES) -> tuple[int, float | None]:
+                max_probes: int | None = None) -> tuple[int, float | None]:
     """A flag outside the set without which the hang is slower than the cap is needed for the hang
     *within the cap*: soak the configs that tell (the set alone, the set plus one flag, the failing
     cell without one flag) until the modifier model is sure either way, and add such a flag.
@@ -195,6 +193,7 @@ def rate_check(search: Search, mask: int, cap: float | None, notes: list[str],
     Returns the grown set and, with a default cap, the cap derived from the configs that share the
     set's rate."""
     s = search.s
+    max_probes = search.policy.max_modifier_probes if max_probes is None else max_probes
     alpha = 1.0 - s.confidence
     cap_out = cap if cap is not None else search.post.cap
     for _ in range(search.n):
@@ -213,7 +212,7 @@ def rate_check(search: Search, mask: int, cap: float | None, notes: list[str],
         i = int(np.argmax(model.needed))
         j = candidates[i]
         cap_j = float(model.caps[i])
-        r = float((model.post[i] * MODIFIER_FACTORS).sum() / max(model.post[i].sum(), 1e-12))
+        r = float((model.post[i] * np.array(search.policy.modifier_factors)).sum() / max(model.post[i].sum(), 1e-12))
         notes.append(f"{search.elements[j].name} is needed to hang within the cap: without it the hang is "
                      f"~x{r:.0f} slower (MTTF beyond the cap {format_duration(cap_j)}; "
                      f"P = {model.needed[i]:.3f})")
@@ -250,11 +249,11 @@ def recheck_members(search: Search, found: int, grown: int, cap: float | None,
 
 
 def soak_the_set_alone(search: Search, mask: int, cap: float) -> None:
-    """Baseline + the set gets at least MODIFIER_EVIDENCE_HANGS hangs: they are the "without" side
+    """Baseline + the set gets at least policy.modifier_evidence_hangs hangs: they are the "without" side
     of every other flag's modifier verdict at once. The rate check's guard usually saw more; under
     a generous explicit cap it has nothing to guard and the set alone may have hung only once."""
     cs = search.stats_of(mask)
-    while cs.hangs and cs.hangs < MODIFIER_EVIDENCE_HANGS and search.runnable[mask] and not search.over_budget():
+    while cs.hangs and cs.hangs < search.policy.modifier_evidence_hangs and search.runnable[mask] and not search.over_budget():
         soak = stats.soak_for_detection(min(cs.exposure_s / cs.hangs, cap), search.s.confidence)
         before = cs.hangs
         search.run([(mask, max(soak, search.s.startup_s), "certification")])

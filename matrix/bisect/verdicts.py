@@ -15,7 +15,7 @@ from soakmatrix.matrix.contracts import stats
 from soakmatrix.matrix.contracts.durations import format_duration
 
 from .model import ConfigStats, Element, FlagVerdict, ValueProbe
-from .modifier_stats import SPEEDUP_HANGS, called, thin_speedup
+from .modifier_stats import called, thin_speedup
 from .oracle import Probe
 
 if TYPE_CHECKING:
@@ -158,9 +158,9 @@ def flag_verdicts(search: Search, minimal_mask: int, context: Mapping[str, Any],
             text = f"modifier (no hang without it in {format_duration(c.exposure_without)}, p={c.p_value:.2g})"
         else:
             compared = f"p={c.p_value:.2g}" if c.hangs_with + c.hangs_without else "not compared"
-            if thin_speedup(c) and c.p_value <= 1.0 - conf:
+            if thin_speedup(c, search.policy.speedup_hangs) and c.p_value <= 1.0 - conf:
                 compared += (f"; faster without it, but on {c.hangs_without} hang(s) without it: "
-                             f"too few to call (a call that it comes faster without it needs {SPEEDUP_HANGS})")
+                             f"too few to call (a call that it comes faster without it needs {search.policy.speedup_hangs})")
             out.append(FlagVerdict(e, "irrelevant", f"irrelevant ({compared})", _finite(c.ratio), c.p_value))
             continue
         if cap and is_modifier:

@@ -148,7 +148,7 @@ def open_journal(opts: BisectOptions, kind: str, header: dict, progress: Say | N
 def flag_run(matrix: Matrix, profile: Profile, pc: PlannedCell, opts: BisectOptions, signature: str | None,
              source: str, history: Any, hang_model: str | None, progress: Say | None) -> FlagBisection:
     """The flag bisection of `pc` once set up: its answer, nothing recorded yet."""
-    from soakmatrix.matrix.bisect import MAX_ELEMENTS, Settings, bisect
+    from soakmatrix.matrix.bisect import MAX_ELEMENTS, Settings, bisect_flags
     from soakmatrix.matrix.bisect.history_exposure import calibration_saved, failing_hangs_wanted
     from soakmatrix.matrix.bisect.history_exposure import to_json as history_json
     from soakmatrix.matrix.bisect.journal import journaled
@@ -171,7 +171,7 @@ def flag_run(matrix: Matrix, profile: Profile, pc: PlannedCell, opts: BisectOpti
                         modifier_prior=Settings.modifier_prior if opts.modifier_prior is None else opts.modifier_prior,
                         measure_modifiers=opts.measure_modifiers)
     # the journal before Ray: one that cannot be used is a usage error before a cluster starts
-    steering = {k: v for k, v in asdict(settings).items() if k not in ("max_probes", "budget_gpu_hours")}
+    steering = {k: v for k, v in asdict(settings).items() if k not in ("max_probes", "budget_gpu_hours", "policy")}
     journal = open_journal(opts, "flags", {
         "cell": pc.id, "build": pc.build.name if pc.build else None, "signature": signature,
         "virtual": opts.virtual, "backend": opts.backend, "seed": opts.seed, **steering,
@@ -206,7 +206,7 @@ def flag_run(matrix: Matrix, profile: Profile, pc: PlannedCell, opts: BisectOpti
                  + (f"; context: {', '.join(why)}" if why else "")
                  + (f"; target signature {signature} (from {source})" if signature else ""))
     try:
-        result = bisect(pc.cell.flag_dict, movable, oracle, settings, signature=signature, context=why,
+        result = bisect_flags(pc.cell.flag_dict, movable, oracle, settings, signature=signature, context=why,
                         context_elements=fixed, alternatives=alternatives_of(movable, matrix),
                         feasible=feasibility(pc, matrix), progress=progress, signature_source=source,
                         history=history)

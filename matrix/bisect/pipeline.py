@@ -1,35 +1,68 @@
-"""The bisection from start to end: calibrate, search, check the cap and the rate, certify the set,
-shrink its values, and write the result with a verdict per flag.
+"""The flag bisection from start to end, in phases: `bisect_flags` is the one entry.
+
+1. calibrate: soak the failing cell to its first hangs; its MTTF, the cap, the posterior;
+2. search: ablation first, the posterior search over every set when it cannot decide;
+3. cap and rate: drop what the cap calls modifiers, and (with an explicit cap) add what the rate
+   needs and ask each flag again;
+4. modifier soaks: what the modifier verdicts and the rule-outs read;
+5. verdicts: other values of the set's flags, a verdict per flag, the result.
+
+Each phase is a function of this module over the search state (search.py) and what the phase
+before handed on (`Calibration`, `Answer`); every constant it uses is `settings.policy`'s.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
 from soakmatrix.matrix.contracts import stats
 
+from .ablation import ablation_search
 from .history_exposure import HistoryExposure, calibration_saved, describe, failing_hangs_wanted
 from .model import BisectResult, Element, FeasibleFn, GpuCountFn, Settings, ValueProbe, default_cap, default_gpu_count
-from .modifiers import measure, measure_length
+from .modifier_reads import measure_length
+from .modifiers import measure
 from .oracle import ProbeOracle
 from .oracle_restart import RestartingOracle, other_signatures
 from .posterior import Posterior
+from .posterior_search import posterior_search
 from .ratecheck import drop_modifiers, rate_check, recheck_members, soak_the_set_alone
 from .search import Search
 from .verdicts import flag_verdicts, shrink_values, smallest_values
 
 
-def bisect(failing_flags: Mapping[str, Any], elements: Sequence[Element], oracle: ProbeOracle,
-           settings: Settings = Settings(), *, signature: str | None = None,
-           context: Mapping[str, str] | None = None, context_elements: Sequence[Element] = (),
-           alternatives: Mapping[str, Sequence[Any]] | None = None,
-           feasible: FeasibleFn | None = None, gpu_count: GpuCountFn = default_gpu_count,
-           progress: Callable[[str], None] | None = None, signature_source: str = "",
-           history: HistoryExposure | None = None) -> BisectResult:
+@dataclass(frozen=True)
+class Calibration:
+    """What calibration hands on: whether the failing cell hung with the target signature, its MTTF
+    as calibrated, and the cap the search starts from (nan when it did not hang)."""
+
+    reproduced: bool
+    failing: stats.MttfEstimate | None
+    cap: float
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What the search hands the phases after it: the set (a mask of the elements), found or
+    inconclusive, the cap its hang must come within, and its posterior."""
+
+    top: int
+    status: str
+    cap: float
+    posterior: float
+
+
+def bisect_flags(failing_flags: Mapping[str, Any], elements: Sequence[Element], oracle: ProbeOracle,
+                 settings: Settings = Settings(), *, signature: str | None = None,
+                 context: Mapping[str, str] | None = None, context_elements: Sequence[Element] = (),
+                 alternatives: Mapping[str, Sequence[Any]] | None = None,
+                 feasible: FeasibleFn | None = None, gpu_count: GpuCountFn = default_gpu_count,
+                 progress: Callable[[str], None] | None = None, signature_source: str = "",
+                 history: HistoryExposure | None = None) -> BisectResult:
     """Find the smallest set of `elements` that, over the baseline, hangs like the failing cell.
 
     `failing_flags` is the failing cell's full flag dict; `elements` the flags that may move to
@@ -38,7 +71,7 @@ def bisect(failing_flags: Mapping[str, Any], elements: Sequence[Element], oracle
     `signature`: count only hangs with this signature (default: the calibration's first hang, never
     a crash); `signature_source` says where it came from, for the report. `history`: what the history
     store measured on the failing cell for that signature, counted as the failing cell's before the
-    calibration (history_exposure.py).
+    calibration (history_exposure.py). `settings.policy` holds every tuning constant.
     """
     if history is not None and signature is None:
         signature, signature_source = history.signature, signature_source or "the history store"
@@ -51,9 +84,7 @@ def bisect(failing_flags: Mapping[str, Any], elements: Sequence[Element], oracle
     restarting = RestartingOracle(oracle, lambda: search.signature)
     search.oracle = restarting
     said_history = _take_history(search, history, gpu_count(failing_flags)) if history is not None else []
-    ok, cal_soak = search.calibrate()
-    cal = search.stats_of(search.full)
-    failing_est = cal.mttf(s.confidence) if cal.exposure_s > 0 else None
+    calibration = calibrate(search)
 
     def result(status: str, minimal_mask: int = 0, p: float = 0.0, notes: list[str] | None = None,
                values: list[ValueProbe] | None = None, cap: float = math.nan,
@@ -62,7 +93,7 @@ def bisect(failing_flags: Mapping[str, Any], elements: Sequence[Element], oracle
         return BisectResult(
             status=status, signature=search.signature, elements=list(elements), context=dict(context or {}),
             minimal=[e.name for i, e in enumerate(elements) if minimal_mask >> i & 1], posterior=p,
-            confidence=s.confidence, mttf_cap_s=cap, failing=failing_est, minimal_mttf=minimal_est,
+            confidence=s.confidence, mttf_cap_s=cap, failing=calibration.failing, minimal_mttf=minimal_est,
             certified_soak_s=certified, verdicts=verdicts or [], configs=list(search.configs.values()) + search.extra_configs,
             values=values or [], probes=search.probes, gpu_hours=search.gpu_hours, notes=notes,
             log=search.log, minimal_flags=search.flags_of(minimal_mask) if status == "found" else {},
@@ -72,44 +103,69 @@ def bisect(failing_flags: Mapping[str, Any], elements: Sequence[Element], oracle
                                                                   if search.signature else ""),
             other_signatures=other_signatures(search.log, search.signature))
 
-    if not ok:
+    if not calibration.reproduced:
+        cal = search.stats_of(search.full)
         bound = stats.mttf_lower_bound(cal.exposure_s, s.confidence)
         return result("not_reproduced", notes=[
             f"the failing cell did not hang with the expected signature in {cal.exposure_s:.0f}s of load: "
             f"MTTF > {bound:.0f}s at {s.confidence:.0%}; nothing to bisect"])
+    answer = search_for_the_set(search, calibration.cap)
+    answer = check_cap_and_rate(search, answer)
+    soak_for_modifiers(search, answer)
+    return give_verdicts(search, answer, result, alternatives, context or {}, context_elements)
 
-    cap = s.mttf_cap_s if s.mttf_cap_s else default_cap(cal.hangs, cal.exposure_s, s.cap_factor)
-    notes = search.notes
+
+def calibrate(search: Search) -> Calibration:
+    """Phase 1: the failing cell soaked to its first hangs; on a hang, the cap and the posterior
+    (every probe so far observed)."""
+    s = search.s
+    ok, _ = search.calibrate()
+    cal = search.stats_of(search.full)
+    failing = cal.mttf(s.confidence) if cal.exposure_s > 0 else None
+    if not ok:
+        return Calibration(False, failing, math.nan)
+    cap = s.mttf_cap_s if s.mttf_cap_s else default_cap(cal.hangs, cal.exposure_s, s.cap_factor, s.policy)
     if cal.hangs < s.calibration_hangs:
-        notes.append(f"calibration stopped at {cal.hangs} hang(s) (budget): the MTTF interval is wide")
+        search.notes.append(f"calibration stopped at {cal.hangs} hang(s) (budget): the MTTF interval is wide")
     search.initial_cap = cap
-    search.post = Posterior(search.n, cap, s.slow_zero_prior)
+    search.post = Posterior(search.n, cap, s.slow_zero_prior, s.policy)
     for mask, cs in search.configs.items():
         search.post.observe(mask, cs.hangs, cs.exposure_s)
+    return Calibration(True, failing, cap)
+
+
+def search_for_the_set(search: Search, cap: float) -> Answer:
+    """Phase 2: the likeliest set, found when the search can vouch for it and it was seen to hang."""
     if search.n == 0:
         lp = np.zeros(1)
         top = 0
     else:
-        top = search.search()
+        top = _search(search)
         lp = search.post.log_posterior()
         cap = search.post.cap
     p_top = float(np.exp(lp[top]))
     status = "found" if (search.n == 0 or search.decided) and search.stats_of(top).hangs > 0 else "inconclusive"
     if status == "inconclusive":
-        notes.append(f"stopped by the probe or GPU-hour budget: the best set has posterior {p_top:.3f} "
-                     f"< {s.confidence}")
+        search.notes.append(f"stopped by the probe or GPU-hour budget: the best set has posterior {p_top:.3f} "
+                            f"< {search.s.confidence}")
+    return Answer(top, status, cap, p_top)
+
+
+def check_cap_and_rate(search: Search, answer: Answer) -> Answer:
+    """Phase 3: a flag whose absence hangs within the cap leaves the set (verify_cap); by default one
+    without which the hang was seen leaves it too; an explicit cap asks for the set that hangs
+    *within* it, so a flag without which the hang is slower joins it (its verdict still says the
+    hang was seen without it), and each flag is asked again."""
+    s, notes = search.s, search.notes
+    top, status, cap = answer.top, answer.status, answer.cap
     if status == "found" and s.verify_cap:
         top = drop_modifiers(search, top, cap, notes)
     if status == "found" and s.mttf_cap_s is None:
         top = _observed_without(search, top, notes)
     if status == "found" and s.mttf_cap_s is not None:
-        # an explicit cap asks for the set that hangs *within* it: a flag without which the hang is
-        # slower than the cap joins it (its verdict still says the hang was seen without it)
         grown, rate_cap = rate_check(search, top, s.mttf_cap_s, notes)
         if rate_cap is None:
             status = "inconclusive"
-        elif s.mttf_cap_s is None:
-            cap = rate_cap
         search.rate_added |= grown & ~top
         if grown != top:
             top, decided = recheck_members(search, top, grown, s.mttf_cap_s, notes)
@@ -121,10 +177,26 @@ def bisect(failing_flags: Mapping[str, Any], elements: Sequence[Element], oracle
             if search.stats_of(top).hangs == 0:
                 status = "inconclusive"
                 notes.append("the grown set was not seen to hang in its certification run")
-    if status == "found" and s.modifier_prior > 0 and s.mttf_cap_s is not None:
-        soak_the_set_alone(search, top, cap)
-    if status == "found" and s.measure_modifiers:
-        measure(search, top, measure_length(search))
+    return Answer(top, status, cap, answer.posterior)
+
+
+def soak_for_modifiers(search: Search, answer: Answer) -> None:
+    """Phase 4: the soaks the modifier verdicts read (the set alone under an explicit cap; the
+    flags outside the set, modifiers.py)."""
+    s = search.s
+    if answer.status == "found" and s.modifier_prior > 0 and s.mttf_cap_s is not None:
+        soak_the_set_alone(search, answer.top, answer.cap)
+    if answer.status == "found" and s.measure_modifiers:
+        measure(search, answer.top, measure_length(search))
+
+
+def give_verdicts(search: Search, answer: Answer, result: Callable[..., BisectResult],
+             alternatives: Mapping[str, Sequence[Any]] | None, context: Mapping[str, str],
+             context_elements: Sequence[Element]) -> BisectResult:
+    """Phase 5: the set's MTTF and certified soak, other values of its flags, a verdict per flag,
+    and the result (`result` builds it with what every phase saw)."""
+    s, notes, elements = search.s, search.notes, search.elements
+    top, status, cap = answer.top, answer.status, answer.cap
     outside = [cs for m, cs in search.configs.items() if cs.hangs and (m & top) != top]
     if outside:
         notes.append("hangs with this signature were also seen in configs without this set ("
@@ -144,19 +216,37 @@ def bisect(failing_flags: Mapping[str, Any], elements: Sequence[Element], oracle
         shrunk, said = smallest_values(search, top, values, certified)
         if said:
             notes.append(said)
-    verdicts = flag_verdicts(search, top, context or {}, context_elements,
-                             cap if s.mttf_cap_s is not None else None)
-    speedup = math.prod(v.ratio for v in verdicts if v.kind == "modifier" and v.ratio and 1 < v.ratio < math.inf
+    per_flag = flag_verdicts(search, top, context, context_elements, cap if s.mttf_cap_s is not None else None)
+    speedup = math.prod(v.ratio for v in per_flag if v.kind == "modifier" and v.ratio and 1 < v.ratio < math.inf
                         and not top >> elements.index(v.element) & 1)
     if certified and speedup > 1:
         # the regression test runs the set alone, without the modifiers that make the hang come sooner
         certified *= speedup
         notes.append(f"certified soak lengthened x{speedup:.1f}: the set alone runs without its modifiers")
-    out = result(status, top, p_top, notes, values, cap, minimal_est, certified, verdicts)
+    out = result(status, top, answer.posterior, notes, values, cap, minimal_est, certified, per_flag)
     if shrunk:
         out.minimal_flags = search.flags_of(top, **shrunk)
         out.shrunk = {name: {"from": search.failing[name], "to": value} for name, value in shrunk.items()}
     return out
+
+
+def _search(search: Search) -> int:
+    """The search phase: the answer's mask, the ablation's or (when the ablation cannot decide) the
+    posterior search's likeliest set; sets `search.decided` when it can vouch for it."""
+    if search.s.ablation:
+        answer = ablation_search(search)
+        if answer is not None:
+            search.decided = True
+            return answer
+        if not search.over_budget():
+            search.notes.append(f"removing one flag at a time could not decide ({search.gave_up}): "
+                                "searched every set of flags instead, with every probe so far")
+            search.progress(search.notes[-1])
+    posterior_search(search)
+    lp = search.post.log_posterior()
+    top = int(np.argmax(lp))
+    search.decided = math.exp(lp[top]) >= search.s.confidence
+    return top
 
 
 def _take_history(search, history: HistoryExposure, gpus: int) -> list[str]:
