@@ -128,6 +128,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "`unmeasured`); saves the measuring soaks when only the set matters")
     parser.add_argument("--json", action="store_true", help="one JSON document")
     parser.add_argument("--emit-test", metavar="PATH", type=output_file, help="write a pytest regression test for the minimal set")
+    parser.add_argument("--junit", metavar="FILE", type=output_file, help="with --builds: the answer's JUnit XML, a test case per signature")
     parser.add_argument("--backend", choices=("sim", "vllm"), default="sim")
     parser.add_argument("--ray-address", type=text, help="Ray cluster address (default: RAY_ADDRESS or a local cluster)")
     parser.add_argument("--out", type=output_dir, help=f"soak job artifacts and the probe journal (default: {DEFAULT_OUT}; with "
@@ -277,15 +278,13 @@ def _main(args: argparse.Namespace) -> int:
     progress = None if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
     if journal_dir(args) is not None:
         divert_stderr(journal_dir(args) / "progress.log")   # where progress goes if stderr's reader goes away
+    if args.junit and not args.builds:
+        raise _Usage("--junit is the build bisection's (--builds): a flag bisection writes no JUnit")
     if args.builds:
         return _builds(args, matrix, profile, pc, signature, hang_model_path, progress)
     run = _flag_bisection(args, matrix, profile, pc, signature, source, history, hang_model_path, progress)
     # the result first: what can fail after it (a test file, the store) must not lose hours of probes
-    if args.json:
-        json.dump(run.doc, sys.stdout, indent=2, sort_keys=True, default=str)
-        sys.stdout.write("\n")
-    else:
-        sys.stdout.write(run.text)
+    sys.stdout.write(json.dumps(run.doc, indent=2, sort_keys=True, default=str) + "\n" if args.json else run.text)
     sys.stdout.flush()
     _after(args, run, matrix, hang_model_path, progress)
     return run.code
@@ -414,7 +413,7 @@ def _builds(args: argparse.Namespace, matrix: Matrix, profile: Profile, pc: Plan
                             signature=signature, as_json=args.json, out=sys.stdout, progress=progress,
                             real=RealProbes(args.backend, args.ray_address, str(journal_dir(args) or DEFAULT_OUT)),
                             store_path=args.store, then=then if args.then_flags else None,
-                            parallel=args.parallel or 1, max_soak_s=max_soak_s(args),
+                            parallel=args.parallel or 1, max_soak_s=max_soak_s(args), junit=args.junit,
                             journal=lambda header: _journal(args, "builds", header, progress))
     except BuildUsage as exc:
         raise _Usage(str(exc)) from None
