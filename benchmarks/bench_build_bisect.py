@@ -19,6 +19,7 @@ each case's GPU-hours (load on the bad and good builds, start-ups) against the f
     python -m benchmarks.bench_build_bisect --seeds 1000   # the full run
     python -m benchmarks.bench_build_bisect --parallel 4   # rounds of 4 probes at once: wall time
     python -m benchmarks.bench_build_bisect --setting error_share=0.7   # an ablation of a BuildSettings field
+    python -m benchmarks.bench_build_bisect --tuning stall_probes=60    # ... or of a Tuning field
 
 Two more shapes users meet every week, in rows of their own (16-512 builds, MTTF 10 min to 8 h):
 "+other": another signature hangs on every build at the target's own MTTF, and no signature is named
@@ -272,6 +273,27 @@ def settings_overrides(pairs: list[str]) -> dict:
     return out
 
 
+def tuning_overrides(pairs: list[str]) -> dict:
+    """`KEY=VALUE` pairs -> {"tuning": Tuning} with those fields changed (the rate-change model's and
+    the unnamed search's constants, tuning.py), or {} when none is given."""
+    from dataclasses import fields, replace
+
+    from soakmatrix.matrix.build_bisect.tuning import Tuning
+
+    base = Tuning()
+    known = {f.name: type(getattr(base, f.name)) for f in fields(Tuning)}
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or key not in known:
+            raise SystemExit(f"--tuning {pair!r}: expected KEY=VALUE with KEY one of {', '.join(sorted(known))}")
+        try:
+            out[key] = known[key](value)
+        except ValueError:
+            raise SystemExit(f"--tuning {pair!r}: {key} takes a {known[key].__name__}") from None
+    return {"tuning": replace(base, **out)} if out else {}
+
+
 # -- main -------------------------------------------------------------------------------------------
 
 def _split(seeds: int, parts: int) -> list[list[int]]:
@@ -292,8 +314,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="also print where the GPU-hours go, in MTTFs per run, against the floor's own split")
     parser.add_argument("--setting", action="append", default=[], metavar="KEY=VALUE",
                         help="a BuildSettings field for the algorithm (repeatable), e.g. error_share=0.7")
+    parser.add_argument("--tuning", action="append", default=[], metavar="KEY=VALUE",
+                        help="a Tuning field (tuning.py) for the algorithm (repeatable), e.g. stall_probes=60")
     args = parser.parse_args(argv)
-    args.overrides = settings_overrides(args.setting)
+    args.overrides = {**settings_overrides(args.setting), **tuning_overrides(args.tuning)}
     todo = [c for c in cases(args.untestable) if re.search(args.filter, c.name)]
     if args.parallel:
         return _parallel_table(todo, args)

@@ -61,3 +61,17 @@ def test_no_virtual_run_beats_the_rate_change_floor_on_average():
     assert bound.gpu_hours == max(bound.evidence_gpu_hours, bound.search_gpu_hours)
     with pytest.raises(ValueError, match="below the model"):
         rate_change_bound(n, mttf, 2.0, 600.0, 0.99)
+
+
+def test_the_spread_floor_shares_the_error_budget_over_the_change_points_below():
+    from soakmatrix.matrix.build_bisect.bound import search_bits
+    from soakmatrix.matrix.build_bisect.bound_rate_spread import rate_spread_floor
+
+    sigma, c = 600.0 / 1800.0, 0.99
+    small, _ = rate_spread_floor(4, 16.0, sigma, c, search_bits(4, c))
+    large, rho = rate_spread_floor(128, 16.0, sigma, c, search_bits(128, c))
+    assert 0 < small < large                   # more change points below, each with a smaller share
+    assert 16.0 ** -1 * 4 <= rho               # the refuting worlds are rate changes of x4 or more
+    bound = rate_change_bound(128, 1800.0, 16.0, 600.0, c)
+    assert bound.spread_gpu_hours == pytest.approx(large * 0.5)
+    assert bound.evidence_gpu_hours >= bound.spread_gpu_hours > 0

@@ -162,3 +162,19 @@ def test_a_build_bisection_stopped_by_its_probe_budget_resumes_from_its_journal(
     assert (doc["status"], doc["first_bad"]) == ("found", "b3") and doc["probes"] > 3
     lines = (tmp_path / "out" / "journal-builds.jsonl").read_text().splitlines()
     assert len(lines) == 1 + doc["probes"] and json.loads(lines[0])["builds"] == [f"b{i}" for i in range(8)]
+
+
+def test_junit_has_a_failing_case_naming_the_first_bad_build(tmp_path):
+    from junitparser import Failure, xunit2
+
+    builds, hangs = files(tmp_path)
+    out = soakmatrix("bisect", str(DEMO), "--cell", CELL, "--builds", builds, "--hang-model", hangs, "--virtual",
+                     "--quiet", "--seed", "1", "--junit", str(tmp_path / "junit.xml"))
+    assert out.returncode == 1, out.stderr
+    (suite,) = list(xunit2.JUnitXml.fromfile(str(tmp_path / "junit.xml")))
+    case = next(c for c in suite if c.name == "shm_broadcast_timeout")
+    (failure,) = case.result
+    assert isinstance(failure, Failure) and failure.message.startswith("first bad build b3 (last good b2)")
+    flags = soakmatrix("bisect", str(DEMO), "--cell", CELL, "--virtual", "--hang-model", hangs, "--junit",
+                       str(tmp_path / "flags.xml"))
+    assert flags.returncode == 2 and "--junit is the build bisection's" in flags.stderr

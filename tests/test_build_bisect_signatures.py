@@ -11,6 +11,7 @@ import pytest
 
 from soakmatrix.matrix.build_bisect import (
     FOUND,
+    NOT_A_REGRESSION,
     RATE_CHANGE,
     BuildSettings,
     Tuning,
@@ -107,7 +108,7 @@ def test_unnamed_with_another_hang_on_every_build_the_regression_heads(seed):
     assert "nccl_watchdog_timeout:" in text
 
 
-@pytest.mark.parametrize("seed", [1, 4])
+@pytest.mark.parametrize("seed", [1, 5])
 def test_a_rate_change_is_named_with_the_mttf_before_and_after(seed):
     o = VirtualBuildOracle(16, 9, M, seed=seed, old_mttf_s=16 * M)
     r = bisect_builds(names(16), o, BuildSettings(signature="shm_broadcast_timeout"))
@@ -115,6 +116,22 @@ def test_a_rate_change_is_named_with_the_mttf_before_and_after(seed):
     assert r.mttf_before_low_s is not None and r.mttf_before_low_s > r.mttf_s
     assert render_text(r).startswith("rate change at b9: MTTF before at least ")
     assert to_json(r)["signatures"][0]["verdict"] == "rate_change"
+
+
+def test_one_early_hang_on_the_good_build_does_not_make_a_rate_change_old():
+    # x4 below the change point: the good build's rare hang comes early in some runs; "old" at
+    # Tuning.old_posterior needs Tuning.old_hangs of them on the good build, not the first
+    v = Tuning()
+    assert (v.old_hangs, v.old_posterior) == (3, 0.9)
+    with pytest.raises(ValueError, match="old_hangs"):
+        Tuning(old_hangs=0)
+    def run(tuning: Tuning):
+        o = VirtualBuildOracle(16, 13, M, seed=4, old_mttf_s=4 * M)
+        return bisect_builds(names(16), o, BuildSettings(signature="shm_broadcast_timeout", tuning=tuning))
+
+    assert run(Tuning(old_hangs=1)).status == NOT_A_REGRESSION      # the first hang there was enough
+    r = run(Tuning())
+    assert (r.status, r.first_bad) == (RATE_CHANGE, 13)
 
 
 def test_the_rate_change_model_off_is_the_clean_model():

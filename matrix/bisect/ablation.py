@@ -143,7 +143,7 @@ def _ablate_each(search: Search) -> int | None:
     passes lack a culprit and count toward its necessity soaks). Thirds first, not halves: with
     two or three culprits both halves nearly always hold one, and a pass of a group missing two
     culprits counts for neither one's necessity; with one culprit, thirds cost about the same
-    (docs/bisect-history.md, fifth pass). A single flag split out of a group soaks
+    (docs/design/alternatives.md). A single flag split out of a group soaks
     policy.single_stage_mttfs. With fewer than policy.group_ablation_flags flags each flag is removed
     alone from the start, policy.ablation_stage_mttfs each.
     Returns the flags whose removal did not hang, or None if a flag's removal cannot run."""

@@ -3,7 +3,7 @@
 `Settings.policy` carries one of these (frozen: a bisection never changes it), so a benchmark or a
 test asks for another value by passing `Policy(field=...)`, never by editing a module. Each field
 says why it has its value; what was tried instead and what it measured is in
-docs/design/bisection.md and, in full, docs/bisect-history.md.
+docs/design/bisection.md and docs/design/alternatives.md.
 """
 
 from __future__ import annotations

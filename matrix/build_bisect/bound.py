@@ -219,6 +219,16 @@ def _dual_values(n: int, sigma: float, confidence: float, bits: float, beta: flo
     x_at_floor = np.maximum(np.maximum(floor_y * math.expm1(neighbour / floor_y),
                                        (_DIVERGENCE_GRID - floor_y * gap) / rho), 0.0)
     least_last = np.minimum(least, x_at_floor + (sigma - nu) * np.maximum(beta * x_at_floor, floor_y))
+    return dual_of_rows(least, least_last, n, confidence, bits, nu, mus)
+
+
+def dual_of_rows(least: np.ndarray, least_last: np.ndarray, n: int, confidence: float, bits: float, nu: float,
+                 mus: np.ndarray) -> tuple[float, float]:
+    """The dual's best value over `mus`, and its mu, from each change point's least cost per unit of
+    evidence asked (`least[i]`: the least cost of a change point below the last one whose evidence
+    against the worlds below must reach `_DIVERGENCE_GRID[i]`; `least_last` the same for the last):
+    shared with the rate change's spread floor (bound_rate_spread.py), which asks its own rows."""
+    c, rows = confidence, n - 1
     # G(d) >= least[the grid point at or below d]: G rises with d
     need = _divergences(c, _SHARE_GRID)
     at = np.clip(np.searchsorted(_DIVERGENCE_GRID, need, side="right") - 1, 0, None)

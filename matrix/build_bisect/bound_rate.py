@@ -31,6 +31,9 @@ time cut at the soak's length L, at rate 1 or 1/k; its cost s / M + p (1 - e^-L)
 (1 - e^(-L/k)). The information is integrated numerically, the best p and L found on a grid and
 refined (as bound.search_rate).
 
+**The spread floor** (bound_rate_spread.py): the error budget shared over the change points below the
+answer, as bound.py's spread floor; the evidence floor is the larger of it and the neighbours'.
+
 Left out, so a floor: the calibration, the alternatives with the old rate unknown or zero, the
 change points further away, the overlap of search and evidence.
 """
@@ -78,6 +81,8 @@ class RateChangeBound:
     on_build_mttfs: float     # V: load on the change point's build at the evidence floor's optimum
     below_mttfs: float        # X: load on the builds below it
     bits_per_mttf: float
+    spread_gpu_hours: float = 0.0   # the spread floor (bound_rate_spread.py), part of the evidence floor
+    spread_rho: float = 1.0         # its refuting worlds' rate, a share of the rate after the change
 
 
 _GRID = np.geomspace(1e-2, 400.0, 700)
@@ -137,8 +142,13 @@ def rate_change_bound(n: int, mttf_s: float, ratio: float, startup_s: float, con
     if ratio < min_ratio:
         raise ValueError(f"a rate change of x{ratio} is below the model's x{min_ratio}")
     sigma = startup_s / mttf_s
-    evidence, v, x = evidence_floor(ratio, sigma, confidence, min_ratio)
+    from .bound_rate_spread import rate_spread_floor
+
+    neighbour, v, x = evidence_floor(ratio, sigma, confidence, min_ratio)
+    spread, rho = rate_spread_floor(n, float(ratio), sigma, confidence, search_bits(n, confidence), min_ratio)
+    evidence = max(neighbour, spread)
     rate = search_rate(ratio, sigma)
     search = search_bits(n, confidence) / rate
     to_hours = mttf_s / 3600.0
-    return RateChangeBound(max(evidence, search) * to_hours, evidence * to_hours, search * to_hours, v, x, rate)
+    return RateChangeBound(max(evidence, search) * to_hours, evidence * to_hours, search * to_hours, v, x, rate,
+                           spread * to_hours, rho)

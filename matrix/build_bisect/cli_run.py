@@ -69,13 +69,14 @@ def run_for_cell(matrix: Matrix, pc: PlannedCell, profile: Profile, *, builds_ar
                  real: RealProbes = RealProbes(), store_path: str | None = None,
                  then: Callable[[Build, str | None, BuildEvidence], tuple[int, dict, str]] | None = None,
                  parallel: int = 1, max_soak_s: float | None = None,
-                 journal: Callable[[dict], ProbeJournal | None] | None = None) -> BuildRun:
+                 journal: Callable[[dict], ProbeJournal | None] | None = None, junit: str | None = None) -> BuildRun:
     """Bisect the builds for `pc`, print the report to `out` (None: print nothing). `then(first bad build, target signature,
     what was seen on that build)` runs after a found first bad build (the flag bisection on it) and
     answers (exit code, `--json` document, text): its report follows the builds' (nested under `flags`
     in JSON) and its code is returned. `journal(header)` opens the probe journal (None: none is kept):
     the probes are answered from it first and every new answer goes into it. `max_soak_s`: a longer
-    probe soaks in pieces of at most that much load (`oracle_chunked`)."""
+    probe soaks in pieces of at most that much load (`oracle_chunked`). `junit`: a file for the answer's
+    JUnit XML (one test case per signature); one that cannot be written is exit 3 when the answer was 0."""
     if virtual and not hang_model_path:
         raise BuildUsage("--builds --virtual needs a hang model: --hang-model FILE or the matrix's sim.hang_model")
     try:
@@ -144,7 +145,23 @@ def run_for_cell(matrix: Matrix, pc: PlannedCell, profile: Profile, *, builds_ar
                          default=str), file=out, flush=True)
     if store_path:
         _record(store_path, pc, doc)
+    if junit and not _write_junit(junit, doc):
+        code = EXIT_INFRA if code == EXIT_OK else code   # no JUnit is never a pass: CI would go green on nothing
     return BuildRun(code, result, doc, text, flag_doc)
+
+
+def _write_junit(path: str, doc: dict) -> bool:
+    """The answer's JUnit (`reports/junit_builds.py`); False, said on stderr, when it cannot be written."""
+    import sys
+
+    from soakmatrix.reports.junit_builds import write_build_bisection_junit
+
+    try:
+        write_build_bisection_junit(doc, path)
+    except OSError as exc:
+        print(f"soakmatrix bisect: JUnit not written to {path}: {exc.strerror or exc}", file=sys.stderr)
+        return False
+    return True
 
 
 def _record(store_path: str, pc: PlannedCell, doc: dict) -> None:

@@ -32,6 +32,11 @@ import numpy as np
 LENGTH_GRID = (0.5, 1.0, 2.0, 4.0, 8.0)     # soak lengths tried, in pooled MTTFs
 MAX_SOAK_MTTFS = 60.0                       # the length confidence demands is not tried beyond this
 POOL_SOAK_MTTFS = 10.0                      # a soak to pool one more hang on a bad build stops at its hang
+# A hang's time is read in these bins (fractions of the soak's length) when a probe is scored: a rate
+# is told by when hangs come, not only whether one came within the soak (an old rate 4 x lower and the
+# new one both hang within a long soak, at different times); a clean regression's hang is conclusive
+# whenever it comes, so there the bins change little.
+HANG_BINS = (1 / 16, 1 / 8, 1 / 4, 1 / 2)
 
 
 def min_pooled_hangs(confidence: float) -> int:
@@ -110,21 +115,27 @@ def choose(groups: list[tuple[int, int]], mass: np.ndarray, passes: Passes, pool
     cum_p = np.cumsum(mass)[:-1]
     best: Choice | None = None
     best_ratio = -math.inf
+    survival = {0.0: (mass, mass)}
     for factor in LENGTH_GRID:
         length = factor * mttf_s
-        bad_pass, good_pass = passes(length)
-        good_hang = mass - good_pass
-        bad_hang = mass - bad_pass
-        # a probe of group k's last build: groups 0..k call it bad, those above good
-        z_pass = np.cumsum(bad_pass)[:-1] + _suffix(good_pass)
-        z_hang = np.cumsum(bad_hang)[:-1] + _suffix(good_hang)
-        s_pass = np.cumsum(_plogp(bad_pass))[:-1] + _suffix(_plogp(good_pass))
-        s_hang = np.cumsum(_plogp(bad_hang))[:-1] + _suffix(_plogp(good_hang))
-        with np.errstate(divide="ignore", invalid="ignore"):
-            h_pass = np.where(z_pass > 0, -s_pass / z_pass + np.log(np.where(z_pass > 0, z_pass, 1.0)), 0.0)
-            h_hang = np.where(z_hang > 0, -s_hang / z_hang + np.log(np.where(z_hang > 0, z_hang, 1.0)), 0.0)
-        gain = total_entropy - (z_pass * h_pass + z_hang * h_hang)
-        load = cum_p * mttf_s * -math.expm1(-length / mttf_s) + (1.0 - cum_p) * length
+        times = [0.0, *(f * length for f in HANG_BINS), length]
+        for t in times[1:]:
+            if t not in survival:
+                survival[t] = passes(t)
+        # outcomes: a hang in each bin of times, or a pass of the whole length; per group, its mass
+        # and that outcome, when the soaked build is bad under it and when it is good
+        outcomes = [(np.maximum(survival[a][0] - survival[b][0], 0.0), np.maximum(survival[a][1] - survival[b][1], 0.0))
+                    for a, b in zip(times[:-1], times[1:])] + [survival[length]]
+        after = np.zeros(len(groups) - 1)    # expected entropy after the probe of group k's last build
+        for bad, good in outcomes:
+            # a probe of group k's last build: groups 0..k call it bad, those above good
+            z = np.cumsum(bad)[:-1] + _suffix(good)
+            s_ = np.cumsum(_plogp(bad))[:-1] + _suffix(_plogp(good))
+            after += _plogp(z) - s_
+        gain = total_entropy - after
+        # expected load: the integral of the chance that it has not hung by t, over 0..length
+        alive = [np.cumsum(survival[t][0])[:-1] + _suffix(survival[t][1]) for t in times]
+        load = sum(0.5 * (b - a) * (alive[j] + alive[j + 1]) for j, (a, b) in enumerate(zip(times[:-1], times[1:])))
         cost = gpus * (startup_s + load) / 3600.0
         ratio = np.where((cum_p > 1e-12) & (cum_p < 1.0 - 1e-12), gain / cost, -math.inf)
         k = int(np.argmax(ratio))

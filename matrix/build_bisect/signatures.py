@@ -8,7 +8,8 @@ others). A signature first seen late gets a posterior replayed from every probe 
 misses none of them. The verdicts are pure functions of a posterior:
 
 * `old`: the good build itself is the answer (present at the last-good end: it hangs there too, at
-  a rate within `Tuning.min_ratio` of the bad builds');
+  a rate within `Tuning.min_ratio` of the bad builds'), at the stated confidence, or at
+  `Tuning.old_posterior` once it hung `Tuning.old_hangs` times on the good build;
 * `regression`: the first bad build, no hang of it below;
 * `rate_change`: a change point with hangs of it below, at a rate at least `min_ratio` times lower;
 * `undecided`: no answer reached the confidence (the likeliest so far, with its posterior);
@@ -60,7 +61,7 @@ def verdict(signature: str, post: ChangePointPosterior, aim: float, confidence: 
     groups, mass = post.group_probabilities()
     k = int(mass.argmax())
     lo, hi = groups[k]
-    if lo == 0 and (mass[k] >= aim or hangs[0] > 0 and mass[k] >= post.tuning.old_posterior):
+    if lo == 0 and (mass[k] >= aim or hangs[0] >= post.tuning.old_hangs and mass[k] >= post.tuning.old_posterior):
         kind = OLD
         lo = hi = 0
     elif mass[k] < aim:

@@ -1,7 +1,7 @@
 """The build bisection's tuning of the rate-change model and of signatures found untold, in one place.
 
 Every field says why it has its value; `BuildSettings.tuning` carries one of these, so an ablation
-(`benchmarks/bench_build_bisect.py --tuning KEY=VALUE`) changes a value without editing code.
+(`python -m benchmarks.bench_build_bisect --tuning KEY=VALUE`) changes a value without editing code.
 """
 
 from __future__ import annotations
@@ -38,18 +38,29 @@ class Tuning:
     untold_calibration_hangs: int = 6
     # A search that has not raised its signature's likeliest answer for this many probes stops as
     # far as it got (that signature undecided, the budget kept): rates within a few times of each
-    # other, an old hang against a rate change, can take more load than any answer is worth.
-    stall_probes: int = 30
-    # A signature that hung on the good build is answered old once that answer holds this much of its
-    # posterior (and is the likeliest): the hang there shows it is present at the last-good end; what
-    # is left weighs a rate change of min_ratio or more above it, stated with the answer's posterior.
+    # other, an old hang against a rate change, can take more load than any answer is worth. At 30
+    # a x4 rate change stopped undecided in 6 of 20 runs (n = 16, MTTF 30 min) before its evidence
+    # was in; 60 lets those finish and still caps the runaway searches it was brought in for.
+    stall_probes: int = 60
+    # A signature that hung on the good build at least `old_hangs` times is answered old once that
+    # answer holds this much of its posterior (and is the likeliest): the hangs there show it is
+    # present at the last-good end; what is left weighs a rate change above it. Proving "old" at the
+    # stated confidence would mean refuting a rate change at every build, which no affordable soak does
+    # (a hang on every build, n = 8: 96 probes, inconclusive).
     old_posterior: float = 0.9
-
+    # ... and only after this many hangs on the good build: with one, a rare old hang caught early
+    # there answered 7 of 20 x4 rate changes "not a regression" (n = 16, MTTF 30 min) before the rates
+    # either side of the change were told apart; a hang that is really old hangs there again soon.
+    old_hangs: int = 3
     def __post_init__(self):
         if not 0.0 <= self.rate_change_prior < 1.0:
             raise ValueError(f"rate_change_prior must be in [0, 1), got {self.rate_change_prior}")
         if not 1.0 < self.min_ratio < self.max_ratio:
             raise ValueError(f"need 1 < min_ratio < max_ratio, got {self.min_ratio}, {self.max_ratio}")
+        if self.old_hangs < 1:
+            raise ValueError(f"old_hangs must be >= 1, got {self.old_hangs}")
+        if not 0.5 < self.old_posterior <= 1.0:
+            raise ValueError(f"old_posterior must be in (0.5, 1], got {self.old_posterior}")
         if self.ratio_points < 1:
             raise ValueError(f"ratio_points must be >= 1, got {self.ratio_points}")
 

@@ -106,6 +106,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "`unmeasured`); saves the measuring soaks when only the set matters")
     parser.add_argument("--json", action="store_true", help="one JSON document")
     parser.add_argument("--emit-test", metavar="PATH", type=output_file, help="write a pytest regression test for the minimal set")
+    parser.add_argument("--junit", metavar="FILE", type=output_file, help="with --builds: the answer's JUnit XML, a test case per signature")
     parser.add_argument("--backend", choices=("sim", "vllm"), default="sim")
     parser.add_argument("--ray-address", type=text, help="Ray cluster address (default: RAY_ADDRESS or a local cluster)")
     parser.add_argument("--out", type=output_dir, help=f"soak job artifacts and the probe journal (default: {DEFAULT_OUT}; with "
@@ -188,6 +189,8 @@ def _main(args: argparse.Namespace) -> int:
     progress = None if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
     if options.journal_dir is not None:
         divert_stderr(options.journal_dir / "progress.log")   # where progress goes if stderr's reader goes away
+    if args.junit and not args.builds:
+        raise UsageError("--junit is the build bisection's (--builds): a flag bisection writes no JUnit")
     if args.builds:
         built = bisect_builds(args.matrix, args.cell, args.builds, profile=args.profile, then_flags=args.then_flags,
                               options=options, progress=progress, warn=_say, report=sys.stdout, as_json=args.json)

@@ -68,7 +68,7 @@ def bisect_builds(matrix: Matrix | str | Path, cell: str | PlannedCell, builds: 
                             signature=setup.signature, as_json=as_json, out=report, progress=progress,
                             real=RealProbes(opts.backend, opts.ray_address, str(opts.journal_dir or DEFAULT_BISECT_OUT)),
                             store_path=opts.store, then=then if then_flags else None,
-                            parallel=opts.parallel or 1, max_soak_s=max_soak_s(opts),
+                            parallel=opts.parallel or 1, max_soak_s=max_soak_s(opts), junit=opts.junit,
                             journal=lambda header: open_journal(opts, "builds", header, progress))
     except BuildUsage as exc:
         raise UsageError(str(exc)) from None

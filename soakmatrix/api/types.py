@@ -38,6 +38,7 @@ class BisectOptions:
     # the build bisection only
     build_template: str | None = None     # a pip spec with {sha}, for builds given as GOOD..BAD commits
     checkout: str = "."                   # the git checkout GOOD..BAD is read from
+    junit: str | None = None              # the answer's JUnit XML here, a test case per signature
 
     @classmethod
     def from_args(cls, args: Any) -> "BisectOptions":
@@ -49,7 +50,7 @@ class BisectOptions:
                    resume=args.resume, store=args.store, mttf_cap_s=args.mttf_cap,
                    modifier_prior=args.modifier_prior, shrink=not args.no_shrink,
                    measure_modifiers=not args.no_modifiers, emit_test=args.emit_test,
-                   build_template=args.build_template, checkout=args.checkout)
+                   build_template=args.build_template, checkout=args.checkout, junit=args.junit)
 
     def replaced(self, overrides: Mapping[str, Any]) -> "BisectOptions":
         known = {f.name for f in fields(self)}
