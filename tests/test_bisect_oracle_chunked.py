@@ -144,20 +144,32 @@ def test_a_lost_node_in_the_refuting_soak_leaves_the_answer_a_build_not_a_range(
     from soakmatrix.matrix.build_bisect import FOUND, BuildSettings, bisect_builds
 
     names = [f"b{i}" for i in range(16)]
-    cut = 2 * HOUR        # the end game's refuting soak of the last good build runs longer: it is cut
+    cut = 1 * HOUR        # the end game's refuting soak of the last good build runs longer: it is cut
     whole = LosesItsNodeOnce(change_point=9, lost_at=0)
     settings = BuildSettings(signature="shm_broadcast_timeout")
     expected = bisect_builds(names, ChunkedOracle(whole, cut, BUILD_PIECES), settings)
     assert expected.status == FOUND and expected.first_bad == 9
-    # lose the node on the second piece of the last good build's first cut probe
-    second = next(i for i in range(1, len(whole.asked)) if whole.asked[i].index == 8
-                  and whole.asked[i - 1].index == 8 and whole.asked[i - 1].soak_s == cut)
+    # lose the node on the second piece of the last good build's first probe longer than the cut
+    first_piece = {}
+
+    class Spy:
+        def run(self, probes):
+            long = [p for p in probes if p.index == 8 and p.soak_s > cut]
+            if long and "at" not in first_piece and len(probes) == 1:
+                first_piece["at"] = len(whole.asked)      # pieces asked before this probe's first
+            return chunked.run(probes)
+
+    whole = LosesItsNodeOnce(change_point=9, lost_at=0)
+    chunked = ChunkedOracle(whole, cut, BUILD_PIECES)
+    assert bisect_builds(names, Spy(), settings).gpu_hours == pytest.approx(expected.gpu_hours)
+    second = first_piece["at"] + 1                        # 0-based: the probe's second piece
     lossy = LosesItsNodeOnce(change_point=9, lost_at=second + 1)
     r = bisect_builds(names, ChunkedOracle(lossy, cut, BUILD_PIECES), settings)
     assert r.status == FOUND and r.first_bad == 9 and r.last_good == 8 and not r.untestable
     assert r.posterior >= 0.99
-    # what the lost node cost is its piece's start-up: the piece that passed before it is not soaked again
-    assert r.gpu_hours == pytest.approx(expected.gpu_hours + STARTUP / HOUR)
+    # what the lost node costs is at most its piece's start-up: the piece that passed before it is not
+    # soaked again (the load the lost piece did not soak may be soaked later, in a probe asked anyway)
+    assert expected.gpu_hours - 1e-9 <= r.gpu_hours <= expected.gpu_hours + STARTUP / HOUR + 1e-9
     assert r.evidence[8].exposure_s == pytest.approx(expected.evidence[8].exposure_s)
 
 
