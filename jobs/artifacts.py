@@ -21,7 +21,7 @@ from soakmatrix.matrix.contracts.result import FROM_EXTRA, CellResult
 
 PRIVATE_FILE = 0o600
 PRIVATE_DIR = 0o700
-MAX_SCRUB_BYTES = 256 << 20   # a larger file is truncated to its scrubbed tail rather than left as is
+MAX_SCRUB_BYTES = 256 << 20  # a larger file is truncated to its scrubbed tail rather than left as is
 
 
 def secrets_of(argv: Iterable[str], env: Mapping[str, str] | None = None) -> list[str]:
@@ -53,7 +53,7 @@ def seal(folder: str | Path, secrets: Iterable[str] = ()) -> int:
             except OSError:
                 continue
             if not stat.S_ISREG(mode):
-                continue   # sockets, fifos and links are not ours to rewrite
+                continue  # sockets, fifos and links are not ours to rewrite
             changed += _scrub_file(path, secrets)
             os.chmod(path, PRIVATE_FILE)
     return changed

@@ -28,15 +28,15 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 CULPRIT, VICTIM, IDLE = "culprit", "victim", "idle"
-COLLECTIVE_REASON = "NCCL/gloo collective"   # a culprit's reason jobs.signatures names `collective_stall`
+COLLECTIVE_REASON = "NCCL/gloo collective"  # a culprit's reason jobs.signatures names `collective_stall`
 WEAK = "weak"
 
 
 @dataclass(frozen=True)
 class Pattern:
-    kind: str                        # culprit | victim | idle | weak
-    reason: str                      # what the finding says about such a thread
-    function: re.Pattern             # matched against the bare function name
+    kind: str  # culprit | victim | idle | weak
+    reason: str  # what the finding says about such a thread
+    function: re.Pattern  # matched against the bare function name
     module: re.Pattern | None = None  # and, when given, against the frame's file or library
 
 
@@ -46,54 +46,85 @@ def _p(kind: str, reason: str, function: str, module: str | None = None) -> Patt
 
 # Registry order is the order of preference for a thread's reason among patterns of the same kind.
 PATTERNS: dict[str, Pattern] = {
-    "cuda_sync": _p(CULPRIT, "CUDA/event sync",
-                    r"^(?:cu(?:Event|Stream|Ctx|Device)Synchronize|cuda(?:Event|Stream|Device)Synchronize|"
-                    r".*synchronize(?:Event|Stream|Device)|THPEvent_synchronize|THCPStream_synchronize|"
-                    r"synchronize|cuMemcpyDtoH\w*|cudaMemcpy(?:Async)?)$"),
-    "nccl_native": _p(CULPRIT, COLLECTIVE_REASON, r"^(?:nccl\w+|.*ncclKernel\w*|.*ProcessGroup(?:NCCL|Gloo)\W.*|"
-                                                       r"gloo::.*|c10d::.*)$"),
-    "collective": _p(CULPRIT, COLLECTIVE_REASON,
-                     r"^(?:all_reduce|_all_reduce\w*|custom_all_reduce|all_gather\w*|reduce_scatter\w*|all_to_all\w*|"
-                     r"broadcast|barrier|send|recv|irecv|isend)$",
-                     r"distributed|parallel_state|communicat|c10d"),
-    "shm_broadcast": _p(VICTIM, "shm_broadcast wait (on another engine process)",
-                        r"^(?:acquire_read|acquire_write|dequeue|enqueue)$", r"shm_broadcast"),
-    "executor_response": _p(VICTIM, "executor waiting for its workers' response",
-                            r"^(?:get_response|_wait_for_response|wait_for_response|_get_output|get_output)$"),
+    "cuda_sync": _p(
+        CULPRIT,
+        "CUDA/event sync",
+        r"^(?:cu(?:Event|Stream|Ctx|Device)Synchronize|cuda(?:Event|Stream|Device)Synchronize|"
+        r".*synchronize(?:Event|Stream|Device)|THPEvent_synchronize|THCPStream_synchronize|"
+        r"synchronize|cuMemcpyDtoH\w*|cudaMemcpy(?:Async)?)$",
+    ),
+    "nccl_native": _p(
+        CULPRIT,
+        COLLECTIVE_REASON,
+        r"^(?:nccl\w+|.*ncclKernel\w*|.*ProcessGroup(?:NCCL|Gloo)\W.*|"
+        r"gloo::.*|c10d::.*)$",
+    ),
+    "collective": _p(
+        CULPRIT,
+        COLLECTIVE_REASON,
+        r"^(?:all_reduce|_all_reduce\w*|custom_all_reduce|all_gather\w*|reduce_scatter\w*|all_to_all\w*|"
+        r"broadcast|barrier|send|recv|irecv|isend)$",
+        r"distributed|parallel_state|communicat|c10d",
+    ),
+    "shm_broadcast": _p(
+        VICTIM,
+        "shm_broadcast wait (on another engine process)",
+        r"^(?:acquire_read|acquire_write|dequeue|enqueue)$",
+        r"shm_broadcast",
+    ),
+    "executor_response": _p(
+        VICTIM,
+        "executor waiting for its workers' response",
+        r"^(?:get_response|_wait_for_response|wait_for_response|_get_output|get_output)$",
+    ),
     "rpc_future": _p(VICTIM, "RPC future wait", r"^(?:result|wait|_wait_for_tstate_lock)$", r"futures"),
-    "zmq_poll": _p(VICTIM, "ZMQ poll (waiting on another engine process)",
-                   r"^(?:poll|zmq_poll|recv|recv_multipart|recv_pyobj|_poll)$", r"zmq"),
+    "zmq_poll": _p(
+        VICTIM,
+        "ZMQ poll (waiting on another engine process)",
+        r"^(?:poll|zmq_poll|recv|recv_multipart|recv_pyobj|_poll)$",
+        r"zmq",
+    ),
     "event_loop": _p(IDLE, "event loop", r"^(?:run_forever|_run_once|run_until_complete|serve_forever)$"),
     "uvicorn": _p(IDLE, "uvicorn", r".*", r"uvicorn"),
     "thread_pool": _p(IDLE, "thread pool worker", r"^_worker$", r"futures"),
-    "queue_get": _p(IDLE, "waiting on a queue", r"^(?:get|_SimpleQueue_get\w*|_queue_SimpleQueue_get\w*)$",
-                    r"queue|_queuemodule"),
+    "queue_get": _p(
+        IDLE, "waiting on a queue", r"^(?:get|_SimpleQueue_get\w*|_queue_SimpleQueue_get\w*)$", r"queue|_queuemodule"
+    ),
     "sleep": _p(WEAK, "sleep", r"^(?:sleep|clock_nanosleep|nanosleep|time_sleep|pysleep)$"),
-    "lock": _p(WEAK, "lock or condition wait",
-               r"^(?:acquire|wait|_acquire_restore|lock_PyThread_acquire_lock|PyThread_acquire_lock_timed|"
-               r"futex\w*|__futex\w*|pthread_cond_\w+|sem_\w*wait\w*|do_futex_wait\w*)$"),
+    "lock": _p(
+        WEAK,
+        "lock or condition wait",
+        r"^(?:acquire|wait|_acquire_restore|lock_PyThread_acquire_lock|PyThread_acquire_lock_timed|"
+        r"futex\w*|__futex\w*|pthread_cond_\w+|sem_\w*wait\w*|do_futex_wait\w*)$",
+    ),
     "io_wait": _p(WEAK, "I/O wait", r"^(?:select|epoll_wait|epoll_pwait|poll|read|readinto|recv\w*|accept\w*)$"),
 }
 
 # Frames that say the thread is doing engine work: a weak wait under them is the bug, not idleness.
-ENGINE_WORK = re.compile(r"^(?:schedule|step|step_with_batch_queue|_step|execute_model|sample_tokens|_to_list|"
-                         r"_bookkeeping_sync|forward|_model_forward|propose|update_from_output|execute_dummy_batch|"
-                         r"_dummy_run|_sample|_prepare_inputs|_update_states)$")
+ENGINE_WORK = re.compile(
+    r"^(?:schedule|step|step_with_batch_queue|_step|execute_model|sample_tokens|_to_list|"
+    r"_bookkeeping_sync|forward|_model_forward|propose|update_from_output|execute_dummy_batch|"
+    r"_dummy_run|_sample|_prepare_inputs|_update_states)$"
+)
 ENGINE_MODULE = re.compile(r"model_executor/|model_runner|/sched/|fault_plugin|/plugins?/")
 
 # Loops every engine step passes through: they name no bug, so a fingerprint leaves them out (the same
 # bug seen with async scheduling on, `step_with_batch_queue`, and off, `step`, groups together).
-LOOP_FRAMES = re.compile(r"^(?:step|step_with_batch_queue|_process_engine_step|run_busy_loop|run_engine_core|"
-                         r"run_with_fault_tolerance|worker_busy_loop|worker_main|run|_bootstrap|_bootstrap_inner|"
-                         r"_main|spawn_main|<module>|_run_code|_run_module_as_main|thread_run|__enter__|__exit__)$")
+LOOP_FRAMES = re.compile(
+    r"^(?:step|step_with_batch_queue|_process_engine_step|run_busy_loop|run_engine_core|"
+    r"run_with_fault_tolerance|worker_busy_loop|worker_main|run|_bootstrap|_bootstrap_inner|"
+    r"_main|spawn_main|<module>|_run_code|_run_module_as_main|thread_run|__enter__|__exit__)$"
+)
 PROCESS_START = re.compile(r"(?:^|[/\\])multiprocessing[/\\]process\.py$")
 # Native frames that vary by build, load address and Python version, not by bug: raw addresses, the C
 # library and the dynamic loader, the interpreter however it is linked (`libpython3.11.so.1.0`, or a
 # static `python3.12` / `python` binary as uv's and Debian's builds are), C sources with debug lines.
-NATIVE_NOISE = re.compile(r"^0x[0-9a-fA-F]+$|"
-                          r"(?:^|/)(?:lib(?:c|pthread|python[\d.]*|m|dl|rt)|ld-linux[\w.-]*)"
-                          r"(?:[-.][\d.]+)?(?:\.so.*)?$|"
-                          r"(?:^|/)(?:python|pypy)[\d.]*[dmu]*$|\.(?:c|h|cc|cpp)(?::\d+)?$|^<frozen ")
+NATIVE_NOISE = re.compile(
+    r"^0x[0-9a-fA-F]+$|"
+    r"(?:^|/)(?:lib(?:c|pthread|python[\d.]*|m|dl|rt)|ld-linux[\w.-]*)"
+    r"(?:[-.][\d.]+)?(?:\.so.*)?$|"
+    r"(?:^|/)(?:python|pypy)[\d.]*[dmu]*$|\.(?:c|h|cc|cpp)(?::\d+)?$|^<frozen "
+)
 # Interpreter, C library and threading-library internals by function name, wherever the library they
 # were found in (a static interpreter, a libc another distribution names otherwise): which of them a
 # thread's wait passes through changes with the Python and glibc version, while the bug stays the
@@ -107,31 +138,36 @@ RUNTIME_INTERNALS = re.compile(
     r"sem_\w*wait\w*|__GI_\w+|__libc_\w+|__clock_nanosleep\w*|clock_nanosleep\w*|__?nanosleep\w*|"
     r"syscall|__syscall\w*|clone3?|__clone\w*|start_thread|_start|epoll_p?wait|__?poll|__?select|"
     r"execute_native_thread_routine|std::(?:condition_variable|mutex|thread|__\w+)\b.*|__gthread_\w+)"
-    r"(?:\.(?:constprop|isra|part|cold)\.\d+)*$")
+    r"(?:\.(?:constprop|isra|part|cold)\.\d+)*$"
+)
 
 
 def runtime_internal(function: str, module: str) -> bool:
     """A frame of the interpreter, the C library or a threading library, not of the code that waits."""
-    return bool(NATIVE_NOISE.search(function) or (module and NATIVE_NOISE.search(module))
-                or (not _python_source(module) and RUNTIME_INTERNALS.match(function)))
+    return bool(
+        NATIVE_NOISE.search(function)
+        or (module and NATIVE_NOISE.search(module))
+        or (not _python_source(module) and RUNTIME_INTERNALS.match(function))
+    )
 
 
 def _python_source(module: str) -> bool:
     return module.endswith(".py") or module.startswith("<")
+
 
 # Process titles vLLM sets (setproctitle): `VLLM::EngineCore`, `VLLM::Worker_TP0`, `VLLM::Worker`.
 ROLE_PATTERNS: dict[str, re.Pattern] = {
     "title": re.compile(r"^VLLM::(?P<role>[\w.-]+)"),
     "API server": re.compile(r"vllm(?:\.entrypoints|/entrypoints| serve)|api_server|uvicorn|soakmatrix\.jobs\.sim\b"),
 }
-ROLE_RANK = {"Worker": 0, "EngineCore": 1}   # where a culprit usually is; others after, the API server last
+ROLE_RANK = {"Worker": 0, "EngineCore": 1}  # where a culprit usually is; others after, the API server last
 
 
 @dataclass(frozen=True)
 class ThreadClass:
-    kind: str          # culprit | victim | idle
+    kind: str  # culprit | victim | idle
     reason: str
-    strong: bool       # decided by a strong pattern (a CUDA sync) rather than by being in engine code
+    strong: bool  # decided by a strong pattern (a CUDA sync) rather than by being in engine code
 
 
 @dataclass(frozen=True)
@@ -141,18 +177,24 @@ class ThreadView:
     thread: str
     kind: str
     reason: str
-    frames: tuple[str, ...]          # as printed, innermost first
+    frames: tuple[str, ...]  # as printed, innermost first
 
     def to_dict(self) -> dict:
-        return {"role": self.role, "pid": self.pid, "thread": self.thread, "kind": self.kind,
-                "reason": self.reason, "frames": list(self.frames)}
+        return {
+            "role": self.role,
+            "pid": self.pid,
+            "thread": self.thread,
+            "kind": self.kind,
+            "reason": self.reason,
+            "frames": list(self.frames),
+        }
 
 
 @dataclass(frozen=True)
 class CulpritReport:
-    threads: tuple[ThreadView, ...]   # culprits first, then victims, grouped by role; idle left out
-    culprit_index: int | None         # index into the stacks given of the chosen culprit thread
-    idle: int = 0                     # threads left out as idle
+    threads: tuple[ThreadView, ...]  # culprits first, then victims, grouped by role; idle left out
+    culprit_index: int | None  # index into the stacks given of the chosen culprit thread
+    idle: int = 0  # threads left out as idle
     roles: tuple[str, ...] = field(default=())
 
     @property
@@ -171,16 +213,13 @@ def module_of(location: str) -> str:
     return re.sub(r":\d+\S*$", "", loc)
 
 
-
-
 def _matches(p: Pattern, function: str, location: str) -> bool:
     if not p.function.match(frame_name(function)):
         return False
     return p.module is None or bool(p.module.search(module_of(location)))
 
 
-def classify_thread(frames: Sequence[tuple[str, str]],
-                    patterns: dict[str, Pattern] | None = None) -> ThreadClass:
+def classify_thread(frames: Sequence[tuple[str, str]], patterns: dict[str, Pattern] | None = None) -> ThreadClass:
     """Class one thread from its (function, location) frames, innermost first."""
     table = PATTERNS if patterns is None else patterns
     if not frames:
@@ -229,8 +268,7 @@ def _role_rank(role: str) -> int:
     return 9 if role == "API server" else 5
 
 
-def culprit_report(stacks: Sequence, patterns: dict[str, Pattern] | None = None,
-                   max_frames: int = 40) -> CulpritReport:
+def culprit_report(stacks: Sequence, patterns: dict[str, Pattern] | None = None, max_frames: int = 40) -> CulpritReport:
     """Every thread of every process classed; culprits first, ordered per role (`stacks`: objects with
     `.process`, `.thread`, `.frames` of objects with `.function` and `.location`)."""
     rows: list[tuple[tuple, int, ThreadView]] = []
@@ -243,12 +281,14 @@ def culprit_report(stacks: Sequence, patterns: dict[str, Pattern] | None = None,
             idle += 1
             continue
         role, pid = role_of(t.process)
-        view = ThreadView(role, pid, t.thread, cls.kind, cls.reason,
-                          tuple(_frame_text(f, loc) for f, loc in frames[:max_frames]))
+        view = ThreadView(
+            role, pid, t.thread, cls.kind, cls.reason, tuple(_frame_text(f, loc) for f, loc in frames[:max_frames])
+        )
         # strong culprits (a CUDA sync) before engine-code ones; workers before EngineCore before the API;
         # then a key that names the thread, not where py-spy happened to list it
-        rows.append(((kind_rank[cls.kind], 0 if cls.strong else 1, _role_rank(role), *_stable_key(view, frames), i),
-                     i, view))
+        rows.append(
+            ((kind_rank[cls.kind], 0 if cls.strong else 1, _role_rank(role), *_stable_key(view, frames), i), i, view)
+        )
     rows.sort(key=lambda r: r[0])
     culprit_index = next((i for key, i, v in rows if v.kind == CULPRIT), None)
     # the page groups by role: the culprit's role first, each role's culprits before its victims

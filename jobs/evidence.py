@@ -28,25 +28,31 @@ import psutil
 from . import gpu_state as gpu_state_mod
 from .teardown import tree
 
-SCHEDULER_DUMP = re.compile(r"Dumping input data|Dumping scheduler output|Dumping scheduler stats|"
-                            r"SchedulerOutput\(|SchedulerStats\(|NewRequestData\(|CachedRequestData\(")
+SCHEDULER_DUMP = re.compile(
+    r"Dumping input data|Dumping scheduler output|Dumping scheduler stats|"
+    r"SchedulerOutput\(|SchedulerStats\(|NewRequestData\(|CachedRequestData\("
+)
 
 
 @dataclass
 class Evidence:
     folder: Path
-    artifacts: dict[str, str] = field(default_factory=dict)   # name -> path
-    stack_texts: list[str] = field(default_factory=list)      # py-spy and faulthandler dumps
+    artifacts: dict[str, str] = field(default_factory=dict)  # name -> path
+    stack_texts: list[str] = field(default_factory=list)  # py-spy and faulthandler dumps
     log_tail: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
-    gpu: gpu_state_mod.GpuState | None = None                 # None until measured (or not) at capture
-    stacks_unreachable: str | None = None                     # why no process could be dumped
+    gpu: gpu_state_mod.GpuState | None = None  # None until measured (or not) at capture
+    stacks_unreachable: str | None = None  # why no process could be dumped
 
 
-def pyspy_dump(pid: int, timeout_s: float = 20.0, native: bool = True,
-               runner: Callable[..., subprocess.CompletedProcess] = subprocess.run,
-               attempts: int = 2) -> tuple[str, str | None]:
+def pyspy_dump(
+    pid: int,
+    timeout_s: float = 20.0,
+    native: bool = True,
+    runner: Callable[..., subprocess.CompletedProcess] = subprocess.run,
+    attempts: int = 2,
+) -> tuple[str, str | None]:
     """py-spy's dump of one process: (text, problem). A py-spy that hangs is killed at the timeout;
     one that fails (a transient ptrace error, no unwinding support for --native) is retried without
     --native, then once more."""
@@ -55,7 +61,7 @@ def pyspy_dump(pid: int, timeout_s: float = 20.0, native: bool = True,
         return "", "py-spy not found"
     problem = ""
     for _attempt in range(attempts):
-        for with_native in ((True, False) if native else (False,)):
+        for with_native in (True, False) if native else (False,):
             argv = [exe, "dump", "--pid", str(pid), *(["--native"] if with_native else [])]
             try:
                 done = runner(argv, capture_output=True, text=True, timeout=timeout_s)
@@ -75,6 +81,7 @@ def pyspy_dump(pid: int, timeout_s: float = 20.0, native: bool = True,
 
 def _venv_pyspy() -> str | None:
     import sys
+
     candidate = Path(sys.executable).parent / "py-spy"
     return str(candidate) if candidate.exists() else None
 
@@ -90,8 +97,11 @@ def gpu_state() -> dict[str, Any] | None:
     return state.to_dict() if state.measured else None
 
 
-PTRACE_DENIED = re.compile(r"Permission denied|Operation not permitted|os error 1\b|os error 13\b|"
-                           r"ptrace|CAP_SYS_PTRACE", re.I)
+PTRACE_DENIED = re.compile(
+    r"Permission denied|Operation not permitted|os error 1\b|os error 13\b|"
+    r"ptrace|CAP_SYS_PTRACE",
+    re.I,
+)
 
 
 def ptrace_problem(problems: Sequence[str], scope_file: str = "/proc/sys/kernel/yama/ptrace_scope") -> str | None:
@@ -103,10 +113,12 @@ def ptrace_problem(problems: Sequence[str], scope_file: str = "/proc/sys/kernel/
         scope = Path(scope_file).read_text().strip()
     except OSError:
         scope = "unknown"
-    return (f"ptrace not permitted ({denied[0]}): py-spy needs the SYS_PTRACE capability (docker run "
-            f"--cap-add SYS_PTRACE, Kubernetes securityContext.capabilities.add: [SYS_PTRACE]) or "
-            f"kernel.yama.ptrace_scope 0 (now {scope}); the fingerprint falls back to the log's tracebacks "
-            f"and vLLM's own stack dumps (--watchdog-config dump_dir)")
+    return (
+        f"ptrace not permitted ({denied[0]}): py-spy needs the SYS_PTRACE capability (docker run "
+        f"--cap-add SYS_PTRACE, Kubernetes securityContext.capabilities.add: [SYS_PTRACE]) or "
+        f"kernel.yama.ptrace_scope 0 (now {scope}); the fingerprint falls back to the log's tracebacks "
+        f"and vLLM's own stack dumps (--watchdog-config dump_dir)"
+    )
 
 
 def scheduler_dump_lines(lines: Sequence[str], context: int = 12) -> list[str]:
@@ -122,11 +134,19 @@ def scheduler_dump_lines(lines: Sequence[str], context: int = 12) -> list[str]:
     return out
 
 
-def capture(server: Any, folder: str | Path, *, pyspy_timeout_s: float = 20.0, budget_s: float = 90.0,
-            tail_lines: int = 50, dump_dirs: Sequence[str | Path] | None = None,
-            stop: Any = None, pyspy: Callable[..., tuple[str, str | None]] = pyspy_dump,
-            scrape: Callable[[str, float], str] = scrape_text,
-            gpu: Callable[[Sequence[int]], gpu_state_mod.GpuState] = gpu_state_mod.measure) -> Evidence:
+def capture(
+    server: Any,
+    folder: str | Path,
+    *,
+    pyspy_timeout_s: float = 20.0,
+    budget_s: float = 90.0,
+    tail_lines: int = 50,
+    dump_dirs: Sequence[str | Path] | None = None,
+    stop: Any = None,
+    pyspy: Callable[..., tuple[str, str | None]] = pyspy_dump,
+    scrape: Callable[[str, float], str] = scrape_text,
+    gpu: Callable[[Sequence[int]], gpu_state_mod.GpuState] = gpu_state_mod.measure,
+) -> Evidence:
     """Everything worth keeping about a stuck server (a RunningServer: .pid, .base_url, .log_text()).
     `stop` (a threading.Event) skips the stack dumps when the cell is already cancelled."""
     t0 = time.monotonic()

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-BUSY_UTILIZATION_PCT = 50     # a GPU at or above this (highest sample) is busy
+BUSY_UTILIZATION_PCT = 50  # a GPU at or above this (highest sample) is busy
 SAMPLES = 3
 SAMPLE_GAP_S = 0.2
 SMI_FIELDS = "index,name,utilization.gpu,utilization.memory,memory.used,memory.total,power.draw"
@@ -30,13 +30,13 @@ NOT_MEASURED = "no GPU: not measured"
 @dataclass
 class GpuState:
     measured: bool
-    source: str = ""                  # "nvml" | "nvidia-smi" | ""
+    source: str = ""  # "nvml" | "nvidia-smi" | ""
     gpus: list[dict[str, Any]] = field(default_factory=list)
     note: str = ""
 
     @property
     def busy(self) -> str | None:
-        """"busy" when any GPU of the cell was at or above BUSY_UTILIZATION_PCT, "idle" when none was,
+        """ "busy" when any GPU of the cell was at or above BUSY_UTILIZATION_PCT, "idle" when none was,
         None when not measured."""
         if not self.measured or not self.gpus:
             return None
@@ -51,8 +51,11 @@ class GpuState:
     def summary(self) -> str:
         if not self.measured:
             return self.note or NOT_MEASURED
-        parts = [f"GPU{g['index']} {g.get('utilization_gpu', '?')}% util, "
-                 f"{_gib(g.get('memory_used'))}/{_gib(g.get('memory_total'))} GiB" for g in self.gpus]
+        parts = [
+            f"GPU{g['index']} {g.get('utilization_gpu', '?')}% util, "
+            f"{_gib(g.get('memory_used'))}/{_gib(g.get('memory_total'))} GiB"
+            for g in self.gpus
+        ]
         return f"gpu: {self.busy or 'unknown'} ({'; '.join(parts)}) via {self.source}"
 
 
@@ -60,8 +63,13 @@ def _gib(value: Any) -> str:
     return "?" if value is None else f"{value / 2**30:.1f}"
 
 
-def read_nvml(nvml: Any, pids: Sequence[int] = (), samples: int = SAMPLES, gap_s: float = SAMPLE_GAP_S,
-              sleep: Callable[[float], None] = time.sleep) -> GpuState:
+def read_nvml(
+    nvml: Any,
+    pids: Sequence[int] = (),
+    samples: int = SAMPLES,
+    gap_s: float = SAMPLE_GAP_S,
+    sleep: Callable[[float], None] = time.sleep,
+) -> GpuState:
     """Every GPU NVML sees (or only those running one of `pids`, when any does)."""
     try:
         nvml.nvmlInit()
@@ -85,13 +93,22 @@ def read_nvml(nvml: Any, pids: Sequence[int] = (), samples: int = SAMPLES, gap_s
             mem = nvml.nvmlDeviceGetMemoryInfo(h)
             name = nvml.nvmlDeviceGetName(h)
             try:
-                procs = [{"pid": p.pid, "used_memory": p.usedGpuMemory}
-                         for p in nvml.nvmlDeviceGetComputeRunningProcesses(h)]
+                procs = [
+                    {"pid": p.pid, "used_memory": p.usedGpuMemory} for p in nvml.nvmlDeviceGetComputeRunningProcesses(h)
+                ]
             except Exception:  # noqa: BLE001 - a GPU whose processes NVML cannot list is still measured
                 procs = []
-            gpus.append({"index": i, "name": name.decode() if isinstance(name, bytes) else str(name),
-                         "utilization_gpu": peak[i], "utilization_memory": mem_util[i],
-                         "memory_used": int(mem.used), "memory_total": int(mem.total), "processes": procs})
+            gpus.append(
+                {
+                    "index": i,
+                    "name": name.decode() if isinstance(name, bytes) else str(name),
+                    "utilization_gpu": peak[i],
+                    "utilization_memory": mem_util[i],
+                    "memory_used": int(mem.used),
+                    "memory_total": int(mem.total),
+                    "processes": procs,
+                }
+            )
         return GpuState(True, "nvml", _ours(gpus, pids))
     except Exception as exc:  # noqa: BLE001 - evidence at a hang: a failure is noted, never raised
         return GpuState(False, "nvml", note=f"NVML failed: {type(exc).__name__}: {exc}")
@@ -109,12 +126,19 @@ def _ours(gpus: list[dict[str, Any]], pids: Sequence[int]) -> list[dict[str, Any
     return mine or gpus
 
 
-def read_nvidia_smi(runner: Callable[..., subprocess.CompletedProcess] = subprocess.run,
-                    exe: str = "nvidia-smi", timeout_s: float = 15.0) -> GpuState:
+def read_nvidia_smi(
+    runner: Callable[..., subprocess.CompletedProcess] = subprocess.run,
+    exe: str = "nvidia-smi",
+    timeout_s: float = 15.0,
+) -> GpuState:
     """`nvidia-smi --query-gpu=... --format=csv,noheader,nounits` (one sample)."""
     try:
-        done = runner([exe, f"--query-gpu={SMI_FIELDS}", "--format=csv,noheader,nounits"],
-                      capture_output=True, text=True, timeout=timeout_s)
+        done = runner(
+            [exe, f"--query-gpu={SMI_FIELDS}", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return GpuState(False, "nvidia-smi", note=f"nvidia-smi failed: {exc}")
     if done.returncode != 0:
@@ -124,9 +148,17 @@ def read_nvidia_smi(runner: Callable[..., subprocess.CompletedProcess] = subproc
         cells = [c.strip() for c in line.split(",")]
         if len(cells) < 6:
             continue
-        gpus.append({"index": _num(cells[0]), "name": cells[1], "utilization_gpu": _num(cells[2]),
-                     "utilization_memory": _num(cells[3]), "memory_used": _mib(cells[4]),
-                     "memory_total": _mib(cells[5]), "power_w": _num(cells[6]) if len(cells) > 6 else None})
+        gpus.append(
+            {
+                "index": _num(cells[0]),
+                "name": cells[1],
+                "utilization_gpu": _num(cells[2]),
+                "utilization_memory": _num(cells[3]),
+                "memory_used": _mib(cells[4]),
+                "memory_total": _mib(cells[5]),
+                "power_w": _num(cells[6]) if len(cells) > 6 else None,
+            }
+        )
     if not gpus:
         return GpuState(False, "nvidia-smi", note=f"{NOT_MEASURED} (nvidia-smi lists no GPU)")
     return GpuState(True, "nvidia-smi", gpus)
@@ -136,7 +168,7 @@ def _num(text: str) -> Any:
     try:
         value = float(text)
     except ValueError:
-        return None   # "[N/A]", "[Not Supported]"
+        return None  # "[N/A]", "[Not Supported]"
     return int(value) if value.is_integer() else value
 
 

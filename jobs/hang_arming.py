@@ -21,12 +21,19 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:   # the fault plugin imports this in every vLLM process: keep it light
+if TYPE_CHECKING:  # the fault plugin imports this in every vLLM process: keep it light
     from soakmatrix.matrix.contracts.hangmodel import Hang, HangModel
 
 
-def draw_exposure(namespace: str, model_seed: int, seed: object, hang_id: str, mttf_s: float,
-                  time_scale: float = 1.0, identity: str = "") -> float:
+def draw_exposure(
+    namespace: str,
+    model_seed: int,
+    seed: object,
+    hang_id: str,
+    mttf_s: float,
+    time_scale: float = 1.0,
+    identity: str = "",
+) -> float:
     """Seconds of qualifying exposure before the hang fires: exponential, mean `mttf_s / time_scale`.
     `identity` (the engine's flags and GPU) keeps engines that share a seed from sharing a draw."""
     key = f"{namespace}:{model_seed}:{seed}:{hang_id}"
@@ -43,21 +50,35 @@ class Arming:
     fires_after_s: float
 
 
-def applicable(model: HangModel, flags: Mapping[str, Any], gpu: str | None,
-               styles: Collection[str] | None = None, build: tuple[int, str] | None = None) -> list[Hang]:
+def applicable(
+    model: HangModel,
+    flags: Mapping[str, Any],
+    gpu: str | None,
+    styles: Collection[str] | None = None,
+    build: tuple[int, str] | None = None,
+) -> list[Hang]:
     """The hangs (of `styles`, if given) whose `when`, `gpu` and build match, in the file's order
     (a hang keyed on the build never matches an engine that does not know its build)."""
-    return [h for h in model.hangs
-            if (styles is None or h.style in styles) and h.matches(flags, gpu or None, build)]
+    return [h for h in model.hangs if (styles is None or h.style in styles) and h.matches(flags, gpu or None, build)]
 
 
-def arm(model: HangModel, flags: Mapping[str, Any], gpu: str | None, seed: object, namespace: str, *,
-        styles: Collection[str] | None = None, time_scale: float = 1.0,
-        build: tuple[int, str] | None = None, identity: str = "") -> list[Arming]:
+def arm(
+    model: HangModel,
+    flags: Mapping[str, Any],
+    gpu: str | None,
+    seed: object,
+    namespace: str,
+    *,
+    styles: Collection[str] | None = None,
+    time_scale: float = 1.0,
+    build: tuple[int, str] | None = None,
+    identity: str = "",
+) -> list[Arming]:
     """Every applicable hang with its effective MTTF and its seeded draw."""
     armed = []
     for hang in applicable(model, flags, gpu, styles, build):
         mttf = hang.effective_mttf_s(flags)
-        armed.append(Arming(hang, mttf, draw_exposure(namespace, model.seed, seed, hang.id, mttf, time_scale,
-                                                     identity)))
+        armed.append(
+            Arming(hang, mttf, draw_exposure(namespace, model.seed, seed, hang.id, mttf, time_scale, identity))
+        )
     return armed

@@ -23,7 +23,7 @@ from .detect.protocol import HangVerdict, StreamState
 
 @dataclass(frozen=True)
 class ConfirmationWindow:
-    after_verdict_s: float = 3.0   # no token this long after the verdict
+    after_verdict_s: float = 3.0  # no token this long after the verdict
     after_evidence_s: float = 1.0  # ...and this long after the stack dumps, which pause the engine
 
 
@@ -33,13 +33,19 @@ def needs_confirmation(verdict: HangVerdict) -> bool:
 
 def progressed_since(verdict: HangVerdict, stream: StreamState | None) -> bool:
     """A token reached the client after the verdict fired."""
-    return (stream is not None and stream.last_token_at is not None
-            and stream.last_token_at > verdict.at)
+    return stream is not None and stream.last_token_at is not None and stream.last_token_at > verdict.at
 
 
-def confirm(verdict: HangVerdict, snapshot: Callable[[], StreamState | None], evidence_done_at: float,
-            window: ConfirmationWindow = ConfirmationWindow(), *, clock: Callable[[], float] = time.time,
-            sleep: Callable[[float], None] = time.sleep, poll_s: float = 0.1) -> bool:
+def confirm(
+    verdict: HangVerdict,
+    snapshot: Callable[[], StreamState | None],
+    evidence_done_at: float,
+    window: ConfirmationWindow = ConfirmationWindow(),
+    *,
+    clock: Callable[[], float] = time.time,
+    sleep: Callable[[float], None] = time.sleep,
+    poll_s: float = 0.1,
+) -> bool:
     """True when the hang stands (no token until the window closed); False as soon as a token came.
     `evidence_done_at` is when the stack dumps ended, on `clock`."""
     closes = max(verdict.at + window.after_verdict_s, evidence_done_at + window.after_evidence_s)

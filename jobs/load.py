@@ -26,7 +26,7 @@ from soakmatrix.matrix.contracts.workloads import params_of
 
 from .load_shapes import Arrivals, RequestSource, RequestSpec, is_open_loop, target_concurrency
 
-SAMPLE_CAP = 20_000          # TTFTs and gaps kept for percentiles (a bounded window, newest kept)
+SAMPLE_CAP = 20_000  # TTFTs and gaps kept for percentiles (a bounded window, newest kept)
 MAX_OPEN_LOOP_IN_FLIGHT = 2048
 
 
@@ -42,6 +42,7 @@ class _Open:
 @dataclass
 class LoadStats:
     """Totals and samples; updated on the driver's thread, read anywhere under `lock`."""
+
     sent: int = 0
     completed: int = 0
     failed: int = 0
@@ -62,10 +63,17 @@ class LoadStats:
         with self.lock:
             ttft, gaps = sorted(self.ttft_s), sorted(self.gaps_s)
             return {
-                "sent": self.sent, "completed": self.completed, "failed": self.failed,
-                "tokens": self.tokens, "in_flight": len(self.open), "errors": dict(self.errors),
-                "ttft_p50_s": _pct(ttft, 0.5), "ttft_p99_s": _pct(ttft, 0.99),
-                "gap_p50_s": _pct(gaps, 0.5), "gap_p99_s": _pct(gaps, 0.99), "gap_max_s": self.max_gap_s,
+                "sent": self.sent,
+                "completed": self.completed,
+                "failed": self.failed,
+                "tokens": self.tokens,
+                "in_flight": len(self.open),
+                "errors": dict(self.errors),
+                "ttft_p50_s": _pct(ttft, 0.5),
+                "ttft_p99_s": _pct(ttft, 0.99),
+                "gap_p50_s": _pct(gaps, 0.5),
+                "gap_p99_s": _pct(gaps, 0.99),
+                "gap_max_s": self.max_gap_s,
                 "duration_s": ((self.stopped_at or time.time()) - self.started_at) if self.started_at else 0.0,
             }
 
@@ -77,14 +85,25 @@ def _pct(values: list[float], q: float) -> float | None:
 
 
 class LoadDriver:
-    def __init__(self, base_url: str, workload: Any, seed: int = 0, *, duration_s: float | None = None,
-                 model: str | None = None, clock: Callable[[], float] = time.time,
-                 params: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        workload: Any,
+        seed: int = 0,
+        *,
+        duration_s: float | None = None,
+        model: str | None = None,
+        clock: Callable[[], float] = time.time,
+        params: Mapping[str, Any] | None = None,
+    ) -> None:
         """`workload` is a `matrix.spec.Workload` (or anything with `.kind` and `.params`)."""
         self.base_url = base_url.rstrip("/")
         self.kind = workload.kind
-        self.params = {**{k: d for k, (_, d) in params_of(self.kind).items()}, **dict(workload.params),
-                       **dict(params or {})}
+        self.params = {
+            **{k: d for k, (_, d) in params_of(self.kind).items()},
+            **dict(workload.params),
+            **dict(params or {}),
+        }
         self.seed = seed
         self.duration_s = duration_s
         self.model = model
@@ -92,8 +111,8 @@ class LoadDriver:
         self.stats = LoadStats()
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._no_new = threading.Event()     # stop sending; let in-flight requests finish
-        self._cancel = threading.Event()     # abandon in-flight requests too
+        self._no_new = threading.Event()  # stop sending; let in-flight requests finish
+        self._cancel = threading.Event()  # abandon in-flight requests too
         self._done = threading.Event()
         self._ids = 0
 
@@ -141,11 +160,15 @@ class LoadDriver:
         with self.stats.lock:
             waiting = [o for o in self.stats.open.values() if o.first_token_at is None]
             return StreamState(
-                at=now, open_streams=len(self.stats.open), last_token_at=self.stats.last_token_at,
+                at=now,
+                open_streams=len(self.stats.open),
+                last_token_at=self.stats.last_token_at,
                 oldest_waiting_first_token_since=min((o.started for o in waiting), default=None),
                 waiting_first_token_prompt_len=max((o.prompt_len for o in waiting), default=0),
-                tokens=self.stats.tokens, consecutive_failures=self.stats.consecutive_failures,
-                last_error=self.stats.last_error)
+                tokens=self.stats.tokens,
+                consecutive_failures=self.stats.consecutive_failures,
+                last_error=self.stats.last_error,
+            )
 
     def __enter__(self) -> LoadDriver:
         return self.start()
@@ -212,8 +235,9 @@ class LoadDriver:
         with self.stats.lock:
             return self.stats.sent < int(self.params["max_requests"])
 
-    async def _closed_loop(self, session: aiohttp.ClientSession, source: RequestSource, start: float,
-                           tasks: set[asyncio.Task]) -> None:
+    async def _closed_loop(
+        self, session: aiohttp.ClientSession, source: RequestSource, start: float, tasks: set[asyncio.Task]
+    ) -> None:
         while self._may_send(start):
             want = target_concurrency(self.kind, self.params, time.monotonic() - start)
             while len(tasks) < want and self._may_send(start):
@@ -221,12 +245,13 @@ class LoadDriver:
             if tasks:
                 done, _ = await asyncio.wait(tasks, timeout=0.1, return_when=asyncio.FIRST_COMPLETED)
                 if any(t.cancelled() or t.exception() is not None or t.result() is False for t in done):
-                    await asyncio.sleep(0.2)   # failing server: do not spin
+                    await asyncio.sleep(0.2)  # failing server: do not spin
             else:
                 await asyncio.sleep(0.05)
 
-    async def _open_loop(self, session: aiohttp.ClientSession, source: RequestSource, start: float,
-                         tasks: set[asyncio.Task]) -> None:
+    async def _open_loop(
+        self, session: aiohttp.ClientSession, source: RequestSource, start: float, tasks: set[asyncio.Task]
+    ) -> None:
         for at in Arrivals(self.kind, self.params, self.seed):
             # until the arrival time, unless another thread stops the load (threading.Events) first
             while self._may_send(start) and time.monotonic() - start < at:  # noqa: ASYNC110
@@ -286,12 +311,12 @@ class LoadDriver:
                 source.answered(spec, "".join(text))
                 return True
         except asyncio.CancelledError:
-            self._error("cancelled", counts_as_failure=False)   # our own stop, not the server's
+            self._error("cancelled", counts_as_failure=False)  # our own stop, not the server's
             raise
         except TimeoutError:
             self._error("timeout")
             return False
-        except (aiohttp.ClientError, ValueError, KeyError, TypeError) as exc:   # incl. bad JSON from the server
+        except (aiohttp.ClientError, ValueError, KeyError, TypeError) as exc:  # incl. bad JSON from the server
             self._error(type(exc).__name__)
             return False
         finally:

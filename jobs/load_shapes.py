@@ -16,29 +16,36 @@ from dataclasses import dataclass, field
 from typing import Any
 
 # A fixed word list: one word is about one token for vLLM's tokenizers and exactly one for the sim.
-WORDS = ("the of and to in is was for on are with as at be by this from or have an they which one "
-         "you were her all she there would their we him been has when who will more no if out so said "
-         "what up its about into than them can only other new some could time these two may then do "
-         "first any my now such like our over man me even most made after also did many before must "
-         "through back years where much your way well down should because each just those people how "
-         "too little state good very make world still own see men work long get here between both life "
-         "being under never day same another know while last might us great old year off come since "
-         "against go came right used take three").split()
+WORDS = (
+    "the of and to in is was for on are with as at be by this from or have an they which one "
+    "you were her all she there would their we him been has when who will more no if out so said "
+    "what up its about into than them can only other new some could time these two may then do "
+    "first any my now such like our over man me even most made after also did many before must "
+    "through back years where much your way well down should because each just those people how "
+    "too little state good very make world still own see men work long get here between both life "
+    "being under never day same another know while last might us great old year off come since "
+    "against go came right used take three"
+).split()
 
 
 @dataclass(frozen=True)
 class RequestSpec:
-    api: str                      # "completions" | "chat"
+    api: str  # "completions" | "chat"
     max_tokens: int
-    input_len: int                # prompt length in words (about tokens)
+    input_len: int  # prompt length in words (about tokens)
     prompt: str = ""
     messages: tuple[Mapping[str, str], ...] = ()
     session: int | None = None
     turn: int = 0
 
     def body(self, model: str, stream: bool) -> dict[str, Any]:
-        body: dict[str, Any] = {"model": model, "max_tokens": self.max_tokens, "stream": stream,
-                                "temperature": 0.0, "ignore_eos": True}
+        body: dict[str, Any] = {
+            "model": model,
+            "max_tokens": self.max_tokens,
+            "stream": stream,
+            "temperature": 0.0,
+            "ignore_eos": True,
+        }
         if stream:
             body["stream_options"] = {"include_usage": True}
         if self.api == "chat":
@@ -73,8 +80,9 @@ class RequestSource:
         max_tokens = max(1, draw(self.rng, self.params.get("output_len", [32, 256])))
         if self.kind != "chat":
             if self.api == "chat":
-                return RequestSpec("chat", max_tokens, input_len,
-                                   messages=({"role": "user", "content": words(self.rng, input_len)},))
+                return RequestSpec(
+                    "chat", max_tokens, input_len, messages=({"role": "user", "content": words(self.rng, input_len)},)
+                )
             return RequestSpec("completions", max_tokens, input_len, prompt=words(self.rng, input_len))
         return self._chat_turn(input_len, max_tokens)
 
@@ -89,8 +97,14 @@ class RequestSource:
         messages = (*history, user)
         self._sessions[session] = [*history, user]
         total = sum(len(m["content"].split()) for m in messages)
-        return RequestSpec("chat", max_tokens, total, messages=tuple(messages), session=session,
-                           turn=sum(1 for m in messages if m["role"] == "user"))
+        return RequestSpec(
+            "chat",
+            max_tokens,
+            total,
+            messages=tuple(messages),
+            session=session,
+            turn=sum(1 for m in messages if m["role"] == "user"),
+        )
 
     def answered(self, spec: RequestSpec, text: str) -> None:
         """Append the assistant's reply so the session's next turn resends the whole history."""
@@ -103,6 +117,7 @@ class RequestSource:
 
 # ---------------------------------------------------------------- when to send
 
+
 def target_concurrency(kind: str, params: Mapping[str, Any], t: float) -> int:
     """Closed loop: requests that should be in flight `t` seconds into the soak."""
     base = int(params.get("concurrency", 8))
@@ -112,7 +127,7 @@ def target_concurrency(kind: str, params: Mapping[str, Any], t: float) -> int:
     ramp_s = float(params.get("ramp_s", 0.0))
     every, length = float(params.get("spike_every_s", 0.0)), float(params.get("spike_len_s", 0.0))
     if every > 0 and length > 0 and t >= every and (t % every) < length:
-        return peak   # a spike: straight to the peak, as an autoscaler's burst does (seed 001)
+        return peak  # a spike: straight to the peak, as an autoscaler's burst does (seed 001)
     frac = 1.0 if ramp_s <= 0 else min(1.0, t / ramp_s)
     return round(base + (peak - base) * frac)
 
@@ -125,8 +140,8 @@ def poisson_gaps(rate: float, rng: random.Random) -> Iterator[float]:
 
 @dataclass(frozen=True)
 class Burst:
-    at: float       # seconds into the soak
-    count: int      # requests sent together (0 is a burst that sends nothing)
+    at: float  # seconds into the soak
+    count: int  # requests sent together (0 is a burst that sends nothing)
 
 
 def trickle_bursts(params: Mapping[str, Any], rng: random.Random) -> Iterator[Burst]:
@@ -151,6 +166,7 @@ def is_open_loop(kind: str, params: Mapping[str, Any]) -> bool:
 @dataclass
 class Arrivals:
     """Open-loop arrival times (seconds into the soak), one request each."""
+
     kind: str
     params: Mapping[str, Any]
     seed: int

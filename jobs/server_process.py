@@ -90,17 +90,23 @@ def classify_startup_failure(exit_code: int | None, log_text: str, waited_s: flo
         return StartupFailure(Outcome.INFRA_ERROR, f"server not ready after {waited_s:.0f} s (still running)")
     for p in INFRA_ERROR_PATTERNS:
         if m := p.search(tail):
-            return StartupFailure(Outcome.INFRA_ERROR, f"server exited ({exit_code}) at start-up: "
-                                  f"{_line_of(tail, m.start())}", exit_code)
+            return StartupFailure(
+                Outcome.INFRA_ERROR, f"server exited ({exit_code}) at start-up: {_line_of(tail, m.start())}", exit_code
+            )
     if exit_code == 2:
-        return StartupFailure(Outcome.CONFIG_ERROR, f"engine rejected its flags (exit 2): {_last_error(tail)}",
-                              exit_code)
+        return StartupFailure(
+            Outcome.CONFIG_ERROR, f"engine rejected its flags (exit 2): {_last_error(tail)}", exit_code
+        )
     for p in CONFIG_ERROR_PATTERNS:
         if m := p.search(tail):
-            return StartupFailure(Outcome.CONFIG_ERROR, f"engine rejected its flags (exit {exit_code}): "
-                                  f"{_line_of(tail, m.start())}", exit_code)
-    return StartupFailure(Outcome.INFRA_ERROR, f"server exited ({exit_code}) before it was ready: "
-                          f"{_last_error(tail)}", exit_code)
+            return StartupFailure(
+                Outcome.CONFIG_ERROR,
+                f"engine rejected its flags (exit {exit_code}): {_line_of(tail, m.start())}",
+                exit_code,
+            )
+    return StartupFailure(
+        Outcome.INFRA_ERROR, f"server exited ({exit_code}) before it was ready: {_last_error(tail)}", exit_code
+    )
 
 
 PORT_TAKEN = re.compile(r"[Aa]ddress already in use|EADDRINUSE")
@@ -125,7 +131,7 @@ def listening_pids(port: int) -> set[int] | None:
 def _line_of(text: str, pos: int) -> str:
     start = text.rfind("\n", 0, pos) + 1
     end = text.find("\n", pos)
-    return text[start: end if end >= 0 else len(text)].strip()[:300]
+    return text[start : end if end >= 0 else len(text)].strip()[:300]
 
 
 def _last_error(tail: str) -> str:
@@ -139,6 +145,7 @@ def _last_error(tail: str) -> str:
 @dataclass
 class RunningServer:
     """A started server: its process (own group), address and log."""
+
     process: subprocess.Popen
     host: str
     port: int
@@ -146,7 +153,7 @@ class RunningServer:
     command: LaunchCommand
     started_at: float = field(default_factory=time.time)
     ready_at: float | None = None
-    tmp_dir: Path | None = None   # the server's private TMPDIR, removed by stop(); None: the env's own
+    tmp_dir: Path | None = None  # the server's private TMPDIR, removed by stop(); None: the env's own
     _log_file: Any = None
 
     @property
@@ -155,7 +162,7 @@ class RunningServer:
 
     @property
     def pgid(self) -> int:
-        return self.process.pid   # start_new_session: the server leads its own group
+        return self.process.pid  # start_new_session: the server leads its own group
 
     @property
     def base_url(self) -> str:
@@ -177,22 +184,30 @@ class RunningServer:
     def log_tail(self, lines: int = 50) -> list[str]:
         return self.log_text().splitlines()[-lines:]
 
-    def wait_ready(self, timeout_s: float, stop: threading.Event | None = None,
-                   probe: Callable[[str], bool] | None = None, interval_s: float = 0.5) -> StartupFailure | None:
+    def wait_ready(
+        self,
+        timeout_s: float,
+        stop: threading.Event | None = None,
+        probe: Callable[[str], bool] | None = None,
+        interval_s: float = 0.5,
+    ) -> StartupFailure | None:
         """Poll `/v1/models` until it answers; None when ready, else why not."""
         probe = probe or models_answer
         t0 = time.monotonic()
         while True:
             code = self.poll()
             if code is not None:
-                time.sleep(0.2)   # let the last lines reach the log
+                time.sleep(0.2)  # let the last lines reach the log
                 return classify_startup_failure(code, self.log_text(), time.monotonic() - t0)
             if probe(self.base_url):
                 other = self.port_held_by_another()
                 if other is not None:
-                    return StartupFailure(Outcome.INFRA_ERROR, f"port {self.port} answered from pid {other}, not "
-                                          f"from this server: Address already in use (another process took the "
-                                          f"free port before the server bound it)")
+                    return StartupFailure(
+                        Outcome.INFRA_ERROR,
+                        f"port {self.port} answered from pid {other}, not "
+                        f"from this server: Address already in use (another process took the "
+                        f"free port before the server bound it)",
+                    )
                 self.ready_at = time.time()
                 return None
             if stop is not None and stop.is_set():
@@ -217,6 +232,7 @@ class RunningServer:
     def stop(self, grace_s: float = 10.0):
         """Tear the whole process group down (see teardown.py); returns the teardown report."""
         from .teardown import teardown
+
         try:
             report = teardown(self, grace_s=grace_s)
         finally:
@@ -248,15 +264,16 @@ def models_answer(base_url: str, timeout_s: float = 5.0) -> bool:
         return False
 
 
-def start(command: LaunchCommand, artifacts_dir: str | Path, host: str, port: int,
-          extra_env: Mapping[str, str] | None = None) -> RunningServer:
+def start(
+    command: LaunchCommand, artifacts_dir: str | Path, host: str, port: int, extra_env: Mapping[str, str] | None = None
+) -> RunningServer:
     """Start `command` in a new session (own process group), output appended to server.log, with a
     private TMPDIR (see the module docstring) unless the cell's env or the command sets one."""
     folder = private_dir(artifacts_dir)
     log_path = folder / "server.log"
     explicit = {**dict(extra_env or {}), **dict(command.env)}
     env = {**os.environ, **explicit, "PYTHONUNBUFFERED": "1"}
-    env.pop(OWNED_TMP_ENV, None)   # inherited from a server that started us: not ours to delete
+    env.pop(OWNED_TMP_ENV, None)  # inherited from a server that started us: not ours to delete
     tmp_dir: Path | None = None
     log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, PRIVATE_FILE)
     log_file = os.fdopen(log_fd, "ab", buffering=0)
@@ -267,8 +284,15 @@ def start(command: LaunchCommand, artifacts_dir: str | Path, host: str, port: in
             env["TMPDIR"] = env[OWNED_TMP_ENV] = str(tmp_dir)
             if RPC_BASE_ENV not in explicit:
                 env[RPC_BASE_ENV] = str(tmp_dir)
-        process = subprocess.Popen(list(command.argv), env=env, cwd=command.cwd, stdin=subprocess.DEVNULL,
-                                   stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
+        process = subprocess.Popen(
+            list(command.argv),
+            env=env,
+            cwd=command.cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     except BaseException:
         log_file.close()
         if tmp_dir is not None:
@@ -285,13 +309,13 @@ def _share_inductor_cache(tmp_dir: Path) -> None:
         user = getpass.getuser()
     except (KeyError, OSError):
         user = f"uid_{os.getuid()}"
-    name = "torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", user)   # torch's default_cache_dir()
+    name = "torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", user)  # torch's default_cache_dir()
     shared = Path(tempfile.gettempdir()) / name
     try:
         shared.mkdir(exist_ok=True)
         (tmp_dir / name).symlink_to(shared, target_is_directory=True)
     except OSError:
-        pass   # then the server has a cache of its own, removed with it
+        pass  # then the server has a cache of its own, removed with it
 
 
 def launch(engine: Engine, spec: SoakSpec, host: str = HOST, port: int | None = None) -> RunningServer:
@@ -311,10 +335,12 @@ def launch(engine: Engine, spec: SoakSpec, host: str = HOST, port: int | None = 
 
 def _quote(arg: str) -> str:
     import shlex
+
     return shlex.quote(arg)
 
 
-def launch_argv(argv: Sequence[str], artifacts_dir: str | Path, port: int, host: str = HOST,
-                env: Mapping[str, str] | None = None) -> RunningServer:
+def launch_argv(
+    argv: Sequence[str], artifacts_dir: str | Path, port: int, host: str = HOST, env: Mapping[str, str] | None = None
+) -> RunningServer:
     """Start an arbitrary server command (tests, the pytest plugin) under the same lifecycle."""
     return start(LaunchCommand(list(argv), dict(env or {})), artifacts_dir, host, port)

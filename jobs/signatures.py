@@ -31,10 +31,11 @@ from .culprit import (
 
 # ---------------------------------------------------------------- stacks
 
+
 @dataclass(frozen=True)
 class Frame:
     function: str
-    location: str = ""      # file:line or library, as the dump printed it
+    location: str = ""  # file:line or library, as the dump printed it
 
     @property
     def name(self) -> str:
@@ -47,9 +48,9 @@ class Frame:
 
 @dataclass(frozen=True)
 class ThreadStack:
-    process: str            # "pid: cmdline" when known
-    thread: str             # thread name or id
-    frames: tuple[Frame, ...]   # innermost (most recent call) first
+    process: str  # "pid: cmdline" when known
+    thread: str  # thread name or id
+    frames: tuple[Frame, ...]  # innermost (most recent call) first
     active: bool | None = None  # py-spy's (active)/(idle) mark
 
 
@@ -70,8 +71,7 @@ def parse_stacks(text: str) -> list[ThreadStack]:
     def close() -> None:
         nonlocal current
         if current is not None:
-            threads.append(ThreadStack(process, current["thread"], tuple(current["frames"]),
-                                       current["active"]))
+            threads.append(ThreadStack(process, current["thread"], tuple(current["frames"]), current["active"]))
         current = None
 
     for line in text.splitlines():
@@ -80,8 +80,11 @@ def parse_stacks(text: str) -> list[ThreadStack]:
             process = f"{m.group(1)}: {m.group(2)}"
         elif m := _PYSPY_THREAD.match(line):
             close()
-            current = {"thread": m.group(3) or m.group(1), "frames": [],
-                       "active": {"active": True, "idle": False}.get(m.group(2))}
+            current = {
+                "thread": m.group(3) or m.group(1),
+                "frames": [],
+                "active": {"active": True, "idle": False}.get(m.group(2)),
+            }
         elif m := _FAULTHANDLER_THREAD.match(line):
             close()
             current = {"thread": m.group(1), "frames": [], "active": None}
@@ -122,7 +125,7 @@ _LOG_PREFIX = re.compile(r"^\s*(?:\([^()]*pid=\d+\)\s?)?(?:[A-Z]+ \d\d-\d\d \d\d
 def _strip_log_prefix(line: str) -> str:
     # vLLM prefixes every line of a worker's traceback with "(EngineCore pid=123) ERROR ...".
     m = re.search(r'File "', line)
-    return line[m.start():] if m else line
+    return line[m.start() :] if m else line
 
 
 def _short(path: str) -> str:
@@ -132,14 +135,15 @@ def _short(path: str) -> str:
 
 # ---------------------------------------------------------------- clues and signatures
 
+
 @dataclass(frozen=True)
 class Clues:
     stacks: Sequence[ThreadStack] = ()
     log_lines: Sequence[str] = ()
-    verdict_kind: str | None = None       # "hang" | "crash" | None (classifying a bare excerpt)
+    verdict_kind: str | None = None  # "hang" | "crash" | None (classifying a bare excerpt)
     exit_code: int | None = None
-    hint: str | None = None               # the signature the firing detector pointed at
-    gpu: str | None = None                # "busy" | "idle" at the hang (NVML), None when not measured
+    hint: str | None = None  # the signature the firing detector pointed at
+    gpu: str | None = None  # "busy" | "idle" at the hang (NVML), None when not measured
 
     def log_has(self, pattern: re.Pattern) -> bool:
         return any(pattern.search(line) for line in self.log_lines)
@@ -151,12 +155,12 @@ class Clues:
 @dataclass(frozen=True)
 class Signature:
     name: str
-    outcome: str                           # "hang" | "crash"
+    outcome: str  # "hang" | "crash"
     description: str
     match: Callable[[Clues], bool]
-    priority: int = 100                    # lower is tried first
-    anchor: re.Pattern | None = None       # function names that mark the stuck frame
-    fingerprint_depth: int = 6             # frames from the anchor (or the top) that identify the bug
+    priority: int = 100  # lower is tried first
+    anchor: re.Pattern | None = None  # function names that mark the stuck frame
+    fingerprint_depth: int = 6  # frames from the anchor (or the top) that identify the bug
 
 
 @dataclass(frozen=True)
@@ -166,31 +170,43 @@ class Classification:
     fingerprint: str | None
     stuck_frames: tuple[str, ...] = ()
     reason: str = ""
-    causes: tuple[str, ...] = ()          # e.g. ("cuda_error", "engine_dead") under a `crash`
-    culprit: str = ""                     # why the stuck frames' thread is the culprit, with its role
-    threads: tuple[dict, ...] = ()        # per role, culprits first then victims (jobs.culprit.ThreadView)
-    attributes: Mapping[str, Any] = field(default_factory=dict)   # e.g. {"gpu": "busy"}
+    causes: tuple[str, ...] = ()  # e.g. ("cuda_error", "engine_dead") under a `crash`
+    culprit: str = ""  # why the stuck frames' thread is the culprit, with its role
+    threads: tuple[dict, ...] = ()  # per role, culprits first then victims (jobs.culprit.ThreadView)
+    attributes: Mapping[str, Any] = field(default_factory=dict)  # e.g. {"gpu": "busy"}
 
 
 OOM = re.compile(r"CUDA out of memory|OutOfMemoryError|\bout of memory\b|Cannot allocate memory|oom-kill")
-CUDA_ERROR = re.compile(r"CUDA error|cudaError\w+|illegal memory access|CUBLAS_STATUS_\w+|"
-                        r"cuda runtime error|device-side assert|\bXid\b")
-NCCL_TIMEOUT = re.compile(r"NCCL[^\n]*(?:time(?:d)? ?out|Timeout)|Watchdog caught collective operation timeout|"
-                          r"ncclRemoteError|ncclSystemError|ncclInternalError|NCCL error")
+CUDA_ERROR = re.compile(
+    r"CUDA error|cudaError\w+|illegal memory access|CUBLAS_STATUS_\w+|"
+    r"cuda runtime error|device-side assert|\bXid\b"
+)
+NCCL_TIMEOUT = re.compile(
+    r"NCCL[^\n]*(?:time(?:d)? ?out|Timeout)|Watchdog caught collective operation timeout|"
+    r"ncclRemoteError|ncclSystemError|ncclInternalError|NCCL error"
+)
 SHM_WARNING = re.compile(r"No available shared memory broadcast block found in \d+ seconds")
 RPC_TIMEOUT = re.compile(r"RPC call to \w+ timed out")
-ENGINE_DEAD = re.compile(r"EngineDeadError|EngineCore encountered a fatal error|"
-                         r"EngineCore encountered an issue")
+ENGINE_DEAD = re.compile(
+    r"EngineDeadError|EngineCore encountered a fatal error|"
+    r"EngineCore encountered an issue"
+)
 TRACEBACK = re.compile(r"^\s*Traceback \(most recent call last\)|^\s*Traceback:")
-ZERO_STATS = re.compile(r"Avg prompt throughput: 0\.0 tokens/s, Avg generation throughput: 0\.0 tokens/s, "
-                        r"Running: ([1-9]\d*) reqs")
-EVENT_SYNC_FRAME = re.compile(r"^(?:_to_list|cuEventSynchronize|cudaEventSynchronize|.*synchronizeEvent|"
-                              r"THPEvent_synchronize)$")
+ZERO_STATS = re.compile(
+    r"Avg prompt throughput: 0\.0 tokens/s, Avg generation throughput: 0\.0 tokens/s, "
+    r"Running: ([1-9]\d*) reqs"
+)
+EVENT_SYNC_FRAME = re.compile(
+    r"^(?:_to_list|cuEventSynchronize|cudaEventSynchronize|.*synchronizeEvent|"
+    r"THPEvent_synchronize)$"
+)
 SHM_FRAME = re.compile(r"^(?:acquire_read|dequeue)$")
 
 
-COLLECTIVE_FRAME = re.compile(r"^(?:all_reduce|_all_reduce\w*|custom_all_reduce|all_gather\w*|reduce_scatter\w*|"
-                              r"all_to_all\w*|broadcast|barrier)$")
+COLLECTIVE_FRAME = re.compile(
+    r"^(?:all_reduce|_all_reduce\w*|custom_all_reduce|all_gather\w*|reduce_scatter\w*|"
+    r"all_to_all\w*|broadcast|barrier)$"
+)
 
 
 def _culprit_in_collective(c: Clues) -> bool:
@@ -240,41 +256,86 @@ def _shm_broadcast(c: Clues) -> bool:
 
 # Findings first: a hang's own story, then "the engine died" (the hang model's `crash` style), then
 # the causes that also name a death's reason (kept as `causes`), then the catch-all silent stall.
-register(Signature(
-    "nccl_timeout", "hang", "an NCCL collective timed out or NCCL reported an error",
-    lambda c: c.log_has(NCCL_TIMEOUT), priority=30))
-register(Signature(
-    "event_sync_stall", "hang",
-    "seed 000: the engine thread parked in _to_list -> transfer_event.synchronize (cuEventSynchronize)",
-    lambda c: _hangish(c) and c.stack_has(EVENT_SYNC_FRAME), priority=40,
-    anchor=re.compile(r"^_to_list$"), fingerprint_depth=6))
-register(Signature(
-    "collective_stall", "hang",
-    "a worker waits in an NCCL/gloo collective whose peer never arrives (a lost all-reduce), seen in its "
-    "stacks before NCCL's or gloo's own timeout says so in the log",
-    lambda c: _hangish(c) and _culprit_in_collective(c), priority=45, anchor=COLLECTIVE_FRAME))
-register(Signature(
-    "shm_broadcast_timeout", "hang",
-    "seeds 002-004: the engine waits on the shm ring for its workers (warnings, then `RPC call to "
-    "sample_tokens timed out` and EngineDeadError)",
-    _shm_broadcast, priority=50, anchor=SHM_FRAME, fingerprint_depth=2))
-register(Signature(
-    "crash", "crash", "the engine died (process exit, or a fatal error with the API server left serving 500s)",
-    lambda c: c.verdict_kind == "crash" or (c.exit_code not in (None, 0) and c.log_has(TRACEBACK)),
-    priority=60))
-register(Signature(
-    "oom", "crash", "out of memory (CUDA or host)",
-    lambda c: c.log_has(OOM), priority=65))
-register(Signature(
-    "cuda_error", "crash", "a CUDA error (illegal address, device assert, Xid, cuBLAS)",
-    lambda c: c.log_has(CUDA_ERROR), priority=66))
-register(Signature(
-    "engine_dead", "crash", "EngineDeadError without an earlier shm_broadcast or RPC timeout",
-    lambda c: c.log_has(ENGINE_DEAD), priority=70))
-register(Signature(
-    "silent_stall", "hang",
-    "seeds 000/001: tokens stop with requests running, /health 200, no error, the stats line falls silent",
-    lambda c: c.verdict_kind == "hang" or c.log_has(ZERO_STATS), priority=80))
+register(
+    Signature(
+        "nccl_timeout",
+        "hang",
+        "an NCCL collective timed out or NCCL reported an error",
+        lambda c: c.log_has(NCCL_TIMEOUT),
+        priority=30,
+    )
+)
+register(
+    Signature(
+        "event_sync_stall",
+        "hang",
+        "seed 000: the engine thread parked in _to_list -> transfer_event.synchronize (cuEventSynchronize)",
+        lambda c: _hangish(c) and c.stack_has(EVENT_SYNC_FRAME),
+        priority=40,
+        anchor=re.compile(r"^_to_list$"),
+        fingerprint_depth=6,
+    )
+)
+register(
+    Signature(
+        "collective_stall",
+        "hang",
+        "a worker waits in an NCCL/gloo collective whose peer never arrives (a lost all-reduce), seen in its "
+        "stacks before NCCL's or gloo's own timeout says so in the log",
+        lambda c: _hangish(c) and _culprit_in_collective(c),
+        priority=45,
+        anchor=COLLECTIVE_FRAME,
+    )
+)
+register(
+    Signature(
+        "shm_broadcast_timeout",
+        "hang",
+        "seeds 002-004: the engine waits on the shm ring for its workers (warnings, then `RPC call to "
+        "sample_tokens timed out` and EngineDeadError)",
+        _shm_broadcast,
+        priority=50,
+        anchor=SHM_FRAME,
+        fingerprint_depth=2,
+    )
+)
+register(
+    Signature(
+        "crash",
+        "crash",
+        "the engine died (process exit, or a fatal error with the API server left serving 500s)",
+        lambda c: c.verdict_kind == "crash" or (c.exit_code not in (None, 0) and c.log_has(TRACEBACK)),
+        priority=60,
+    )
+)
+register(Signature("oom", "crash", "out of memory (CUDA or host)", lambda c: c.log_has(OOM), priority=65))
+register(
+    Signature(
+        "cuda_error",
+        "crash",
+        "a CUDA error (illegal address, device assert, Xid, cuBLAS)",
+        lambda c: c.log_has(CUDA_ERROR),
+        priority=66,
+    )
+)
+register(
+    Signature(
+        "engine_dead",
+        "crash",
+        "EngineDeadError without an earlier shm_broadcast or RPC timeout",
+        lambda c: c.log_has(ENGINE_DEAD),
+        priority=70,
+    )
+)
+register(
+    Signature(
+        "silent_stall",
+        "hang",
+        "seeds 000/001: tokens stop with requests running, /health 200, no error, the stats line falls silent",
+        lambda c: c.verdict_kind == "hang" or c.log_has(ZERO_STATS),
+        priority=80,
+    )
+)
 
 # Signatures that also explain *why* something died or stuck; reported next to the signature.
 CAUSES = ("oom", "cuda_error", "nccl_timeout", "engine_dead")
@@ -292,11 +353,26 @@ def classify(clues: Clues, signatures: Mapping[str, Signature] | None = None) ->
             if report.culprit is not None:
                 culprit = f"{report.culprit.role} {report.culprit.thread}: {report.culprit.reason}"
             causes = tuple(n for n in CAUSES if n != sig.name and n in table and table[n].match(clues))
-            return Classification(sig.name, sig.outcome, fingerprint(sig, frames, clues, report),
-                                  tuple(str(f) for f in frames[:STUCK_FRAMES_KEPT]), sig.description, causes, culprit,
-                                  tuple(t.to_dict() for t in report.threads), attributes)
-    return Classification(None, None, None, (), "no signature matched",
-                          threads=tuple(t.to_dict() for t in report.threads), attributes=attributes)
+            return Classification(
+                sig.name,
+                sig.outcome,
+                fingerprint(sig, frames, clues, report),
+                tuple(str(f) for f in frames[:STUCK_FRAMES_KEPT]),
+                sig.description,
+                causes,
+                culprit,
+                tuple(t.to_dict() for t in report.threads),
+                attributes,
+            )
+    return Classification(
+        None,
+        None,
+        None,
+        (),
+        "no signature matched",
+        threads=tuple(t.to_dict() for t in report.threads),
+        attributes=attributes,
+    )
 
 
 # The server is up: what vLLM logged before this (EngineCore waiting on the shm ring while the worker
@@ -308,11 +384,10 @@ READY = re.compile(r"Application startup complete|Uvicorn running on")
 def after_startup(lines: Sequence[str]) -> Sequence[str]:
     """The log lines after the server last said it was ready (all of them when it never did)."""
     last = max((i for i, line in enumerate(lines) if READY.search(line)), default=-1)
-    return lines[last + 1:]
+    return lines[last + 1 :]
 
 
-def stuck_frames(clues: Clues, anchor: re.Pattern | None,
-                 report: CulpritReport | None = None) -> tuple[Frame, ...]:
+def stuck_frames(clues: Clues, anchor: re.Pattern | None, report: CulpritReport | None = None) -> tuple[Frame, ...]:
     """The frames of the thread that is stuck: the culprit (`jobs.culprit`), else the one holding the
     anchor, else the best guess."""
     report = culprit_report(clues.stacks) if report is None else report
@@ -326,7 +401,7 @@ def stuck_frames(clues: Clues, anchor: re.Pattern | None,
                 return frames
     busy = [t for t in clues.stacks if t.frames and t.active and not _looks_idle(t)]
     if busy:
-        return busy[-1].frames   # children are dumped after parents: the engine over the API server
+        return busy[-1].frames  # children are dumped after parents: the engine over the API server
     mains = [t for t in clues.stacks if t.frames and t.thread == "MainThread" and not _looks_idle(t)]
     if mains:
         return mains[-1].frames
@@ -341,23 +416,24 @@ _IDLE_LOOP = re.compile(r"^(?:run_forever|_run_once|serve_forever|select|epoll_w
 def _looks_idle(t: ThreadStack) -> bool:
     """An event loop waiting for I/O (the API server), not a stuck engine step."""
     return any(f.name in ("run_forever", "serve_forever") for f in t.frames) and any(
-        _IDLE_LOOP.match(f.name) for f in t.frames[:6])
+        _IDLE_LOOP.match(f.name) for f in t.frames[:6]
+    )
 
 
-CULPRIT_DEPTH = 6   # normalised culprit frames hashed when the signature's anchor is not among them
-STUCK_FRAMES_KEPT = 12   # the stuck thread's innermost frames a result keeps (matrix/refingerprint.py reads them back)
+CULPRIT_DEPTH = 6  # normalised culprit frames hashed when the signature's anchor is not among them
+STUCK_FRAMES_KEPT = 12  # the stuck thread's innermost frames a result keeps (matrix/refingerprint.py reads them back)
 
 
-def fingerprint(sig: Signature, frames: Sequence[Frame], clues: Clues,
-                report: CulpritReport | None = None) -> str:
+def fingerprint(sig: Signature, frames: Sequence[Frame], clues: Clues, report: CulpritReport | None = None) -> str:
     """A short stable hash of the stuck frames: the culprit's normalised frames (module and function,
     from the anchor down when the culprit holds it, else from the call site of a standard-library
     wait), else the function names of the best guess."""
     if report is not None and report.culprit_index is not None:
         names = normalised((f.function, f.location) for f in frames)
-        idx = next((i for i, n in enumerate(names) if sig.anchor is not None
-                    and sig.anchor.search(n.rsplit(":", 1)[-1])), None)
-        names = names[idx: idx + sig.fingerprint_depth] if idx is not None else from_call_site(names)[:CULPRIT_DEPTH]
+        idx = next(
+            (i for i, n in enumerate(names) if sig.anchor is not None and sig.anchor.search(n.rsplit(":", 1)[-1])), None
+        )
+        names = names[idx : idx + sig.fingerprint_depth] if idx is not None else from_call_site(names)[:CULPRIT_DEPTH]
         if names:
             return hashlib.sha1((sig.name + "|culprit|" + "|".join(names)).encode()).hexdigest()[:12]
     # native frames (raw addresses, libc, the interpreter) vary by build, load address and Python version: not the bug

@@ -36,36 +36,54 @@ from .verdict_result import record_exposure, record_finding, record_stall, stall
 from .watchdog import Watchdog, WatchdogConfig
 
 EventSink = Callable[[str, dict], None]
-PORT_RETRIES = 2   # a port race at start-up is retried in place, not reported
+PORT_RETRIES = 2  # a port race at start-up is retried in place, not reported
 
 
 @dataclass(frozen=True)
 class SoakOptions:
     """Knobs tests and benchmarks turn; the defaults are what a nightly soak uses."""
+
     watchdog: WatchdogConfig = WatchdogConfig()
     detector_options: Mapping[str, Mapping[str, Any]] | None = None
     detector_names: Sequence[str] | None = None
-    drain_s: float = 30.0            # after the soak: in-flight requests may finish (and hang) this long
+    drain_s: float = 30.0  # after the soak: in-flight requests may finish (and hang) this long
     teardown_grace_s: float = 10.0
     pyspy_timeout_s: float = 20.0
     # how long a hang must outlast its verdict (None: every verdict stands, as before 2026-11-29)
     confirmation: ConfirmationWindow | None = ConfirmationWindow()
     log_lines_for_classifier: int = 5000
-    state_dir: str | None = None     # where leaks are carried to the next cell; default: the cells folder
+    state_dir: str | None = None  # where leaks are carried to the next cell; default: the cells folder
 
 
-def run_cell(spec: SoakSpec, *, stop: threading.Event | None = None, on_event: EventSink | None = None,
-             engine: Engine | None = None, options: SoakOptions = SoakOptions()) -> CellResult:
+def run_cell(
+    spec: SoakSpec,
+    *,
+    stop: threading.Event | None = None,
+    on_event: EventSink | None = None,
+    engine: Engine | None = None,
+    options: SoakOptions = SoakOptions(),
+) -> CellResult:
     stop = stop or threading.Event()
     emit = _safe(on_event)
     folder = Path(spec.artifacts_dir)
     folder.mkdir(parents=True, exist_ok=True)
     _archive_previous(folder)
     result = CellResult(
-        cell_id=spec.cell_id, cell_name=spec.cell_name, outcome=Outcome.INFRA_ERROR, model=spec.model,
-        gpu_type=spec.gpu_type, workload=spec.workload.name, flags=dict(spec.flags),
-        node=socket.gethostname(), gpu_count=spec.gpu_count, engine=spec.backend, attempt=spec.attempt,
-        build=spec.build, build_ordinal=spec.build_ordinal, python=sys.executable)
+        cell_id=spec.cell_id,
+        cell_name=spec.cell_name,
+        outcome=Outcome.INFRA_ERROR,
+        model=spec.model,
+        gpu_type=spec.gpu_type,
+        workload=spec.workload.name,
+        flags=dict(spec.flags),
+        node=socket.gethostname(),
+        gpu_count=spec.gpu_count,
+        engine=spec.backend,
+        attempt=spec.attempt,
+        build=spec.build,
+        build_ordinal=spec.build_ordinal,
+        python=sys.executable,
+    )
     state_dir = options.state_dir or str(folder.parent)
     try:
         problem = teardown.preflight(state_dir)
@@ -92,8 +110,15 @@ def run_cell(spec: SoakSpec, *, stop: threading.Event | None = None, on_event: E
     return result
 
 
-def _soak(spec: SoakSpec, engine: Engine, result: CellResult, stop: threading.Event, emit: EventSink,
-          options: SoakOptions, state_dir: str) -> None:
+def _soak(
+    spec: SoakSpec,
+    engine: Engine,
+    result: CellResult,
+    stop: threading.Event,
+    emit: EventSink,
+    options: SoakOptions,
+    state_dir: str,
+) -> None:
     folder = Path(spec.artifacts_dir)
     scale = effective_time_scale(spec.backend, spec.time_scale)
     emit("launching", {"engine": engine.name, "artifacts": str(folder)})
@@ -129,9 +154,10 @@ def _soak(spec: SoakSpec, engine: Engine, result: CellResult, stop: threading.Ev
         watch = _HangWatch(dog, load, server, folder, result, emit, options, stop)
         verdict, ev = watch.until(mono0 + wall_soak, done=lambda: load.finished)
         if verdict is None and not stop.is_set():
-            load.stop_sending()   # the soak is over; what is still in flight may yet hang
-            verdict, ev = watch.until(time.monotonic() + options.drain_s,
-                                      done=lambda: load.finished or load.snapshot().open_streams == 0)
+            load.stop_sending()  # the soak is over; what is still in flight may yet hang
+            verdict, ev = watch.until(
+                time.monotonic() + options.drain_s, done=lambda: load.finished or load.snapshot().open_streams == 0
+            )
         now = time.time()
         stats = load.stats.summary()
         result.tokens, result.requests = int(stats["tokens"]), int(stats["completed"])
@@ -145,15 +171,23 @@ def _soak(spec: SoakSpec, engine: Engine, result: CellResult, stop: threading.Ev
             return
         if verdict is None or ev is None:
             _passed(result, stats)
-            _attach_sim_record(result, folder)   # a simulated hang no detector saw shows up here
+            _attach_sim_record(result, folder)  # a simulated hang no detector saw shows up here
             return
         load.stop(timeout_s=5)
         # how long the stacks took says whether a missing culprit was the engine dying meanwhile
         result.evidence_s = round(ev.seconds, 2)
         emit("evidence", {"artifacts": sorted(ev.artifacts), "seconds": round(ev.seconds, 1)})
-        log_lines = server.log_text(4_000_000).splitlines()[-options.log_lines_for_classifier:]
-        record_finding(result, verdict, ev, log_lines, server.poll(), load_start, scale,
-                       dog.last_sample.running if dog.last_sample else None)
+        log_lines = server.log_text(4_000_000).splitlines()[-options.log_lines_for_classifier :]
+        record_finding(
+            result,
+            verdict,
+            ev,
+            log_lines,
+            server.poll(),
+            load_start,
+            scale,
+            dog.last_sample.running if dog.last_sample else None,
+        )
         _attach_sim_record(result, folder)
     finally:
         if load is not None:
@@ -161,9 +195,15 @@ def _soak(spec: SoakSpec, engine: Engine, result: CellResult, stop: threading.Ev
         if dog is not None:
             dog.close()
         report = server.stop(grace_s=options.teardown_grace_s)
-        result.teardown = {"clean": report.clean, "pids": report.pids, "survivors": report.survivors,
-                            "port_listening": report.port_listening, "gpu_pids": report.gpu_pids,
-                                    "escalated": report.escalated, "seconds": round(report.seconds, 2)}
+        result.teardown = {
+            "clean": report.clean,
+            "pids": report.pids,
+            "survivors": report.survivors,
+            "port_listening": report.port_listening,
+            "gpu_pids": report.gpu_pids,
+            "escalated": report.escalated,
+            "seconds": round(report.seconds, 2),
+        }
         emit("teardown", {"clean": report.clean, "detail": report.describe()})
         if not report.clean:
             teardown.record_leak(state_dir, spec.cell_id, report, server.port)
@@ -177,13 +217,23 @@ class _HangWatch:
     a token still reached the client was a stall (a starved host, a slow step), not a hang. Stalls
     are kept in `result.stalls` (the first few with their stacks) and the watch goes on."""
 
-    def __init__(self, dog: Watchdog, load: LoadDriver, server: Any, folder: Path, result: CellResult,
-                 emit: EventSink, options: SoakOptions, stop: threading.Event) -> None:
+    def __init__(
+        self,
+        dog: Watchdog,
+        load: LoadDriver,
+        server: Any,
+        folder: Path,
+        result: CellResult,
+        emit: EventSink,
+        options: SoakOptions,
+        stop: threading.Event,
+    ) -> None:
         self.dog, self.load, self.server, self.folder, self.result = dog, load, server, folder, result
         self.emit, self.options, self.stop = emit, options, stop
 
-    def until(self, deadline: float,
-              done: Callable[[], bool]) -> tuple[HangVerdict | None, evidence_mod.Evidence | None]:
+    def until(
+        self, deadline: float, done: Callable[[], bool]
+    ) -> tuple[HangVerdict | None, evidence_mod.Evidence | None]:
         """(verdict, its evidence) or (None, None) at `deadline` (time.monotonic()), `done()` or stop."""
         while True:
             verdict = self.dog.watch(until=deadline, stop=self.stop, done=done)
@@ -192,17 +242,22 @@ class _HangWatch:
             self.emit("verdict", {"detector": verdict.detector, "kind": verdict.kind, "message": verdict.message})
             # the stacks before anything else: confirming or stopping the load takes seconds, and an
             # engine may die of its own timeout meanwhile (vLLM's RPC timeout after an shm hang)
-            ev = evidence_mod.capture(self.server, self.folder / "evidence",
-                                      pyspy_timeout_s=self.options.pyspy_timeout_s, stop=self.stop)
+            ev = evidence_mod.capture(
+                self.server, self.folder / "evidence", pyspy_timeout_s=self.options.pyspy_timeout_s, stop=self.stop
+            )
             window = self.options.confirmation
-            if window is None or not needs_confirmation(verdict) or confirm(verdict, self.load.snapshot,
-                                                                            time.time(), window):
+            if (
+                window is None
+                or not needs_confirmation(verdict)
+                or confirm(verdict, self.load.snapshot, time.time(), window)
+            ):
                 return verdict, ev
             self._stall(verdict, ev)
 
     def _stall(self, verdict: HangVerdict, ev: evidence_mod.Evidence) -> None:
-        stall = record_stall(self.result.stalls, verdict, ev,
-                             self.load.snapshot().last_token_at, self.folder / "stalls")
+        stall = record_stall(
+            self.result.stalls, verdict, ev, self.load.snapshot().last_token_at, self.folder / "stalls"
+        )
         self.emit("stall", {"detector": verdict.detector, "silent_s": stall["silent_s"]})
 
 
@@ -232,8 +287,9 @@ def _passed(result: CellResult, stats: Mapping[str, Any]) -> None:
         result.message = f"no request completed under load (errors: {errors})"
         return
     result.outcome = Outcome.PASSED
-    result.message = (f"no hang in {result.exposure_s:.0f} s under load: {result.requests} requests, "
-                      f"{result.tokens} tokens")
+    result.message = (
+        f"no hang in {result.exposure_s:.0f} s under load: {result.requests} requests, {result.tokens} tokens"
+    )
     result.message += stalls_summary(result.stalls)
 
 
@@ -241,8 +297,7 @@ def _health_summary(health: Sequence[tuple[float, int | None]]) -> dict[str, Any
     counts: dict[str, int] = {}
     for _, status in health:
         counts[str(status)] = counts.get(str(status), 0) + 1
-    return {"probes": len(health), "status_counts": counts,
-            "last": health[-1][1] if health else None}
+    return {"probes": len(health), "status_counts": counts, "last": health[-1][1] if health else None}
 
 
 def _attach_sim_record(result: CellResult, folder: Path) -> None:
@@ -290,6 +345,7 @@ def _safe(sink: EventSink | None) -> EventSink:
             sink(kind, data)
         except Exception:  # noqa: BLE001 - a broken listener must not change a cell's outcome
             pass
+
     return emit
 
 

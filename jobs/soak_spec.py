@@ -23,19 +23,19 @@ class SoakSpec:
     gpu_count: int
     workload: Workload
     flags: Mapping[str, Any]
-    serve_args: tuple[str, ...]        # after `vllm serve MODEL`; the engine adds --host/--port
+    serve_args: tuple[str, ...]  # after `vllm serve MODEL`; the engine adds --host/--port
     env: Mapping[str, str] = field(default_factory=dict)
-    soak_s: float = 600.0              # seconds of load unless a hang ends it sooner
-    startup_timeout_s: float = 900.0   # not ready by then: infra_error (or config_error if it exited)
-    backend: str = "sim"               # "sim" | "vllm"
+    soak_s: float = 600.0  # seconds of load unless a hang ends it sooner
+    startup_timeout_s: float = 900.0  # not ready by then: infra_error (or config_error if it exited)
+    backend: str = "sim"  # "sim" | "vllm"
     artifacts_dir: str = "soak-out"
-    hang_model: str | None = None      # sim engine / fault plugin: the hang-model file
-    time_scale: float = 1.0            # sim engine: every duration divided by this
+    hang_model: str | None = None  # sim engine / fault plugin: the hang-model file
+    time_scale: float = 1.0  # sim engine: every duration divided by this
     seed: int = 0
     attempt: int = 1
-    build: str = ""                    # the engine build's name (matrix `builds:`); "" without builds
-    build_ordinal: int | None = None   # its place in the matrix's builds (history order)
-    runtime_env: Mapping[str, Any] | None = None   # Ray's runtime_env for the cell's task (the build)
+    build: str = ""  # the engine build's name (matrix `builds:`); "" without builds
+    build_ordinal: int | None = None  # its place in the matrix's builds (history order)
+    runtime_env: Mapping[str, Any] | None = None  # Ray's runtime_env for the cell's task (the build)
 
 
 def effective_time_scale(backend: str, time_scale: float) -> float:

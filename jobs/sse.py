@@ -7,7 +7,7 @@ line (blank keep-alives, `: comments`, `event:` and `id:` fields) carries no pay
 
 from __future__ import annotations
 
-DONE = "[DONE]"    # the payload that ends an OpenAI-compatible stream
+DONE = "[DONE]"  # the payload that ends an OpenAI-compatible stream
 
 
 def data_payload(line: str | bytes) -> str | None:

@@ -23,11 +23,11 @@ import psutil
 
 @dataclass
 class TeardownReport:
-    pids: list[int] = field(default_factory=list)          # every process of the tree we saw
-    survivors: list[int] = field(default_factory=list)     # still alive after SIGKILL
+    pids: list[int] = field(default_factory=list)  # every process of the tree we saw
+    survivors: list[int] = field(default_factory=list)  # still alive after SIGKILL
     port_listening: bool = False
-    gpu_pids: list[int] = field(default_factory=list)      # our pids still holding GPU memory
-    escalated: bool = False                                 # SIGTERM was not enough
+    gpu_pids: list[int] = field(default_factory=list)  # our pids still holding GPU memory
+    escalated: bool = False  # SIGTERM was not enough
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
 
@@ -75,7 +75,7 @@ def teardown(server: Any, grace_s: float = 10.0, kill_wait_s: float = 5.0) -> Te
     procs = {p.pid: p for p in [*tree(server.pid), *group_members(server.pgid)]}
     report.pids = sorted(procs)
     _signal_group(server.pgid, signal.SIGTERM)
-    for p in procs.values():   # members that left the group (setsid'ed workers) get it too
+    for p in procs.values():  # members that left the group (setsid'ed workers) get it too
         _signal(p, signal.SIGTERM)
     _, alive = psutil.wait_procs(list(procs.values()), timeout=grace_s)
     _reap(server)
@@ -100,7 +100,7 @@ def teardown(server: Any, grace_s: float = 10.0, kill_wait_s: float = 5.0) -> Te
 def _reap(server: Any) -> None:
     try:
         server.process.wait(timeout=0.1)
-    except subprocess.TimeoutExpired:   # still running: nothing to collect yet
+    except subprocess.TimeoutExpired:  # still running: nothing to collect yet
         pass
 
 
@@ -131,12 +131,17 @@ def port_listening(port: int, host: str = "127.0.0.1", owners: list[int] | None 
     job may legitimately bind the same port number once ours is free."""
     try:
         for c in psutil.net_connections(kind="tcp"):
-            if (c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port
-                    and (owners is None or c.pid is None or c.pid in owners)):
+            if (
+                c.status == psutil.CONN_LISTEN
+                and c.laddr
+                and c.laddr.port == port
+                and (owners is None or c.pid is None or c.pid in owners)
+            ):
                 return True
         return False
     except (psutil.AccessDenied, PermissionError):
         import socket
+
         with socket.socket() as s:
             s.settimeout(1.0)
             return s.connect_ex((host, port)) == 0
@@ -171,12 +176,13 @@ def gpu_memory_pids() -> list[int]:
 
 # ---------------------------------------------------------------- leaks carried to the next cell
 
+
 @dataclass(frozen=True)
 class Leak:
     cell_id: str
     pids: list[int]
     port: int | None
-    create_times: dict[str, float] = field(default_factory=dict)   # pid -> create time (pid reuse guard)
+    create_times: dict[str, float] = field(default_factory=dict)  # pid -> create time (pid reuse guard)
     at: float = field(default_factory=time.time)
 
 
@@ -191,8 +197,7 @@ def record_leak(state_dir: str | Path, cell_id: str, report: TeardownReport, por
             times[str(pid)] = psutil.Process(pid).create_time()
         except psutil.Error:
             pass
-    leak = Leak(cell_id, sorted({*report.survivors, *report.gpu_pids}),
-                port if report.port_listening else None, times)
+    leak = Leak(cell_id, sorted({*report.survivors, *report.gpu_pids}), port if report.port_listening else None, times)
     path = leak_file(state_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
     leaks = _read(path) + [asdict(leak)]
@@ -243,4 +248,3 @@ def _read(path: Path) -> list[dict]:
         return data if isinstance(data, list) else []
     except (OSError, ValueError):
         return []
-

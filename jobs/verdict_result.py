@@ -27,8 +27,9 @@ def hang_began(verdict: HangVerdict) -> float:
     return verdict.since if verdict.since is not None else verdict.at
 
 
-def record_exposure(result: CellResult, load_start: float, verdict: HangVerdict | None, now: float,
-                    scale: float) -> None:
+def record_exposure(
+    result: CellResult, load_start: float, verdict: HangVerdict | None, now: float, scale: float
+) -> None:
     """Exposure from the load's start to `now`, or with a verdict to where the hang began, so MTTF
     estimates (exposure / hangs) do not count the detection delay as time the engine survived.
     `scale` turns wall seconds into engine seconds (the simulated engine's time scale)."""
@@ -39,17 +40,24 @@ def record_exposure(result: CellResult, load_start: float, verdict: HangVerdict 
     result.time_scale = scale
 
 
-STALLS_WITH_EVIDENCE = 3   # a cell that keeps stalling keeps the stacks of its first few stalls
+STALLS_WITH_EVIDENCE = 3  # a cell that keeps stalling keeps the stacks of its first few stalls
 
 
-def record_stall(stalls: list[dict[str, Any]], verdict: HangVerdict, evidence: Evidence,
-                 resumed_at: float | None, stalls_dir: Path) -> dict[str, Any]:
+def record_stall(
+    stalls: list[dict[str, Any]], verdict: HangVerdict, evidence: Evidence, resumed_at: float | None, stalls_dir: Path
+) -> dict[str, Any]:
     """A hang verdict after which tokens came again (`jobs.hang_confirmation`): appended to `stalls`
     (a result's `stalls`), its evidence moved to `stalls_dir/<n>` for the first few, else deleted."""
     began = hang_began(verdict)
-    stall = {"detector": verdict.detector, "message": verdict.message, "began_at": began,
-             "verdict_at": verdict.at, "resumed_at": resumed_at,
-             "silent_s": round((resumed_at or verdict.at) - began, 2), "evidence_s": round(evidence.seconds, 2)}
+    stall = {
+        "detector": verdict.detector,
+        "message": verdict.message,
+        "began_at": began,
+        "verdict_at": verdict.at,
+        "resumed_at": resumed_at,
+        "silent_s": round((resumed_at or verdict.at) - began, 2),
+        "evidence_s": round(evidence.seconds, 2),
+    }
     if len(stalls) < STALLS_WITH_EVIDENCE:
         kept = stalls_dir / str(len(stalls) + 1)
         kept.parent.mkdir(parents=True, exist_ok=True)
@@ -66,18 +74,28 @@ def stalls_summary(stalls: Sequence[dict[str, Any]]) -> str:
     if not stalls:
         return ""
     longest = max(s["silent_s"] for s in stalls)
-    return (f"; {len(stalls)} stall{'s' if len(stalls) > 1 else ''} that recovered "
-            f"(longest {longest:.1f} s of silence)")
+    return f"; {len(stalls)} stall{'s' if len(stalls) > 1 else ''} that recovered (longest {longest:.1f} s of silence)"
 
 
-def record_finding(result: CellResult, verdict: HangVerdict, evidence: Evidence, log_lines: Sequence[str],
-                   exit_code: int | None, load_start: float, scale: float, running: float | None) -> Classification:
+def record_finding(
+    result: CellResult,
+    verdict: HangVerdict,
+    evidence: Evidence,
+    log_lines: Sequence[str],
+    exit_code: int | None,
+    load_start: float,
+    scale: float,
+    running: float | None,
+) -> Classification:
     """Classify a verdict with its evidence and write the finding into `result`: hang or crash,
     signature, stuck frames, time to hang (engine seconds), the one-line message, the evidence's
     files and log tail. `running` is how many requests the engine last reported running."""
     gpu = evidence.gpu.busy if evidence.gpu is not None else None
-    cls = classify(clues_from_texts(evidence.stack_texts, log_lines, verdict_kind=verdict.kind,
-                                    exit_code=exit_code, hint=verdict.hint, gpu=gpu))
+    cls = classify(
+        clues_from_texts(
+            evidence.stack_texts, log_lines, verdict_kind=verdict.kind, exit_code=exit_code, hint=verdict.hint, gpu=gpu
+        )
+    )
     result.artifacts.update(evidence.artifacts)
     kind = cls.outcome or verdict.kind
     result.outcome = Outcome.HANG if kind == "hang" else Outcome.CRASH
@@ -90,9 +108,15 @@ def record_finding(result: CellResult, verdict: HangVerdict, evidence: Evidence,
     result.time_to_hang_s = round(max(0.0, hang_began(verdict) - load_start) * scale, 2)
     result.message = describe(verdict, cls, running)
     result.causes = list(cls.causes)
-    result.verdict = {"detector": verdict.detector, "kind": verdict.kind, "at": verdict.at,
-                      "since": verdict.since, "message": verdict.message, "hint": verdict.hint,
-                      "details": _jsonable(dict(verdict.details))}
+    result.verdict = {
+        "detector": verdict.detector,
+        "kind": verdict.kind,
+        "at": verdict.at,
+        "since": verdict.since,
+        "message": verdict.message,
+        "hint": verdict.hint,
+        "details": _jsonable(dict(verdict.details)),
+    }
     result.log_tail = evidence.log_tail
     return cls
 
@@ -114,8 +138,7 @@ def describe(verdict: HangVerdict, cls: Classification, running: float | None) -
         return f"server failed at {_clock(verdict.at)}: {verdict.message}; detector {verdict.detector} fired{sig}"
     when = _clock(hang_began(verdict))
     busy = f" with {running:.0f} requests running" if running else ""
-    return (f"tokens stopped at {when}{busy}; detector {verdict.detector} fired{after}{sig}: "
-            f"{verdict.message}")
+    return f"tokens stopped at {when}{busy}; detector {verdict.detector} fired{after}{sig}: {verdict.message}"
 
 
 def _clock(epoch: float) -> str:

@@ -27,7 +27,7 @@ from soakmatrix.jobs.detect.protocol import Detector, HangVerdict, MetricsSample
 class WatchdogConfig:
     tick_s: float = 0.5
     scrape_every_s: float = 1.0
-    scrape_timeout_s: float = 5.0     # the CPU build's API server can take 4 s under load
+    scrape_timeout_s: float = 5.0  # the CPU build's API server can take 4 s under load
     health_every_s: float = 5.0
     health_timeout_s: float = 3.0
 
@@ -68,10 +68,17 @@ class LogFollower:
 
 
 class Watchdog:
-    def __init__(self, server: Any, load: Any = None, detectors: Sequence[Detector] | None = None,
-                 config: WatchdogConfig = WatchdogConfig(), *, artifacts_dir: str | Path | None = None,
-                 clock: Callable[[], float] = time.time,
-                 get: Callable[[str, float], tuple[int, str]] = http_get) -> None:
+    def __init__(
+        self,
+        server: Any,
+        load: Any = None,
+        detectors: Sequence[Detector] | None = None,
+        config: WatchdogConfig = WatchdogConfig(),
+        *,
+        artifacts_dir: str | Path | None = None,
+        clock: Callable[[], float] = time.time,
+        get: Callable[[str, float], tuple[int, str]] = http_get,
+    ) -> None:
         """`server`: .base_url, .poll(), .log_path (a RunningServer); `load`: .snapshot() or None."""
         self.server, self.load, self.config, self.clock, self.get = server, load, config, clock, get
         self.detectors = list(detectors) if detectors is not None else build_detectors()
@@ -158,13 +165,21 @@ class Watchdog:
             if prev is None or sample.generation_tokens != prev.generation_tokens:
                 self.last_progress_at = sample.at
             self.last_sample = sample
-            self._record({"t": sample.at, "tokens": sample.generation_tokens, "prompt": sample.prompt_tokens,
-                          "running": sample.running, "waiting": sample.waiting,
-                          "scrape_s": round(sample.elapsed_s, 3)})
+            self._record(
+                {
+                    "t": sample.at,
+                    "tokens": sample.generation_tokens,
+                    "prompt": sample.prompt_tokens,
+                    "running": sample.running,
+                    "waiting": sample.waiting,
+                    "scrape_s": round(sample.elapsed_s, 3),
+                }
+            )
         if stream is not None and stream.last_token_at is not None:
             self.last_progress_at = max(self.last_progress_at or 0.0, stream.last_token_at)
-        return Tick(now=now, metrics=sample, stream=stream, log_lines=lines,
-                           exit_code=self.server.poll(), scrape_error=problem)
+        return Tick(
+            now=now, metrics=sample, stream=stream, log_lines=lines, exit_code=self.server.poll(), scrape_error=problem
+        )
 
     def tick(self) -> HangVerdict | None:
         obs = self.observe_once()
@@ -175,15 +190,24 @@ class Watchdog:
         if primary.since is None:
             primary = replace(primary, since=self.last_progress_at)
         if len(fired) > 1:
-            primary = replace(primary, details={**primary.details,
-                                                "also": [f"{v.detector}: {v.message}" for v in fired[1:]]})
+            primary = replace(
+                primary, details={**primary.details, "also": [f"{v.detector}: {v.message}" for v in fired[1:]]}
+            )
         self.verdicts.append(primary)
-        self._record({"t": primary.at, "verdict": primary.detector, "kind": primary.kind,
-                      "since": primary.since, "message": primary.message})
+        self._record(
+            {
+                "t": primary.at,
+                "verdict": primary.detector,
+                "kind": primary.kind,
+                "since": primary.since,
+                "message": primary.message,
+            }
+        )
         return primary
 
-    def watch(self, until: float, stop: threading.Event | None = None,
-              done: Callable[[], bool] | None = None) -> HangVerdict | None:
+    def watch(
+        self, until: float, stop: threading.Event | None = None, done: Callable[[], bool] | None = None
+    ) -> HangVerdict | None:
         """Tick until a detector fires (its verdict), `until` (a time.monotonic() deadline), `stop`
         is set, or `done()` says the load is over (None)."""
         if not self._threads:

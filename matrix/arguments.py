@@ -19,18 +19,18 @@ from collections.abc import Callable
 
 from .contracts.durations import parse_duration
 
-MAX_NUMBER_CHARS = 64      # no number or duration is longer; the cap comes before any parsing
+MAX_NUMBER_CHARS = 64  # no number or duration is longer; the cap comes before any parsing
 MAX_TEXT_CHARS = 4096
 DAY = 86400.0
 SEED_MAX = 2**63 - 1
 PID_MAX_FILE = "/proc/sys/kernel/pid_max"
-PID_MAX_DEFAULT = 4_194_304   # the kernel's ceiling on 64-bit, where /proc cannot tell
+PID_MAX_DEFAULT = 4_194_304  # the kernel's ceiling on 64-bit, where /proc cannot tell
 
 
 def typed(fn: Callable, kind: str, range_text: str = "") -> Callable:
     """`fn` marked with what it checks, for the test that walks every parser (and --help's range)."""
-    fn.kind = kind                # type: ignore[attr-defined]
-    fn.range_text = range_text    # type: ignore[attr-defined]
+    fn.kind = kind  # type: ignore[attr-defined]
+    fn.range_text = range_text  # type: ignore[attr-defined]
     fn.__name__ = kind
     return fn
 
@@ -60,22 +60,27 @@ def _integer(text: str) -> int:
 
 def integer(low: int, high: int, kind: str = "count") -> Callable[[str], int]:
     """An integer in [low, high]."""
+
     def parse(text: str) -> int:
         value = _integer(text)
         if not low <= value <= high:
             raise argparse.ArgumentTypeError(f"must be from {_num(low)} to {_num(high)}, got {text}")
         return value
+
     return typed(parse, kind, f"{_num(low)} to {_num(high)}")
 
 
-def real(low: float, high: float, *, low_open: bool = False, high_open: bool = False,
-         kind: str = "number") -> Callable[[str], float]:
+def real(
+    low: float, high: float, *, low_open: bool = False, high_open: bool = False, kind: str = "number"
+) -> Callable[[str], float]:
     """A finite number between low and high (each end included unless open)."""
+
     def parse(text: str) -> float:
         value = _number(text)
         if (value < low or (low_open and value == low)) or (value > high or (high_open and value == high)):
             raise argparse.ArgumentTypeError(f"must be {_interval(low, high, low_open, high_open)}, got {text}")
         return value
+
     return typed(parse, kind, _interval(low, high, low_open, high_open))
 
 
@@ -100,6 +105,7 @@ def _dur(seconds: float) -> str:
 def duration(low_s: float, high_s: float, *, zero: bool = False) -> Callable[[str], float]:
     """Seconds from `90s`, `10m`, `2h`, `1h30m`, `1d`, between low_s and high_s (0 too when `zero`:
     an option whose 0 switches something off)."""
+
     def parse(text: str) -> float:
         try:
             value = parse_duration(_short(text))
@@ -108,9 +114,11 @@ def duration(low_s: float, high_s: float, *, zero: bool = False) -> Callable[[st
         if zero and value == 0:
             return 0.0
         if not math.isfinite(value) or not low_s <= value <= high_s:
-            raise argparse.ArgumentTypeError(f"must be a duration from {_dur(low_s)} to {_dur(high_s)}"
-                                             f"{' (or 0)' if zero else ''}, got {text!r}")
+            raise argparse.ArgumentTypeError(
+                f"must be a duration from {_dur(low_s)} to {_dur(high_s)}{' (or 0)' if zero else ''}, got {text!r}"
+            )
         return value
+
     return typed(parse, "duration", f"{'0 or ' if zero else ''}{_dur(low_s)} to {_dur(high_s)}")
 
 
@@ -127,8 +135,9 @@ def pid(text: str) -> int:
     value = _integer(text)
     highest = pid_max()
     if not 1 <= value <= highest:
-        raise argparse.ArgumentTypeError(f"must be a process id from 1 to {highest} (this system's pid_max - 1), "
-                                         f"got {text}")
+        raise argparse.ArgumentTypeError(
+            f"must be a process id from 1 to {highest} (this system's pid_max - 1), got {text}"
+        )
     return value
 
 
@@ -153,8 +162,11 @@ def host(text: str) -> str:
     except ValueError:
         pass
     name = text[:-1] if text.endswith(".") else text
-    if (0 < len(name) <= 253 and all(_HOST_LABEL.match(label) for label in name.split("."))
-            and not name.replace(".", "").isdigit()):
+    if (
+        0 < len(name) <= 253
+        and all(_HOST_LABEL.match(label) for label in name.split("."))
+        and not name.replace(".", "").isdigit()
+    ):
         return text
     raise argparse.ArgumentTypeError(f"expected an IP address or a host name, got {text[:80]!r}")
 
@@ -180,6 +192,7 @@ def http_url(text: str) -> str:
 
 def _shown(parts: urllib.parse.SplitResult) -> str:
     from .contracts.redact import redact_url
+
     return repr(redact_url(urllib.parse.urlunsplit(parts))[:200])
 
 

@@ -29,8 +29,9 @@ BUILD_ENV = "SOAKMATRIX_BUILD"
 BUILD_ORDINAL_ENV = "SOAKMATRIX_BUILD_ORDINAL"
 
 
-def builds_section(value: Any, err: Callable[[tuple, str], None], mapping: Callable[..., dict],
-                   duration: Callable[..., float]) -> dict[str, Build]:
+def builds_section(
+    value: Any, err: Callable[[tuple, str], None], mapping: Callable[..., dict], duration: Callable[..., float]
+) -> dict[str, Build]:
     """Named builds in the file's order; each needs exactly one of `pip`, `image`, `python`.
     Problems go to `err(path, message)` (the loader's, so every problem is reported at once)."""
     if value is not None and not isinstance(value, dict):
@@ -91,9 +92,12 @@ def describe(build: Build) -> str:
 
 # Ray's words when the setup ran out of time, and pip's when the network failed: worth a retry on
 # another node. Anything else (no such version, no such image, a wheel that will not install) is the build's.
-_TRANSIENT = re.compile(r"Failed to install runtime_env within the timeout|NewConnectionError|ReadTimeoutError|"
-                        r"Temporary failure in name resolution|Connection (refused|reset)|Network is unreachable|"
-                        r"TLS handshake timeout|i/o timeout", re.IGNORECASE)
+_TRANSIENT = re.compile(
+    r"Failed to install runtime_env within the timeout|NewConnectionError|ReadTimeoutError|"
+    r"Temporary failure in name resolution|Connection (refused|reset)|Network is unreachable|"
+    r"TLS handshake timeout|i/o timeout",
+    re.IGNORECASE,
+)
 
 
 def setup_error_outcome(message: str) -> Outcome:

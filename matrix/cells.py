@@ -22,9 +22,9 @@ from soakmatrix.matrix.contracts.flags import format_value
 class Cell:
     model: str
     gpu: str
-    flags: tuple[tuple[str, Any], ...]   # sorted by flag name
+    flags: tuple[tuple[str, Any], ...]  # sorted by flag name
     workload: str
-    build: str = ""                       # the engine build's name; "" when the matrix has no builds
+    build: str = ""  # the engine build's name; "" when the matrix has no builds
 
     @classmethod
     def make(cls, model: str, gpu: str, flags: Mapping[str, Any], workload: str, build: str = "") -> Cell:

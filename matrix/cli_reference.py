@@ -62,8 +62,7 @@ def _usage(parser: argparse.ArgumentParser) -> str:
         if action.nargs == 0:
             text = option
         else:
-            metavar = "{" + ",".join(map(str, action.choices)) + "}" if action.choices is not None else \
-                _metavar(action)
+            metavar = "{" + ",".join(map(str, action.choices)) + "}" if action.choices is not None else _metavar(action)
             text = f"{option} {metavar}" + (f" [{metavar} ...]" if action.nargs in ("+", "*") else "")
         parts.append(text if action.required else f"[{text}]")
     lines, line = [], parser.prog
@@ -160,7 +159,9 @@ def stale_message(path: Path | str = DEFAULT_PATH) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m soakmatrix.matrix.cli_reference", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m soakmatrix.matrix.cli_reference", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--out", type=Path, default=DEFAULT_PATH, help="the page to write (default: %(default)s)")
     parser.add_argument("--check", action="store_true", help="write nothing; exit 1 when the page is stale")
     args = parser.parse_args(argv)

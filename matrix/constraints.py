@@ -14,19 +14,20 @@ from soakmatrix.matrix.contracts.flags import ArgvBuilder, ArgvConflict, Flag
 
 from .spec import CELL_KEYS, Matrix
 
-GPU_MEMORY_FRACTION = 0.9   # vLLM's default --gpu-memory-utilization
+GPU_MEMORY_FRACTION = 0.9  # vLLM's default --gpu-memory-utilization
 
 
 @dataclass(frozen=True)
 class Exclusion:
     """A combination left out of the plan, and why (an exclude rule, a constraint, vLLM's parser)."""
 
-    combo: Mapping[str, Any]   # the deciding keys only, when a whole slice of the product is excluded
+    combo: Mapping[str, Any]  # the deciding keys only, when a whole slice of the product is excluded
     reason: str
-    count: int = 1             # combinations of the product this exclusion stands for
+    count: int = 1  # combinations of the product this exclusion stands for
 
 
 # -- built-in constraints ---------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Constraint:
@@ -52,8 +53,10 @@ def _weights_fit(combo, matrix):
     model, gpu = matrix.models[combo["model"]], matrix.gpus[combo["gpu"]]
     per_gpu = model.weights_gb / _tp(combo)
     if per_gpu > gpu.memory_gb * GPU_MEMORY_FRACTION:
-        return (f"{model.name} weights {model.weights_gb:g} GB / tp={_tp(combo)} = {per_gpu:.1f} GB per GPU "
-                f"do not fit {gpu.name}'s {gpu.memory_gb:g} GB x {GPU_MEMORY_FRACTION}")
+        return (
+            f"{model.name} weights {model.weights_gb:g} GB / tp={_tp(combo)} = {per_gpu:.1f} GB per GPU "
+            f"do not fit {gpu.name}'s {gpu.memory_gb:g} GB x {GPU_MEMORY_FRACTION}"
+        )
     return None
 
 
@@ -92,7 +95,8 @@ def _argv_builds(combo, matrix):
 
 
 CONSTRAINTS: dict[str, Constraint] = {
-    c.name: c for c in [
+    c.name: c
+    for c in [
         Constraint("tp_fits_node", ("gpu", "tp"), _tp_fits_node),
         Constraint("weights_fit", ("model", "gpu", "tp"), _weights_fit),
         Constraint("mtp_needs_head", ("model", "mtp"), _mtp_needs_head),
@@ -102,8 +106,9 @@ CONSTRAINTS: dict[str, Constraint] = {
 }
 
 
-def violations(combo: Mapping[str, Any], matrix: Matrix,
-               constraints: Mapping[str, Constraint] | None = None) -> list[str]:
+def violations(
+    combo: Mapping[str, Any], matrix: Matrix, constraints: Mapping[str, Constraint] | None = None
+) -> list[str]:
     return [reason for c in (constraints or CONSTRAINTS).values() if (reason := c.check(combo, matrix))]
 
 
@@ -128,8 +133,9 @@ class Checker:
             key = tuple((type(v), v) for v in (combo.get(k, _MISSING) for k in keys))
             reason = memo.get(key, _MISSING)
             if reason is _MISSING:
-                reason = memo[key] = constraint.check({k: combo[k] for k in keys if k in combo}
-                                                      if not constraint.keys else combo, self.matrix)
+                reason = memo[key] = constraint.check(
+                    {k: combo[k] for k in keys if k in combo} if not constraint.keys else combo, self.matrix
+                )
             if reason:
                 out.append(reason)
         return out
@@ -145,11 +151,11 @@ def json_flag_names(matrix: Matrix) -> tuple[str, ...]:
         for name, v in entry.items():
             if name not in CELL_KEYS:
                 values.setdefault(name, set()).add((type(v), v))
-    return tuple(sorted(name for name, vals in values.items()
-                        if any(builder.fragment(name, v).json for _, v in vals)))
+    return tuple(sorted(name for name, vals in values.items() if any(builder.fragment(name, v).json for _, v in vals)))
 
 
 # -- include / exclude (GitHub Actions semantics) ---------------------------------------------------
+
 
 def rule_matches(rule: Mapping[str, Any], combo: Mapping[str, Any]) -> bool:
     """GitHub Actions' partial match: every key of the rule is in the combination with that value."""
@@ -160,8 +166,9 @@ def _same(a: Any, b: Any) -> bool:
     return type(a) is type(b) and a == b if isinstance(a, bool) or isinstance(b, bool) else a == b
 
 
-def apply_exclude(combos: Iterable[dict], exclude: Sequence[Mapping[str, Any]],
-                  excluded: list[Exclusion]) -> Iterator[dict]:
+def apply_exclude(
+    combos: Iterable[dict], exclude: Sequence[Mapping[str, Any]], excluded: list[Exclusion]
+) -> Iterator[dict]:
     for combo in combos:
         hit = next((i for i, rule in enumerate(exclude) if rule_matches(rule, combo)), None)
         if hit is None:
@@ -170,8 +177,7 @@ def apply_exclude(combos: Iterable[dict], exclude: Sequence[Mapping[str, Any]],
             excluded.append(Exclusion(combo, f"exclude[{hit}]"))
 
 
-def apply_include(combos: list[dict], include: Sequence[Mapping[str, Any]],
-                  original_keys: Iterable[str]) -> list[dict]:
+def apply_include(combos: list[dict], include: Sequence[Mapping[str, Any]], original_keys: Iterable[str]) -> list[dict]:
     """Merge each include into every original combination whose original values it does not
     overwrite (values added by an earlier include may be overwritten); otherwise append it as a
     new combination. New combinations are never merged into."""
@@ -187,4 +193,3 @@ def apply_include(combos: list[dict], include: Sequence[Mapping[str, Any]],
         if not matched:
             added.append(dict(entry))
     return originals + added
-

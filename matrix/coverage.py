@@ -17,8 +17,12 @@ from .constraints import CONSTRAINTS, rule_matches
 from .spec import CELL_KEYS, Matrix
 
 
-def covering_array(factors: Mapping[str, Sequence[Any]], strength: int,
-                   allowed: Callable[[Mapping[str, Any]], bool], matrix: Matrix | None = None) -> list[dict]:
+def covering_array(
+    factors: Mapping[str, Sequence[Any]],
+    strength: int,
+    allowed: Callable[[Mapping[str, Any]], bool],
+    matrix: Matrix | None = None,
+) -> list[dict]:
     """Rows covering every allowed t-tuple of factor values, as dicts of real values."""
     keys = list(factors)
     if not keys:
@@ -38,23 +42,25 @@ def covering_array(factors: Mapping[str, Sequence[Any]], strength: int,
     return [{k: row[k] for k in keys} for row in rows if len(row) == len(keys) and allowed(row)]
 
 
-def _fn(keys_read: Sequence[str], values: Mapping[str, Sequence[Any]],
-        check: Callable[[Mapping[str, Any]], bool]) -> dict:
+def _fn(
+    keys_read: Sequence[str], values: Mapping[str, Sequence[Any]], check: Callable[[Mapping[str, Any]], bool]
+) -> dict:
     def evaluate(row: Mapping[str, int]) -> bool:
         return check({k: values[k][row[k]] for k in keys_read})
 
     return {"operator": "fn", "requires": list(keys_read), "evaluate": evaluate}
 
 
-def _checks(keys: Sequence[str], matrix: Matrix | None,
-            allowed: Callable[[Mapping[str, Any]], bool]) -> list[tuple[tuple[str, ...], Callable]]:
+def _checks(
+    keys: Sequence[str], matrix: Matrix | None, allowed: Callable[[Mapping[str, Any]], bool]
+) -> list[tuple[tuple[str, ...], Callable]]:
     """(keys read, predicate) pairs: as fine-grained as the matrix allows, else one over all keys."""
     if matrix is None:
         return [(tuple(keys), allowed)]
     out: list[tuple[tuple[str, ...], Callable]] = []
     for rule in matrix.exclude:
         read = tuple(k for k in rule if k in keys)
-        if len(read) == len(rule):      # a rule over a non-factor key can never match a row
+        if len(read) == len(rule):  # a rule over a non-factor key can never match a row
             out.append((read, lambda combo, rule=rule: not rule_matches(rule, combo)))
     flag_keys = tuple(k for k in keys if k not in CELL_KEYS)
     for constraint in CONSTRAINTS.values():
@@ -67,8 +73,12 @@ def _checks(keys: Sequence[str], matrix: Matrix | None,
     return out
 
 
-def uncovered_tuples(rows: Sequence[Mapping[str, Any]], factors: Mapping[str, Sequence[Any]], strength: int,
-                     allowed: Callable[[Mapping[str, Any]], bool]) -> list[tuple]:
+def uncovered_tuples(
+    rows: Sequence[Mapping[str, Any]],
+    factors: Mapping[str, Sequence[Any]],
+    strength: int,
+    allowed: Callable[[Mapping[str, Any]], bool],
+) -> list[tuple]:
     """Every t-tuple that some allowed full combination has but no row has (a check, exponential)."""
     keys = list(factors)
     feasible: set[tuple] = set()

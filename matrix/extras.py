@@ -19,16 +19,19 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Extra:
-    name: str                  # as in `pip install 'soakmatrix[NAME]'` and pyproject's optional-dependencies
-    modules: tuple[str, ...]   # top-level imports it brings (also the distributions' names here)
-    labels: tuple[str, ...]    # how a message names them
+    name: str  # as in `pip install 'soakmatrix[NAME]'` and pyproject's optional-dependencies
+    modules: tuple[str, ...]  # top-level imports it brings (also the distributions' names here)
+    labels: tuple[str, ...]  # how a message names them
 
 
-EXTRAS: dict[str, Extra] = {e.name: e for e in (
-    Extra("ray", ("ray",), ("Ray",)),
-    Extra("reports", ("plotly", "jinja2", "scipy"), ("plotly", "jinja2", "scipy")),
-    Extra("bisect", ("scipy", "numpy"), ("scipy", "numpy")),
-)}
+EXTRAS: dict[str, Extra] = {
+    e.name: e
+    for e in (
+        Extra("ray", ("ray",), ("Ray",)),
+        Extra("reports", ("plotly", "jinja2", "scipy"), ("plotly", "jinja2", "scipy")),
+        Extra("bisect", ("scipy", "numpy"), ("scipy", "numpy")),
+    )
+}
 
 
 class MissingExtra(Exception):
@@ -50,7 +53,7 @@ def install_hint(extras: Iterable[str]) -> str:
 def installed(module: str) -> bool:
     try:
         return importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):   # a broken or half-removed install counts as missing
+    except (ImportError, ValueError):  # a broken or half-removed install counts as missing
         return False
 
 
@@ -74,8 +77,9 @@ def require(*extras: str, present: Callable[[str], bool] = installed) -> None:
         raise problem
 
 
-def from_import_error(exc: ImportError, among: Sequence[str] = (),
-                      present: Callable[[str], bool] = installed) -> MissingExtra | None:
+def from_import_error(
+    exc: ImportError, among: Sequence[str] = (), present: Callable[[str], bool] = installed
+) -> MissingExtra | None:
     """The extra whose module an ImportError says is missing (an import not guarded by `require`),
     naming every module of it that is absent; `among`, the command's extras, first (scipy is in two)."""
     root = (getattr(exc, "name", None) or "").split(".")[0]

@@ -21,14 +21,14 @@ from typing import TextIO
 
 # a pipe whose reader closed; a terminal that hung up (the SSH session that ran the nightly closed)
 READER_GONE = (errno.EPIPE, errno.EIO)
-CLOSED_AT_START: set[str] = set()     # standard streams closed before we started (reopen_closed_standard_streams)
+CLOSED_AT_START: set[str] = set()  # standard streams closed before we started (reopen_closed_standard_streams)
 
 
 def _reader_gone(exc: Exception) -> bool:
     """The stream's reader went away (a full disk is no such thing: that error stays an error)."""
     if isinstance(exc, OSError):
         return exc.errno in READER_GONE
-    return isinstance(exc, ValueError)    # "I/O operation on closed file": somebody closed it for us
+    return isinstance(exc, ValueError)  # "I/O operation on closed file": somebody closed it for us
 
 
 class LastingStream:
@@ -37,7 +37,7 @@ class LastingStream:
     def __init__(self, stream: TextIO, fallback: str | Path | None = None):
         self.stream = stream
         self.fallback = Path(fallback) if fallback is not None else None
-        self.gone = False               # the reader went away
+        self.gone = False  # the reader went away
         self._file: TextIO | None = None
 
     def divert(self, fallback: str | Path) -> None:
@@ -88,7 +88,7 @@ class LastingStream:
 
     def __getattr__(self, name: str):
         # the rest of a text stream (encoding, errors, buffer, name) is the stream's
-        if name == "stream":           # not set yet (a copy being made): no recursion
+        if name == "stream":  # not set yet (a copy being made): no recursion
             raise AttributeError(name)
         return getattr(self.stream, name)
 
@@ -117,10 +117,11 @@ class LastingStream:
                 self.fallback.parent.mkdir(parents=True, exist_ok=True)
                 self._file = open(self.fallback, "a", encoding="utf-8", buffering=1)  # noqa: SIM115 - close() closes it
             except OSError:
-                self.fallback = None   # nowhere to write: the work matters more than its progress lines
+                self.fallback = None  # nowhere to write: the work matters more than its progress lines
                 return None
-            self._file.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} the reader of this progress went away; "
-                             "it goes on here\n")
+            self._file.write(
+                f"{time.strftime('%Y-%m-%d %H:%M:%S')} the reader of this progress went away; it goes on here\n"
+            )
         return self._file
 
 
@@ -159,8 +160,14 @@ def reopen_closed_standard_streams() -> set[str]:
                 os.close(devnull)
             closed.add(name)
         if getattr(sys, name) is None or name in closed:
-            setattr(sys, name, open(fd,  # noqa: SIM115 - the process's standard stream from now on "r" if fd == 0 else "w", encoding="utf-8", closefd=False,
-                                    buffering=-1 if fd == 0 else 1))
+            setattr(
+                sys,
+                name,
+                open(
+                    fd,  # noqa: SIM115 - the process's standard stream from now on "r" if fd == 0 else "w", encoding="utf-8", closefd=False,
+                    buffering=-1 if fd == 0 else 1,
+                ),
+            )
     CLOSED_AT_START.update(closed)
     return closed
 
@@ -169,4 +176,3 @@ def gone_from_the_start(stream: LastingStream, name: str) -> LastingStream:
     """`stream` (over sys.`name`) marked gone when that stream was closed at start: nobody reads it."""
     stream.gone = name in CLOSED_AT_START
     return stream
-

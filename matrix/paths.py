@@ -22,8 +22,8 @@ from pathlib import Path
 from .arguments import MAX_TEXT_CHARS, typed
 from .contracts.yamlsrc import LIMITS
 
-PSEUDO_ROOTS = ("/proc", "/sys", "/dev")   # kernel views: never a configuration file or a place for output
-REAL_UNDER_PSEUDO = ("/dev/shm",)          # a tmpfs of ordinary files, though it lies under /dev
+PSEUDO_ROOTS = ("/proc", "/sys", "/dev")  # kernel views: never a configuration file or a place for output
+REAL_UNDER_PSEUDO = ("/dev/shm",)  # a tmpfs of ordinary files, though it lies under /dev
 STDIN = "-"
 
 
@@ -95,15 +95,17 @@ def check_input_file(path: str, max_bytes: int | None = None) -> str:
 
 def input_file(max_bytes: int | None = None, stdin: bool = False) -> Callable[[str], str]:
     """A regular, readable file (at most `max_bytes`); `-` for stdin when `stdin`."""
+
     def parse(path: str) -> str:
         if stdin and path == STDIN:
             return path
         return check_input_file(path, max_bytes)
-    parse.max_bytes = max_bytes   # type: ignore[attr-defined]
+
+    parse.max_bytes = max_bytes  # type: ignore[attr-defined]
     return typed(parse, "path-in")
 
 
-CONFIG_FILE = input_file(LIMITS.max_bytes)        # a matrix, hang model, builds or known-issues file
+CONFIG_FILE = input_file(LIMITS.max_bytes)  # a matrix, hang model, builds or known-issues file
 CONFIG_OR_STDIN = input_file(LIMITS.max_bytes, stdin=True)
 
 
@@ -137,7 +139,9 @@ def _nearest_existing(path: str) -> tuple[Path, os.stat_result]:
 
 def _writable_folder(path: str, folder: Path, st: os.stat_result) -> None:
     if not stat.S_ISDIR(st.st_mode):
-        raise _fail(path, f"lies under {folder}, which is {_what(st.st_mode) if not stat.S_ISREG(st.st_mode) else 'a file'}")
+        raise _fail(
+            path, f"lies under {folder}, which is {_what(st.st_mode) if not stat.S_ISREG(st.st_mode) else 'a file'}"
+        )
     if _pseudo(str(folder)):
         raise _fail(path, f"under {_pseudo(str(folder))}, a kernel file system: no place for output")
     try:
@@ -203,8 +207,11 @@ def log_to_follow(path: str) -> str:
             raise _fail(path, f"lies under {folder}, which is not a directory")
         return path
     if stat.S_ISFIFO(st.st_mode):
-        raise _fail(path, "a FIFO: give it as stdin instead (`--log - < FIFO`), so the watch does not wait for a "
-                          "writer before it starts")
+        raise _fail(
+            path,
+            "a FIFO: give it as stdin instead (`--log - < FIFO`), so the watch does not wait for a "
+            "writer before it starts",
+        )
     return check_input_file(path)
 
 

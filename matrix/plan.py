@@ -31,13 +31,13 @@ from .spec import CELL_KEYS, Build, Matrix, Profile, SpecError
 class PlannedCell:
     cell: Cell
     model_path: str
-    serve_args: tuple[str, ...]      # everything after `vllm serve MODEL`
+    serve_args: tuple[str, ...]  # everything after `vllm serve MODEL`
     env: Mapping[str, str]
     gpu_count: int
     ray_label: str
     soak_s: float
     startup_s: float
-    build: Build | None = None       # the engine build (matrix `builds:`); None: the engine on the nodes
+    build: Build | None = None  # the engine build (matrix `builds:`); None: the engine on the nodes
 
     @property
     def id(self) -> str:
@@ -62,7 +62,7 @@ class Plan:
     profile: Profile
     cells: list[PlannedCell]
     excluded: list[Exclusion]
-    rejected: list[Exclusion] = field(default_factory=list)   # refused by vLLM's own parser
+    rejected: list[Exclusion] = field(default_factory=list)  # refused by vLLM's own parser
     validation: str = "not run"
     product_size: int = 0
     coverage: str = "full"
@@ -91,9 +91,11 @@ class Plan:
 
     def to_json(self) -> dict[str, Any]:
         doc = self._json()
-        if self.matrix.builds:   # only then: plans of matrices without builds stay byte-identical
-            doc["builds"] = [{"name": b.name, "ordinal": b.ordinal, "kind": b.kind, "value": redact_text(b.value)}
-                             for b in self.matrix.builds.values()]
+        if self.matrix.builds:  # only then: plans of matrices without builds stay byte-identical
+            doc["builds"] = [
+                {"name": b.name, "ordinal": b.ordinal, "kind": b.kind, "value": redact_text(b.value)}
+                for b in self.matrix.builds.values()
+            ]
             for cell, pc in zip(doc["cells"], self.cells, strict=True):
                 cell["build"] = pc.cell.build
         return doc
@@ -106,14 +108,23 @@ class Plan:
             "product_size": self.product_size,
             "soak_s": self.profile.soak_s,
             "validation": self.validation,
-            "cells": [{
-                "id": pc.id, "name": pc.name, "model": pc.cell.model, "gpu": pc.cell.gpu,
-                "gpu_count": pc.gpu_count, "ray_label": pc.ray_label, "workload": pc.cell.workload,
-                "flags": pc.cell.flag_dict, "command": redact_argv(pc.command), "env": redact_env(pc.env),
-                "gpu_hours": round(pc.gpu_hours, 4),
-            } for pc in self.cells],
-            "excluded": [{"combo": _jsonable(e.combo), "reason": e.reason, "count": e.count}
-                         for e in self.excluded],
+            "cells": [
+                {
+                    "id": pc.id,
+                    "name": pc.name,
+                    "model": pc.cell.model,
+                    "gpu": pc.cell.gpu,
+                    "gpu_count": pc.gpu_count,
+                    "ray_label": pc.ray_label,
+                    "workload": pc.cell.workload,
+                    "flags": pc.cell.flag_dict,
+                    "command": redact_argv(pc.command),
+                    "env": redact_env(pc.env),
+                    "gpu_hours": round(pc.gpu_hours, 4),
+                }
+                for pc in self.cells
+            ],
+            "excluded": [{"combo": _jsonable(e.combo), "reason": e.reason, "count": e.count} for e in self.excluded],
             "excluded_count": self.excluded_count,
             "rejected": [{"combo": _jsonable(e.combo), "reason": e.reason} for e in self.rejected],
             "cost": {
@@ -131,6 +142,7 @@ def _jsonable(combo: Mapping[str, Any]) -> dict[str, Any]:
 
 # -- planning ---------------------------------------------------------------------------------------
 
+
 def factors_of(matrix: Matrix, profile: Profile) -> dict[str, list[Any]]:
     factors: dict[str, list[Any]] = {
         "model": list(profile.models or matrix.models),
@@ -142,8 +154,9 @@ def factors_of(matrix: Matrix, profile: Profile) -> dict[str, list[Any]]:
     return factors
 
 
-def pruned_product(factors: Mapping[str, Sequence[Any]], matrix: Matrix, checker: Checker,
-                   excluded: list[Exclusion]) -> Iterator[dict]:
+def pruned_product(
+    factors: Mapping[str, Sequence[Any]], matrix: Matrix, checker: Checker, excluded: list[Exclusion]
+) -> Iterator[dict]:
     """The full product with exclude rules and constraints decided once per slice: only the keys
     they read are enumerated first, and an excluded slice is recorded once with its size."""
     rule_keys = {k for rule in matrix.exclude for k in rule}
@@ -172,9 +185,12 @@ def product_size(factors: Mapping[str, Sequence[Any]]) -> int:
     return math.prod(len(v) for v in factors.values())
 
 
-def plan(matrix: Matrix, profile_name: str | None = None,
-         validate: Callable[[list[PlannedCell]], tuple[str, dict[str, str]]] | None = None,
-         covering_array: Callable[..., list[dict]] | None = None) -> Plan:
+def plan(
+    matrix: Matrix,
+    profile_name: str | None = None,
+    validate: Callable[[list[PlannedCell]], tuple[str, dict[str, str]]] | None = None,
+    covering_array: Callable[..., list[dict]] | None = None,
+) -> Plan:
     """Expand a profile of a matrix into a Plan.
 
     `validate(cells) -> (status, {cell id: vLLM's message})` checks argv with vLLM's parser;
@@ -185,10 +201,17 @@ def plan(matrix: Matrix, profile_name: str | None = None,
     excluded: list[Exclusion] = []
     size = product_size(factors)
     if profile.coverage is None and size > MAX_FULL_PRODUCT:
-        raise SpecError([Problem(matrix.file, matrix.line_of("profiles", profile.name, "coverage"),
-                                 f"profiles.{profile.name}.coverage",
-                                 f"the full product is {size:,} combinations (at most {MAX_FULL_PRODUCT:,}); "
-                                 "use t-way coverage ({t: 2} or {t: 3}) or fewer axis values")])
+        raise SpecError(
+            [
+                Problem(
+                    matrix.file,
+                    matrix.line_of("profiles", profile.name, "coverage"),
+                    f"profiles.{profile.name}.coverage",
+                    f"the full product is {size:,} combinations (at most {MAX_FULL_PRODUCT:,}); "
+                    "use t-way coverage ({t: 2} or {t: 3}) or fewer axis values",
+                )
+            ]
+        )
 
     checker = Checker(matrix)
     if profile.coverage is None:
@@ -198,8 +221,7 @@ def plan(matrix: Matrix, profile_name: str | None = None,
         builder = covering_array or default_array
 
         def allowed(combo: Mapping[str, Any]) -> bool:
-            return (not any(rule_matches(r, combo) for r in matrix.exclude)
-                    and not violations(combo, matrix))
+            return not any(rule_matches(r, combo) for r in matrix.exclude) and not violations(combo, matrix)
 
         combos = builder(factors, profile.coverage, allowed, matrix)
         coverage = f"{profile.coverage}-way"
@@ -218,8 +240,9 @@ def plan(matrix: Matrix, profile_name: str | None = None,
         missing = [k for k in ("model", "gpu") if k not in combo]
         if missing:
             line = _include_line(matrix, combo)
-            problems.append(Problem(matrix.file, line, "include",
-                                    f"adds a combination without {' and '.join(missing)}: {combo}"))
+            problems.append(
+                Problem(matrix.file, line, "include", f"adds a combination without {' and '.join(missing)}: {combo}")
+            )
             continue
         combo.setdefault("workload", profile.workloads[0])
         reasons = checker.violations(combo) if recheck else ()
@@ -235,10 +258,18 @@ def plan(matrix: Matrix, profile_name: str | None = None,
     if problems:
         raise SpecError(problems)
     if not cells:
-        raise SpecError([Problem(matrix.file, matrix.line_of("profiles", profile.name), f"profiles.{profile.name}",
-                                 f"selects no cell: all {size:,} combinations are excluded"
-                                 + (f" (first: {excluded[0].reason})" if excluded else "")
-                                 + "; a run of nothing would read as a pass")])
+        raise SpecError(
+            [
+                Problem(
+                    matrix.file,
+                    matrix.line_of("profiles", profile.name),
+                    f"profiles.{profile.name}",
+                    f"selects no cell: all {size:,} combinations are excluded"
+                    + (f" (first: {excluded[0].reason})" if excluded else "")
+                    + "; a run of nothing would read as a pass",
+                )
+            ]
+        )
 
     result = Plan(matrix, profile, cells, excluded, product_size=size, coverage=coverage)
     if validate is not None:
@@ -270,14 +301,20 @@ def profile_builds(matrix: Matrix, profile: Profile) -> list[Build | None]:
     return [*chosen]
 
 
-def planned_cell(matrix: Matrix, profile: Profile, combo: Mapping[str, Any],
-                 builder: ArgvBuilder | None = None, build: Build | None = None) -> PlannedCell:
+def planned_cell(
+    matrix: Matrix,
+    profile: Profile,
+    combo: Mapping[str, Any],
+    builder: ArgvBuilder | None = None,
+    build: Build | None = None,
+) -> PlannedCell:
     flags = {k: v for k, v in combo.items() if k not in CELL_KEYS}
     cell = Cell.make(combo["model"], combo["gpu"], flags, combo["workload"], build.name if build else "")
     model, gpu = matrix.models[cell.model], matrix.gpus[cell.gpu]
     argv, env = (builder or argv_builder(matrix.registry)).build(flags)
-    return PlannedCell(cell, model.path, (*model.args, *argv), env, cell.tp, gpu.ray_label,
-                       profile.soak_s, profile.startup_s, build)
+    return PlannedCell(
+        cell, model.path, (*model.args, *argv), env, cell.tp, gpu.ray_label, profile.soak_s, profile.startup_s, build
+    )
 
 
 def describe_combo(combo: Mapping[str, Any]) -> str:

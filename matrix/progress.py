@@ -25,7 +25,7 @@ class Tally:
     total: int
     done: int = 0
     by_outcome: dict[str, int] = field(default_factory=dict)
-    running: dict[str, tuple[int, float]] = field(default_factory=dict)   # cell id -> (GPUs, since)
+    running: dict[str, tuple[int, float]] = field(default_factory=dict)  # cell id -> (GPUs, since)
     gpu_hours_done: float = 0.0
     retries: int = 0
 
@@ -52,8 +52,11 @@ class Tally:
 
 
 def status_line(t: Tally, now: float, elapsed_s: float) -> str:
-    parts = [f"{t.done}/{t.total} done", f"{len(t.running)} running",
-             f"{t.count(Outcome.HANG)} hang{'s' if t.count(Outcome.HANG) != 1 else ''}"]
+    parts = [
+        f"{t.done}/{t.total} done",
+        f"{len(t.running)} running",
+        f"{t.count(Outcome.HANG)} hang{'s' if t.count(Outcome.HANG) != 1 else ''}",
+    ]
     for outcome in (Outcome.CRASH, Outcome.CONFIG_ERROR, Outcome.INFRA_ERROR):
         if t.count(outcome):
             parts.append(f"{t.count(outcome)} {outcome.value}")
@@ -84,8 +87,15 @@ def result_detail(result: CellResult) -> str:
 class Progress:
     """Implements schedule.Events for a terminal or a log."""
 
-    def __init__(self, total: int, stream: TextIO | None = None, tty: bool | None = None,
-                 clock: Callable[[], float] = time.time, min_redraw_s: float = 0.5, log_every_s: float = 60.0):
+    def __init__(
+        self,
+        total: int,
+        stream: TextIO | None = None,
+        tty: bool | None = None,
+        clock: Callable[[], float] = time.time,
+        min_redraw_s: float = 0.5,
+        log_every_s: float = 60.0,
+    ):
         self.stream = stream or sys.stderr
         self._tty = tty
         self.clock = clock

@@ -35,7 +35,7 @@ from soakmatrix.jobs.signatures import (
 )
 from soakmatrix.matrix.contracts.result import CellResult
 
-STACK_ARTIFACTS = ("py_spy",)          # py-spy's dump of every engine process (jobs.evidence)
+STACK_ARTIFACTS = ("py_spy",)  # py-spy's dump of every engine process (jobs.evidence)
 STACK_DUMP_PREFIX = "VLLM_STACK_DUMP_"  # vLLM's own watchdog dumps, also read as stacks
 
 # why a result keeps its recorded fingerprint
@@ -52,12 +52,13 @@ class Rehash:
     run_id: str
     cell_id: str
     old: str | None
-    new: str | None       # the fingerprint to write; None when the recorded one stays
-    outcome: str          # SAME, CHANGED or why it stays
+    new: str | None  # the fingerprint to write; None when the recorded one stays
+    outcome: str  # SAME, CHANGED or why it stays
 
 
-def recompute(result: CellResult, read_text: Callable[[str], str | None],
-              signatures: Mapping[str, Signature] | None = None) -> tuple[str | None, str]:
+def recompute(
+    result: CellResult, read_text: Callable[[str], str | None], signatures: Mapping[str, Signature] | None = None
+) -> tuple[str | None, str]:
     """(today's fingerprint, SAME / CHANGED) for `result` from its stored evidence, or (None, why
     not). `read_text(path)` returns a file's text, or None when it is gone."""
     table = SIGNATURES if signatures is None else signatures
@@ -67,8 +68,11 @@ def recompute(result: CellResult, read_text: Callable[[str], str | None],
     if not result.stuck_frames:
         # a fingerprint from log lines or from nothing: computed today as it always was
         return None, NO_FRAMES
-    stack_paths = [path for name, path in sorted(result.artifacts.items())
-                   if name in STACK_ARTIFACTS or name.startswith(STACK_DUMP_PREFIX)]
+    stack_paths = [
+        path
+        for name, path in sorted(result.artifacts.items())
+        if name in STACK_ARTIFACTS or name.startswith(STACK_DUMP_PREFIX)
+    ]
     stack_texts = [text for text in map(read_text, stack_paths) if text]
     if not stack_texts:
         return None, NO_EVIDENCE

@@ -12,8 +12,9 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence, TextIO
+from typing import Any, TextIO
 
 from soakmatrix.jobs.soak_spec import SoakSpec
 from soakmatrix.matrix.contracts.durations import format_duration
@@ -30,7 +31,7 @@ from .soak_specs import matrix_time_scale, soak_spec_for
 from .spec import Matrix, Profile
 from .stop_signals import StopSignals, signal_name
 
-JUNIT_EVERY_S = 2.0       # after a SIGKILL, JUnit misses at most the last seconds' cells
+JUNIT_EVERY_S = 2.0  # after a SIGKILL, JUnit misses at most the last seconds' cells
 DASHBOARD_EVERY_S = 30.0
 EXIT_INTERRUPTED = 130
 
@@ -41,13 +42,21 @@ def add_run_options(parser: argparse.ArgumentParser, default_profile: str = "the
 
     parser.add_argument("matrix", type=CONFIG_FILE, help="matrix YAML file")
     parser.add_argument("--profile", type=text, help=f"profile name (default: {default_profile})")
-    parser.add_argument("--backend", choices=("sim", "vllm"), default="sim",
-                        help="engine: the simulated vLLM server (default) or real `vllm serve`")
-    parser.add_argument("--ray-address", type=text, help="Ray cluster to use (default: $RAY_ADDRESS, else a local cluster)")
+    parser.add_argument(
+        "--backend",
+        choices=("sim", "vllm"),
+        default="sim",
+        help="engine: the simulated vLLM server (default) or real `vllm serve`",
+    )
+    parser.add_argument(
+        "--ray-address", type=text, help="Ray cluster to use (default: $RAY_ADDRESS, else a local cluster)"
+    )
     parser.add_argument("--out", type=output_dir, help="output folder (default: out/<matrix name>)")
-    parser.add_argument("--resume", action="store_true",
-                        help="continue the latest unfinished run of this matrix and profile: "
-                             "cells with a verdict are not rerun")
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the latest unfinished run of this matrix and profile: cells with a verdict are not rerun",
+    )
     parser.add_argument("--store", type=output_file, help="history store (default: <out>/history.sqlite)")
 
 
@@ -62,10 +71,22 @@ def out_dir_of(matrix: Matrix, out: str | None) -> Path:
 
 def planned_dicts(cells: Sequence[PlannedCell]) -> list[dict[str, Any]]:
     """The cells as the history store's `planned` and `soakmatrix plan --json` describe them."""
-    return [{"id": pc.id, "name": pc.name, "model": pc.cell.model, "gpu": pc.cell.gpu,
-             "gpu_count": pc.gpu_count, "ray_label": pc.ray_label, "workload": pc.cell.workload,
-             "flags": pc.cell.flag_dict, "command": redact_argv(pc.command), "env": redact_env(pc.env),
-             "gpu_hours": round(pc.gpu_hours, 4)} for pc in cells]
+    return [
+        {
+            "id": pc.id,
+            "name": pc.name,
+            "model": pc.cell.model,
+            "gpu": pc.cell.gpu,
+            "gpu_count": pc.gpu_count,
+            "ray_label": pc.ray_label,
+            "workload": pc.cell.workload,
+            "flags": pc.cell.flag_dict,
+            "command": redact_argv(pc.command),
+            "env": redact_env(pc.env),
+            "gpu_hours": round(pc.gpu_hours, 4),
+        }
+        for pc in cells
+    ]
 
 
 def verdict_ids(results: Sequence[CellResult]) -> set[str]:
@@ -83,8 +104,16 @@ class ResultSink:
     lost); JUnit at most every JUNIT_EVERY_S and the dashboard at most every DASHBOARD_EVERY_S (each
     rewrite reads the whole run, so writing both per cell would grow with the square of the cells)."""
 
-    def __init__(self, store: Any, run_id: Any, store_path: Path, out: Path, suite: str,
-                 properties: dict[str, str], clock=time.time):
+    def __init__(
+        self,
+        store: Any,
+        run_id: Any,
+        store_path: Path,
+        out: Path,
+        suite: str,
+        properties: dict[str, str],
+        clock=time.time,
+    ):
         self.store, self.run_id, self.store_path, self.out = store, run_id, store_path, out
         self.suite, self.properties, self.clock = suite, properties, clock
         self.junit_path = out / "junit.xml"
@@ -93,7 +122,7 @@ class ResultSink:
         self._junit_at = 0.0
         self._junit_stale = self._dashboard_stale = False
         self.warnings: list[str] = []
-        self._regressions: Any = None   # reports.regressions.RunRegressions, once a cell ran on a build
+        self._regressions: Any = None  # reports.regressions.RunRegressions, once a cell ran on a build
 
     def cell_started(self, pc: PlannedCell, attempt: int, node: str) -> None:
         pass
@@ -120,7 +149,7 @@ class ResultSink:
 
         self._junit_at, self._junit_stale = self.clock(), False
         results = self.store.results(self.run_id)
-        if any(r.build for r in results):   # cells on engine builds: regressions against the whole history
+        if any(r.build for r in results):  # cells on engine builds: regressions against the whole history
             from soakmatrix.reports.regressions import RunRegressions
 
             self._regressions = self._regressions or RunRegressions(self.store, self.run_id)
@@ -155,12 +184,22 @@ class Fanout:
         def call(*args: Any) -> None:
             for listener in self.listeners:
                 getattr(listener, name)(*args)
+
         return call
 
 
-def run_planned(matrix: Matrix, profile: Profile, cells: Sequence[PlannedCell], options: RunOptions, *,
-                kind: str = "run", fail_fast: bool = False, keep_order: bool = False, stream: TextIO | None = None,
-                listener: Any = None) -> RunResult:
+def run_planned(
+    matrix: Matrix,
+    profile: Profile,
+    cells: Sequence[PlannedCell],
+    options: RunOptions,
+    *,
+    kind: str = "run",
+    fail_fast: bool = False,
+    keep_order: bool = False,
+    stream: TextIO | None = None,
+    listener: Any = None,
+) -> RunResult:
     """Run `cells` of `profile` on Ray, recording each result; the exit code is 130 or 143 when SIGINT
     or SIGTERM stopped it (the run stays unfinished, and `--resume` continues it). `listener`
     (schedule.Events) hears every cell start, retry and result beside the progress display."""
@@ -169,8 +208,18 @@ def run_planned(matrix: Matrix, profile: Profile, cells: Sequence[PlannedCell], 
         return _execute(matrix, profile, cells, options, kind, fail_fast, keep_order, stream, stop_signals, listener)
 
 
-def _execute(matrix: Matrix, profile: Profile, cells: Sequence[PlannedCell], args: RunOptions, kind: str,
-             fail_fast: bool, keep_order: bool, stream: TextIO, stop_signals: StopSignals, listener: Any) -> RunResult:
+def _execute(
+    matrix: Matrix,
+    profile: Profile,
+    cells: Sequence[PlannedCell],
+    args: RunOptions,
+    kind: str,
+    fail_fast: bool,
+    keep_order: bool,
+    stream: TextIO,
+    stop_signals: StopSignals,
+    listener: Any,
+) -> RunResult:
     from soakmatrix.matrix.schedule.cluster import CONNECT_ERRORS, address_from, cannot_reach, connect
     from soakmatrix.reports.history import HistoryStore, StoreError
 
@@ -178,14 +227,14 @@ def _execute(matrix: Matrix, profile: Profile, cells: Sequence[PlannedCell], arg
 
     out = out_dir_of(matrix, args.out)
     out.mkdir(parents=True, exist_ok=True)
-    divert_stderr(out / "progress.log")   # where progress goes if stderr's reader goes away
+    divert_stderr(out / "progress.log")  # where progress goes if stderr's reader goes away
     store_path = Path(args.store).resolve() if args.store else out / "history.sqlite"
     address = address_from(args.ray_address)
     try:
         store = HistoryStore(store_path)
-    except StoreError as exc:   # before any cell runs: a usage error, nothing is lost
+    except StoreError as exc:  # before any cell runs: a usage error, nothing is lost
         raise SpecError([Problem(str(store_path), 0, "--store", str(exc).removeprefix(f"{store_path}: "))]) from exc
-    status = None   # an interrupted or crashed run stays unfinished, so `--resume` finds it
+    status = None  # an interrupted or crashed run stays unfinished, so `--resume` finds it
     run_id = None
 
     def answer(code: int, **more: Any) -> RunResult:
@@ -193,19 +242,36 @@ def _execute(matrix: Matrix, profile: Profile, cells: Sequence[PlannedCell], arg
         return RunResult(code, run_id, out, store_path, **{"results": results, **more})
 
     try:
-        run_id = store.start_run(matrix=matrix.name, profile=profile.name, kind=kind, resume=args.resume,
-                                 meta={"matrix_file": matrix.file, "backend": args.backend,
-                                       "ray_address": redact_text(address) if address else "local", "argv": redact_argv(sys.argv[1:]),
-                                       "cells": len(cells)})
+        run_id = store.start_run(
+            matrix=matrix.name,
+            profile=profile.name,
+            kind=kind,
+            resume=args.resume,
+            meta={
+                "matrix_file": matrix.file,
+                "backend": args.backend,
+                "ray_address": redact_text(address) if address else "local",
+                "argv": redact_argv(sys.argv[1:]),
+                "cells": len(cells),
+            },
+        )
         skip = verdict_ids(store.results(run_id)) if args.resume else set()
         store.planned(run_id, planned_dicts(cells))
         todo = [pc for pc in cells if pc.id not in skip]
-        print(f"soakmatrix {kind}: {matrix.name}/{profile.name}: {len(cells)} cells"
-              + (f", {len(cells) - len(todo)} already have a verdict (resumed run {run_id})" if skip else "")
-              + f", soak {format_duration(profile.soak_s)} each; output in {out}", file=stream)
-        sink = ResultSink(store, run_id, store_path, out, suite=f"soakmatrix.{matrix.name}.{profile.name}",
-                          properties={"matrix": matrix.name, "profile": profile.name, "backend": args.backend,
-                                      "kind": kind})
+        print(
+            f"soakmatrix {kind}: {matrix.name}/{profile.name}: {len(cells)} cells"
+            + (f", {len(cells) - len(todo)} already have a verdict (resumed run {run_id})" if skip else "")
+            + f", soak {format_duration(profile.soak_s)} each; output in {out}",
+            file=stream,
+        )
+        sink = ResultSink(
+            store,
+            run_id,
+            store_path,
+            out,
+            suite=f"soakmatrix.{matrix.name}.{profile.name}",
+            properties={"matrix": matrix.name, "profile": profile.name, "backend": args.backend, "kind": kind},
+        )
         recorder = Fanout(sink, listener) if listener is not None else sink
 
         def make_spec(pc: PlannedCell) -> SoakSpec:
@@ -220,14 +286,14 @@ def _execute(matrix: Matrix, profile: Profile, cells: Sequence[PlannedCell], arg
         except CONNECT_ERRORS as exc:
             why = redact_text(cannot_reach(address, exc))
             print(f"soakmatrix {kind}: {why}", file=stream)
-            return answer(EXIT_INFRA, unreachable=why)   # no verdict; the run stays unfinished for --resume
+            return answer(EXIT_INFRA, unreachable=why)  # no verdict; the run stays unfinished for --resume
         with cluster:
-            stop_signals.install()   # again: ray.init put its own handlers in
+            stop_signals.install()  # again: ray.init put its own handlers in
             print(f"soakmatrix {kind}: on {redact_text(cluster.description)}", file=stream)
             launcher = RayLauncher()
             try:
                 nodes = launcher.nodes()
-            except Exception as exc:  # noqa: BLE001 - the mapping decides which errors are a lost cluster
+            except Exception as exc:
                 if (why := cluster_lost(exc)) is None:
                     raise
                 print(lost_line(kind, why, 0, len(todo)), file=stream, flush=True)
@@ -240,13 +306,24 @@ def _execute(matrix: Matrix, profile: Profile, cells: Sequence[PlannedCell], arg
                     print(f"cannot place {pc.name}: {never[pc.id]}", file=stream)
             placeable = [pc for pc in todo if pc.id not in never]
             progress = Progress(len(placeable), stream=stream)
-            summary = run_cells(placeable, make_spec, launcher, Fanout(recorder, progress), retries=profile.retries,
-                                cap_s=cap, fail_fast=fail_fast, order=list if keep_order else None)
+            summary = run_cells(
+                placeable,
+                make_spec,
+                launcher,
+                Fanout(recorder, progress),
+                retries=profile.retries,
+                cap_s=cap,
+                fail_fast=fail_fast,
+                order=list if keep_order else None,
+            )
             progress.close()
             interrupted, stopped_early = summary.interrupted, summary.stopped_early
             if summary.unfinished and not summary.lost:
-                print(f"soakmatrix {kind}: {len(summary.unfinished)} cell(s) cancelled before a verdict"
-                      + ("; `--resume` runs them" if interrupted else ""), file=stream)
+                print(
+                    f"soakmatrix {kind}: {len(summary.unfinished)} cell(s) cancelled before a verdict"
+                    + ("; `--resume` runs them" if interrupted else ""),
+                    file=stream,
+                )
             # written before the cluster is closed: after a lost head, closing takes a while, and Ray
             # ends a driver whose GCS stays unreachable
             status = None if interrupted or summary.lost else "stopped" if stopped_early else "finished"
@@ -255,14 +332,18 @@ def _execute(matrix: Matrix, profile: Profile, cells: Sequence[PlannedCell], arg
             dashboard = sink.write_dashboard()
             for warning in sink.warnings:
                 print(f"soakmatrix {kind}: {warning}", file=stream)
-            print(summary_text(results, sink.junit_path if junit_written else None, dashboard, store_path),
-                  file=stream)
-            written = {"results": tuple(results), "junit": sink.junit_path if junit_written else None,
-                       "dashboard": dashboard, "warnings": tuple(sink.warnings)}
+            print(summary_text(results, sink.junit_path if junit_written else None, dashboard, store_path), file=stream)
+            written = {
+                "results": tuple(results),
+                "junit": sink.junit_path if junit_written else None,
+                "dashboard": dashboard,
+                "warnings": tuple(sink.warnings),
+            }
             if summary.lost:
                 print(lost_line(kind, summary.lost, len(results), len(summary.unfinished)), file=stream, flush=True)
-                return answer(exit_code([*(r.outcome for r in results), Outcome.INFRA_ERROR]), lost=summary.lost,
-                              **written)
+                return answer(
+                    exit_code([*(r.outcome for r in results), Outcome.INFRA_ERROR]), lost=summary.lost, **written
+                )
         if interrupted:
             print(f"soakmatrix {kind}: stopped by {signal_name(stop_signals.received)}", file=stream)
             return answer(stop_signals.exit_code(EXIT_INTERRUPTED), interrupted=True, **written)
@@ -279,8 +360,10 @@ def _execute(matrix: Matrix, profile: Profile, cells: Sequence[PlannedCell], arg
 
 def lost_line(kind: str, why: str, finished: int, unfinished: int) -> str:
     """The one line a run that lost its cluster ends with (no verdict; the run stays open)."""
-    return (f"soakmatrix {kind}: {why}; {finished} finished cell(s) kept, {unfinished} unfinished; "
-            "the run stays open: once the cluster is back, `--resume` runs the unfinished cells")
+    return (
+        f"soakmatrix {kind}: {why}; {finished} finished cell(s) kept, {unfinished} unfinished; "
+        "the run stays open: once the cluster is back, `--resume` runs the unfinished cells"
+    )
 
 
 def summary_text(results: Sequence[CellResult], junit: Path | None, dashboard: Path | None, store: Path) -> str:

@@ -45,8 +45,9 @@ def glob_matches(pattern: str, path: str) -> bool:
     return "**/" in pattern and fnmatch.fnmatchcase(path, pattern.replace("**/", ""))
 
 
-def touched_flags(changed_files: Iterable[str],
-                  source_dependencies: Mapping[str, Sequence[str]]) -> dict[str, list[str]]:
+def touched_flags(
+    changed_files: Iterable[str], source_dependencies: Mapping[str, Sequence[str]]
+) -> dict[str, list[str]]:
     """flag name -> the changed files that touch it (only flags with at least one file)."""
     out: dict[str, list[str]] = {}
     for path in changed_files:
@@ -64,15 +65,20 @@ def deviations(pc: PlannedCell, baseline: Mapping[str, Any]) -> set[str]:
     return {name for name, value in pc.cell.flags if name not in baseline or baseline[name] != value}
 
 
-def cells_touching(cells: Sequence[PlannedCell], flags: Iterable[str],
-                   baseline: Mapping[str, Any]) -> list[PlannedCell]:
+def cells_touching(
+    cells: Sequence[PlannedCell], flags: Iterable[str], baseline: Mapping[str, Any]
+) -> list[PlannedCell]:
     wanted = set(flags)
     return [pc for pc in cells if deviations(pc, baseline) & wanted]
 
 
 def _factors(pc: PlannedCell) -> list[tuple[str, Any]]:
-    return [("model", pc.cell.model), ("gpu", pc.cell.gpu), ("workload", pc.cell.workload),
-            *((name, repr(value)) for name, value in pc.cell.flags)]
+    return [
+        ("model", pc.cell.model),
+        ("gpu", pc.cell.gpu),
+        ("workload", pc.cell.workload),
+        *((name, repr(value)) for name, value in pc.cell.flags),
+    ]
 
 
 def interactions(pc: PlannedCell, strength: int) -> set[tuple]:
@@ -82,9 +88,12 @@ def interactions(pc: PlannedCell, strength: int) -> set[tuple]:
     return set(itertools.combinations(factors, t))
 
 
-def informative_order(cells: Sequence[PlannedCell], strength: int = 2,
-                      baseline: Mapping[str, Any] | None = None,
-                      focus: Iterable[str] = ()) -> list[PlannedCell]:
+def informative_order(
+    cells: Sequence[PlannedCell],
+    strength: int = 2,
+    baseline: Mapping[str, Any] | None = None,
+    focus: Iterable[str] = (),
+) -> list[PlannedCell]:
     """Greedy order: most not-yet-covered t-way interactions per GPU-hour first.
 
     Ties go to the cell that deviates from the baseline in more of the `focus` flags (the flags a

@@ -18,20 +18,36 @@ from .plan import PlannedCell
 from .spec import Matrix
 
 
-def soak_spec_for(pc: PlannedCell, matrix: Matrix, backend: str = "sim",
-                  out_dir: str | Path = "soak-out", **overrides: Any) -> SoakSpec:
+def soak_spec_for(
+    pc: PlannedCell, matrix: Matrix, backend: str = "sim", out_dir: str | Path = "soak-out", **overrides: Any
+) -> SoakSpec:
     """The spec of planned cell `pc`; `overrides` replace any field (a shorter soak, another seed)."""
     spec = SoakSpec(
-        cell_id=pc.id, cell_name=pc.name, model=pc.cell.model, model_path=pc.model_path,
-        gpu_type=pc.cell.gpu, gpu_count=pc.gpu_count, workload=matrix.workloads[pc.cell.workload],
-        flags=pc.cell.flag_dict, serve_args=pc.serve_args, env=dict(pc.env), soak_s=pc.soak_s,
-        startup_timeout_s=startup_timeout_s(pc.startup_s), backend=backend,
+        cell_id=pc.id,
+        cell_name=pc.name,
+        model=pc.cell.model,
+        model_path=pc.model_path,
+        gpu_type=pc.cell.gpu,
+        gpu_count=pc.gpu_count,
+        workload=matrix.workloads[pc.cell.workload],
+        flags=pc.cell.flag_dict,
+        serve_args=pc.serve_args,
+        env=dict(pc.env),
+        soak_s=pc.soak_s,
+        startup_timeout_s=startup_timeout_s(pc.startup_s),
+        backend=backend,
         artifacts_dir=str(Path(out_dir) / "cells" / pc.id),
-        hang_model=matrix.sim.hang_model, time_scale=matrix.sim.time_scale,
+        hang_model=matrix.sim.hang_model,
+        time_scale=matrix.sim.time_scale,
     )
-    if pc.build is not None:   # a matrix without builds leaves the spec as it always was
-        spec = replace(spec, env={**spec.env, **build_env(pc.build)}, build=pc.build.name,
-                       build_ordinal=pc.build.ordinal, runtime_env=runtime_env_for(pc.build))
+    if pc.build is not None:  # a matrix without builds leaves the spec as it always was
+        spec = replace(
+            spec,
+            env={**spec.env, **build_env(pc.build)},
+            build=pc.build.name,
+            build_ordinal=pc.build.ordinal,
+            runtime_env=runtime_env_for(pc.build),
+        )
     return replace(spec, **overrides) if overrides else spec
 
 

@@ -23,15 +23,52 @@ from .contracts.workloads import WORKLOAD_KINDS, Workload, check_param, params_o
 from .contracts.yamlsrc import Source, SpecError, load
 from .spec_types import BUILD_KINDS, CELL_KEYS, Build, GpuType, Matrix, Model, Profile, SimSettings
 
-__all__ = ["Model", "GpuType", "Workload", "Profile", "SimSettings", "Matrix", "Build", "load_matrix",
-           "parse_duration", "format_duration", "SpecError", "CELL_KEYS", "BUILD_KINDS"]
+__all__ = [
+    "Model",
+    "GpuType",
+    "Workload",
+    "Profile",
+    "SimSettings",
+    "Matrix",
+    "Build",
+    "load_matrix",
+    "parse_duration",
+    "format_duration",
+    "SpecError",
+    "CELL_KEYS",
+    "BUILD_KINDS",
+]
 
-TOP_KEYS = {"name", "description", "models", "gpus", "axes", "include", "exclude", "workloads", "profiles",
-            "baseline", "flags", "sim", "source_dependencies", "builds"}
+TOP_KEYS = {
+    "name",
+    "description",
+    "models",
+    "gpus",
+    "axes",
+    "include",
+    "exclude",
+    "workloads",
+    "profiles",
+    "baseline",
+    "flags",
+    "sim",
+    "source_dependencies",
+    "builds",
+}
 MODEL_KEYS = {"path", "weights_gb", "mtp_head", "moe", "args"}
 GPU_KEYS = {"count", "memory_gb", "ray_label"}
-PROFILE_KEYS = {"coverage", "soak", "workloads", "budget_gpu_hours", "models", "gpus", "startup", "retries",
-                "cap", "builds"}
+PROFILE_KEYS = {
+    "coverage",
+    "soak",
+    "workloads",
+    "budget_gpu_hours",
+    "models",
+    "gpus",
+    "startup",
+    "retries",
+    "cap",
+    "builds",
+}
 CUSTOM_FLAG_KEYS = {"type", "argv", "env", "choices", "default", "doc"}
 SIM_KEYS = {"hang_model", "time_scale"}
 
@@ -92,10 +129,24 @@ class _Builder:
             self.err(("name",), f"expected a non-empty string, got {name!r}")
         src.raise_if_any()
         include_lines = tuple(src.line(("include", i)) for i in range(len(include)))
-        return Matrix(file=src.file, name=str(name), models=models, gpus=gpus, axes=axes, include=include,
-                      exclude=exclude, workloads=workloads, profiles=profiles, baseline=baseline,
-                      registry=self.registry, sim=sim, source_dependencies=deps, include_lines=include_lines,
-                      key_lines=dict(src.lines), builds=builds)
+        return Matrix(
+            file=src.file,
+            name=str(name),
+            models=models,
+            gpus=gpus,
+            axes=axes,
+            include=include,
+            exclude=exclude,
+            workloads=workloads,
+            profiles=profiles,
+            baseline=baseline,
+            registry=self.registry,
+            sim=sim,
+            source_dependencies=deps,
+            include_lines=include_lines,
+            key_lines=dict(src.lines),
+            builds=builds,
+        )
 
     # -- sections ---------------------------------------------------------------------------------
 
@@ -127,8 +178,15 @@ class _Builder:
             if kind == "choice" and not isinstance(choices, list):
                 self.err(path + ("choices",), "a choice flag needs a list of choices")
                 continue
-            self.registry[name] = flagmod.raw_flag(name, "str" if kind == "choice" and choices is None else kind,
-                                                   argv, env, choices, spec.get("default"), spec.get("doc", ""))
+            self.registry[name] = flagmod.raw_flag(
+                name,
+                "str" if kind == "choice" and choices is None else kind,
+                argv,
+                env,
+                choices,
+                spec.get("default"),
+                spec.get("doc", ""),
+            )
 
     def models(self, value: Any) -> dict[str, Model]:
         out = {}
@@ -143,9 +201,10 @@ class _Builder:
                 self.err(path + ("path",), "required: the model's path or hub id")
                 self.invalid["model"].add(str(name))
                 continue
-            weights = spec.get("weights_gb")   # left out: unknown, and the memory constraint is skipped
-            if weights is not None and (isinstance(weights, bool) or not isinstance(weights, (int, float))
-                                        or weights <= 0):
+            weights = spec.get("weights_gb")  # left out: unknown, and the memory constraint is skipped
+            if weights is not None and (
+                isinstance(weights, bool) or not isinstance(weights, (int, float)) or weights <= 0
+            ):
                 self.err(path + ("weights_gb",), f"expected a number of GB above 0, got {weights!r}")
             if not isinstance(weights, (int, float)) or isinstance(weights, bool) or weights <= 0:
                 weights = 0
@@ -160,8 +219,14 @@ class _Builder:
             if not isinstance(args, list) or not all(isinstance(a, (str, int, float)) for a in args):
                 self.err(path + ("args",), "expected a list of arguments")
                 args = []
-            out[str(name)] = Model(str(name), model_path, float(weights), bool(bools["mtp_head"]),
-                                   bool(bools["moe"]), tuple(str(a) for a in args))
+            out[str(name)] = Model(
+                str(name),
+                model_path,
+                float(weights),
+                bool(bools["mtp_head"]),
+                bool(bools["moe"]),
+                tuple(str(a) for a in args),
+            )
         return out
 
     def gpus(self, value: Any) -> dict[str, GpuType]:
@@ -187,7 +252,7 @@ class _Builder:
                 self.err(path + ("ray_label",), "expected a non-empty string")
                 ok = False
             if ok:
-                assert isinstance(count, int) and isinstance(memory, (int, float))   # checked above
+                assert isinstance(count, int) and isinstance(memory, (int, float))  # checked above
                 out[str(name)] = GpuType(str(name), count, float(memory), label)
             else:
                 self.invalid["GPU type"].add(str(name))
@@ -219,7 +284,7 @@ class _Builder:
             if not values:
                 self.err(path, "an axis needs at least one value")
                 continue
-            checked = [self.flag_value(name, v, path + (i,)) for i, v in enumerate(values)]   # each error reported
+            checked = [self.flag_value(name, v, path + (i,)) for i, v in enumerate(values)]  # each error reported
             ok = all(checked)
             if len(set(map(repr, values))) != len(values):
                 self.err(path, "an axis lists a value twice")
@@ -235,8 +300,15 @@ class _Builder:
                 out[name] = v
         return out
 
-    def rules(self, value: Any, path: tuple, models: Mapping, gpus: Mapping, workloads: Mapping,
-              axes: Mapping[str, tuple] | None = None) -> tuple:
+    def rules(
+        self,
+        value: Any,
+        path: tuple,
+        models: Mapping,
+        gpus: Mapping,
+        workloads: Mapping,
+        axes: Mapping[str, tuple] | None = None,
+    ) -> tuple:
         """include/exclude entries; with `axes` (exclude), a flag must be an axis and its value one of the
         axis's, as GitHub Actions refuses an exclude that names no key of the matrix: an entry that can
         match nothing is a mistake, not a no-op."""
@@ -261,14 +333,20 @@ class _Builder:
                 elif key == "workload":
                     ok &= self.known(v, workloads, kpath, "workload")
                 elif axes is not None and key in self.registry and key not in axes:
-                    self.err(kpath, f"{key!r} is not an axis of this matrix, so this entry excludes nothing; "
-                                    f"axes: {', '.join(axes) or 'none'}")
+                    self.err(
+                        kpath,
+                        f"{key!r} is not an axis of this matrix, so this entry excludes nothing; "
+                        f"axes: {', '.join(axes) or 'none'}",
+                    )
                     ok = False
                 elif not self.flag_value(key, v, kpath):
                     ok = False
                 elif axes is not None and not any(_same_value(v, a) for a in axes[key]):
-                    self.err(kpath, f"{v!r} is not a value of the {key} axis ({', '.join(map(repr, axes[key]))}), "
-                                    "so this entry excludes nothing")
+                    self.err(
+                        kpath,
+                        f"{v!r} is not a value of the {key} axis ({', '.join(map(repr, axes[key]))}), "
+                        "so this entry excludes nothing",
+                    )
                     ok = False
             if ok:
                 out.append(dict(entry))
@@ -328,8 +406,9 @@ class _Builder:
             return None
         return tuple(v for i, v in enumerate(value) if self.known(v, known, path + (i,), what))
 
-    def profiles(self, value: Any, models: Mapping, gpus: Mapping, workloads: Mapping,
-                 builds: Mapping | None = None) -> dict[str, Profile]:
+    def profiles(
+        self, value: Any, models: Mapping, gpus: Mapping, workloads: Mapping, builds: Mapping | None = None
+    ) -> dict[str, Profile]:
         out = {}
         if value == {}:
             self.err(("profiles",), "empty: leave `profiles` out for one default profile, or name one")
@@ -353,12 +432,18 @@ class _Builder:
                 self.err(path + ("retries",), f"expected a non-negative integer, got {retries!r}")
                 retries = 2
             out[str(name)] = Profile(
-                name=str(name), coverage=coverage, soak_s=soak, workloads=wl or tuple(workloads)[:1],
+                name=str(name),
+                coverage=coverage,
+                soak_s=soak,
+                workloads=wl or tuple(workloads)[:1],
                 budget_gpu_hours=float(budget) if budget is not None else None,
                 models=self.names(spec.get("models"), models, path + ("models",), "model"),
                 gpus=self.names(spec.get("gpus"), gpus, path + ("gpus",), "GPU type"),
-                startup_s=startup, retries=retries, cap_s=cap,
-                builds=self.names(spec.get("builds"), builds or {}, path + ("builds",), "build"))
+                startup_s=startup,
+                retries=retries,
+                cap_s=cap,
+                builds=self.names(spec.get("builds"), builds or {}, path + ("builds",), "build"),
+            )
         return out
 
     def coverage(self, value: Any, path: tuple) -> int | None:

@@ -46,12 +46,12 @@ class StopSignals:
 
     def install(self) -> StopSignals:
         if threading.current_thread() is not threading.main_thread():
-            return self   # signals are delivered to the main thread only; nothing to do elsewhere
+            return self  # signals are delivered to the main thread only; nothing to do elsewhere
         global _active
         _active = self
         for signum in EXIT_FOR:
             if signum == signal.SIGHUP and self._previous.get(signum, signal.getsignal(signum)) == signal.SIG_IGN:
-                continue   # nohup: the run is meant to outlive its terminal
+                continue  # nohup: the run is meant to outlive its terminal
             previous = signal.signal(signum, self._handler)
             self._previous.setdefault(signum, previous)
         return self

@@ -29,7 +29,7 @@ from soakmatrix.matrix.logger_level import logger_level
 
 # vLLM version -> (module of make_arg_parser/validate_parsed_serve_args, of FlexibleArgumentParser)
 PARSER_LOCATIONS = (
-    ("vllm.entrypoints.launchers.cli_args", "vllm.utils.argparse_utils"),   # 0.32+
+    ("vllm.entrypoints.launchers.cli_args", "vllm.utils.argparse_utils"),  # 0.32+
     ("vllm.entrypoints.openai.cli_args", "vllm.utils.argparse_utils"),
     ("vllm.entrypoints.openai.cli_args", "vllm.utils"),
 )
@@ -42,14 +42,17 @@ class VllmArgvChecker:
     version: str
     make_parser: Callable[[], Any]
     validate_parsed: Callable[[Namespace], None]
-    build_config: Callable[[Namespace], Any]   # AsyncEngineArgs.from_cli_args(args).create_engine_config()
+    build_config: Callable[[Namespace], Any]  # AsyncEngineArgs.from_cli_args(args).create_engine_config()
 
     def check(self, argv: Sequence[str], with_config: bool) -> str | None:
         """vLLM's reason for refusing `argv` (after `vllm serve`), or None if it would start."""
         err = io.StringIO()
         try:
-            with (contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()),
-                  logger_level("vllm", logging.CRITICAL)):
+            with (
+                contextlib.redirect_stderr(err),
+                contextlib.redirect_stdout(io.StringIO()),
+                logger_level("vllm", logging.CRITICAL),
+            ):
                 args = self.make_parser().parse_args(list(argv))
                 self.validate_parsed(args)
                 if with_config:
@@ -72,8 +75,11 @@ def argparse_message(stderr: str) -> str:
 def exception_message(exc: BaseException) -> str:
     """`Type: message`, keeping pydantic's `Value error, ...` / `Input should ...` lines only."""
     text = str(exc)
-    reasons = [re.sub(r"\s*\[type=.*$", "", ln.strip()) for ln in text.splitlines()
-               if re.match(r"\s*(Value error,|Input should|Assertion failed,)", ln)]
+    reasons = [
+        re.sub(r"\s*\[type=.*$", "", ln.strip())
+        for ln in text.splitlines()
+        if re.match(r"\s*(Value error,|Input should|Assertion failed,)", ln)
+    ]
     body = "; ".join(reasons) if reasons else " ".join(text.split())
     return f"{type(exc).__name__}: {body[:400]}"
 
@@ -93,7 +99,7 @@ def load_checker() -> VllmArgvChecker | None:
     """vLLM's checks from the installed vLLM, or None when it is not importable here."""
     import importlib
 
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")   # a plan must never download a model's config
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a plan must never download a model's config
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         try:
             import vllm  # noqa: F401
@@ -104,6 +110,7 @@ def load_checker() -> VllmArgvChecker | None:
                 cli = importlib.import_module(cli_module)
                 flexible = importlib.import_module(argparse_module).FlexibleArgumentParser
                 from vllm.engine.arg_utils import AsyncEngineArgs
+
                 make_arg_parser, validate_parsed = cli.make_arg_parser, cli.validate_parsed_serve_args
                 break
             except (ImportError, AttributeError):
@@ -114,8 +121,7 @@ def load_checker() -> VllmArgvChecker | None:
     def build_config(args: Namespace) -> Any:
         return AsyncEngineArgs.from_cli_args(args).create_engine_config()
 
-    return VllmArgvChecker(_installed_version(), lambda: make_arg_parser(flexible()), validate_parsed,
-                           build_config)
+    return VllmArgvChecker(_installed_version(), lambda: make_arg_parser(flexible()), validate_parsed, build_config)
 
 
 def _model_of(argv: Sequence[str]) -> str | None:
@@ -155,5 +161,6 @@ def validate_cells(cells: Sequence, checker: VllmArgvChecker | None = None) -> t
     how = f"{with_config} with the engine config"
     if with_config < len(cells):
         how += f", {len(cells) - with_config} parser only (model not on this machine)"
-    return (f"checked {len(cells)} argv with vLLM {checker.version}'s parser ({how}): "
-            f"{len(rejected)} rejected"), rejected
+    return (
+        f"checked {len(cells)} argv with vLLM {checker.version}'s parser ({how}): {len(rejected)} rejected"
+    ), rejected

@@ -53,8 +53,9 @@ from .regressions import DEFAULT_CONFIDENCE, Regression, find_regressions, rows_
 TEMPLATES = Path(__file__).parent / "templates"
 
 
-def build_dashboard(store_path: str | os.PathLike, out_dir: str | os.PathLike,
-                    known_issues: Sequence[Any] = ()) -> Path:
+def build_dashboard(
+    store_path: str | os.PathLike, out_dir: str | os.PathLike, known_issues: Sequence[Any] = ()
+) -> Path:
     """Write `out_dir/index.html` and a page per finding (`out_dir/findings/<fingerprint>.html`) from
     the store; returns the index's path."""
     now = datetime.now(UTC).timestamp()
@@ -71,8 +72,10 @@ def build_dashboard(store_path: str | os.PathLike, out_dir: str | os.PathLike,
 
 # -- the page ---------------------------------------------------------------------------------------
 
+
 def render(data: DashboardData) -> str:
     from plotly.offline import get_plotlyjs
+
     template = _env().get_template("index.html")
     return template.render(
         store=data.store,
@@ -98,8 +101,13 @@ def render_finding(data: DashboardData, finding: Any) -> str:
     est = finding.estimate
     mttf = est.describe(format_duration) if est.hangs else ""
     return env.get_template("finding.html").render(
-        f=finding, store=data.store, style=Markup((TEMPLATES / "style.css").read_text()), mttf=mttf,
-        roles=role_sections(finding.example), log=[line[:LINE_CHARS] for line in finding.example.log_tail[-40:]])
+        f=finding,
+        store=data.store,
+        style=Markup((TEMPLATES / "style.css").read_text()),
+        mttf=mttf,
+        roles=role_sections(finding.example),
+        log=[line[:LINE_CHARS] for line in finding.example.log_tail[-40:]],
+    )
 
 
 def amount_text(x: float) -> str:
@@ -115,8 +123,13 @@ def amount_text(x: float) -> str:
 
 
 def _env() -> jinja2.Environment:
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=True,
-                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(TEMPLATES)),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
     env.filters["duration"] = lambda s: "" if s is None else format_duration(s)
     env.filters["when"] = when_text
     env.filters["flags"] = flags_text
@@ -139,10 +152,16 @@ def with_regressions(page: str, regressions: list[Regression]) -> str:
     end of <main>; unchanged when there are none (a matrix without builds has none)."""
     if not regressions:
         return page
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=True,
-                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(TEMPLATES)),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
     env.filters["duration"] = lambda s: "" if s is None else format_duration(s)
-    section = env.get_template("regressions.html").render(regressions=regressions,
-                                                          confidence=f"{DEFAULT_CONFIDENCE:.0%}")
+    section = env.get_template("regressions.html").render(
+        regressions=regressions, confidence=f"{DEFAULT_CONFIDENCE:.0%}"
+    )
     head, sep, tail = page.rpartition("</main>")
     return f"{head}{section}\n{sep}{tail}" if sep else page + section

@@ -26,20 +26,20 @@ from .state import at_risk_s
 class Finding:
     fingerprint: str
     signature: str | None
-    outcome: str                                   # hang | crash
+    outcome: str  # hang | crash
     hits: int
-    runs: list[str]                                # nights where it appeared, in run order
-    cells: list[str]                               # cell ids, in order first hit
+    runs: list[str]  # nights where it appeared, in run order
+    cells: list[str]  # cell ids, in order first hit
     cell_names: dict[str, str]
-    flags: dict[str, list[Any]]                    # flag -> the values of the cells it hit
+    flags: dict[str, list[Any]]  # flag -> the values of the cells it hit
     first_seen: float
     last_seen: float
     first_run: str
     last_run: str
-    exposure_s: float                              # every run's exposure of the cells it hit
+    exposure_s: float  # every run's exposure of the cells it hit
     estimate: MttfEstimate
-    example: CellResult                            # the newest hit: culprit, threads, log
-    gpu: dict[str, int] = field(default_factory=dict)   # busy/idle -> hits where measured
+    example: CellResult  # the newest hit: culprit, threads, log
+    gpu: dict[str, int] = field(default_factory=dict)  # busy/idle -> hits where measured
     known_issue: KnownIssue | None = None
 
     @property
@@ -51,17 +51,34 @@ class Finding:
         return list(self.example.stuck_frames)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"fingerprint": self.fingerprint, "signature": self.signature, "outcome": self.outcome,
-                "hits": self.hits, "nights": self.nights, "runs": self.runs, "cells": self.cells,
-                "flags": self.flags, "first_seen": self.first_seen, "last_seen": self.last_seen,
-                "exposure_s": self.exposure_s, "mttf_s": self.estimate.point_s, "mttf_low_s": self.estimate.low_s,
-                "mttf_high_s": self.estimate.high_s, "gpu": self.gpu, "culprit": self.example.culprit,
-                "culprit_frames": self.culprit_frames,
-                "known_issue": self.known_issue.to_dict() if self.known_issue else None}
+        return {
+            "fingerprint": self.fingerprint,
+            "signature": self.signature,
+            "outcome": self.outcome,
+            "hits": self.hits,
+            "nights": self.nights,
+            "runs": self.runs,
+            "cells": self.cells,
+            "flags": self.flags,
+            "first_seen": self.first_seen,
+            "last_seen": self.last_seen,
+            "exposure_s": self.exposure_s,
+            "mttf_s": self.estimate.point_s,
+            "mttf_low_s": self.estimate.low_s,
+            "mttf_high_s": self.estimate.high_s,
+            "gpu": self.gpu,
+            "culprit": self.example.culprit,
+            "culprit_frames": self.culprit_frames,
+            "known_issue": self.known_issue.to_dict() if self.known_issue else None,
+        }
 
 
-def group_findings(hits: Iterable[tuple[str, CellResult]], observations: Sequence[RecordedResult],
-                   run_order: Sequence[str], known: Sequence[KnownIssue] = ()) -> list[Finding]:
+def group_findings(
+    hits: Iterable[tuple[str, CellResult]],
+    observations: Sequence[RecordedResult],
+    run_order: Sequence[str],
+    known: Sequence[KnownIssue] = (),
+) -> list[Finding]:
     """Findings from (run id, result) pairs of fingerprinted hangs and crashes; most hits first."""
     order = {r: i for i, r in enumerate(run_order)}
     exposure_by_cell: dict[str, float] = defaultdict(float)
@@ -84,17 +101,33 @@ def group_findings(hits: Iterable[tuple[str, CellResult]], observations: Sequenc
                 if v not in values:
                     values.append(v)
         exposure = sum(exposure_by_cell.get(c, 0.0) for c in cells)
-        if exposure <= 0:   # hits outside the runs given (a watch incident): their own exposure
+        if exposure <= 0:  # hits outside the runs given (a watch incident): their own exposure
             exposure = sum(r.exposure_s for r in results)
         example = results[-1]
         gpu = Counter(str(state) for r in results if (state := r.gpu_state.get("state")))
         outcome = Counter(r.outcome.value for r in results).most_common(1)[0][0]
         issue = next((i for i in (match_result(known, r) for r in reversed(results)) if i is not None), None)
-        out.append(Finding(fp, example.signature, outcome, len(results), runs, cells,
-                           {r.cell_id: r.cell_name for r in results}, flags,
-                           min(r.started_at for r in results), max(r.started_at for r in results),
-                           runs[0], runs[-1], exposure, mttf_estimate(len(results), exposure), example,
-                           dict(gpu), issue))
+        out.append(
+            Finding(
+                fp,
+                example.signature,
+                outcome,
+                len(results),
+                runs,
+                cells,
+                {r.cell_id: r.cell_name for r in results},
+                flags,
+                min(r.started_at for r in results),
+                max(r.started_at for r in results),
+                runs[0],
+                runs[-1],
+                exposure,
+                mttf_estimate(len(results), exposure),
+                example,
+                dict(gpu),
+                issue,
+            )
+        )
     out.sort(key=lambda f: (-f.hits, -f.last_seen, f.fingerprint))
     return out
 
@@ -110,6 +143,5 @@ def role_sections(result: CellResult, max_frames: int = 20) -> list[tuple[str, l
     culprits before its victims (`CellResult.threads`, written by jobs/culprit.py)."""
     sections: dict[str, list[dict[str, Any]]] = {}
     for t in result.threads:
-        sections.setdefault(str(t.get("role", "?")), []).append(
-            {**t, "frames": list(t.get("frames", []))[:max_frames]})
+        sections.setdefault(str(t.get("role", "?")), []).append({**t, "frames": list(t.get("frames", []))[:max_frames]})
     return list(sections.items())

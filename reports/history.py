@@ -27,7 +27,7 @@ from typing import Any
 from soakmatrix.matrix.contracts.outcomes import Outcome
 from soakmatrix.matrix.contracts.result import CellResult
 
-BUSY_TIMEOUT_S = 60.0   # other writers (a second driver, a report) hold the lock briefly
+BUSY_TIMEOUT_S = 60.0  # other writers (a second driver, a report) hold the lock briefly
 
 
 class StoreError(Exception):
@@ -113,6 +113,7 @@ SCHEMA_VERSION = max(MIGRATIONS)
 
 # -- what reads return ------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Run:
     id: str
@@ -120,11 +121,11 @@ class Run:
     profile: str
     kind: str
     meta: dict = field(default_factory=dict)
-    status: str | None = None          # None while it runs (or when its driver died)
+    status: str | None = None  # None while it runs (or when its driver died)
     started_at: float = 0.0
     finished_at: float | None = None
-    planned: int = 0                   # cells planned
-    recorded: int = 0                  # cells with a result
+    planned: int = 0  # cells planned
+    recorded: int = 0  # cells with a result
 
     @property
     def finished(self) -> bool:
@@ -143,7 +144,7 @@ class RecordedResult:
     time_to_hang_s: float | None
     detector: str | None = None
     gpu_hours: float = 0.0
-    engine: str = ""            # "sim": its exposure is the simulated engine's clock, not wall time
+    engine: str = ""  # "sim": its exposure is the simulated engine's clock, not wall time
 
 
 @dataclass(frozen=True)
@@ -158,11 +159,11 @@ class CellInfo:
 
 # -- the store --------------------------------------------------------------------------------------
 
+
 class HistoryStore:
     """`with HistoryStore(path) as store: run = store.start_run(matrix=..., profile=...)`."""
 
-    def __init__(self, path: str | os.PathLike, *, create: bool = True,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, path: str | os.PathLike, *, create: bool = True, clock: Callable[[], float] = time.time) -> None:
         self.path = Path(path)
         self._clock = clock
         self._lock = threading.RLock()
@@ -171,12 +172,13 @@ class HistoryStore:
         if self.path.parent and not self.path.parent.exists():
             self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            self._db = sqlite3.connect(str(self.path), timeout=BUSY_TIMEOUT_S,
-                                       isolation_level=None, check_same_thread=False)
+            self._db = sqlite3.connect(
+                str(self.path), timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
+            )
             self._db.execute("PRAGMA journal_mode=WAL")
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"{self.path}: not a soakmatrix history store (SQLite says: {exc})") from None
-        self._db.execute("PRAGMA synchronous=NORMAL")   # WAL + NORMAL: durable across a killed process
+        self._db.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: durable across a killed process
         self._db.execute("PRAGMA foreign_keys=ON")
         self._migrate()
 
@@ -203,8 +205,10 @@ class HistoryStore:
             if current == 0 and self._has_foreign_tables():
                 raise StoreError(f"{self.path}: an SQLite file, but not a soakmatrix history store")
             if current > SCHEMA_VERSION:
-                raise StoreError(f"{self.path}: schema version {current} is newer than this soakmatrix "
-                                 f"understands ({SCHEMA_VERSION}); upgrade soakmatrix to read it")
+                raise StoreError(
+                    f"{self.path}: schema version {current} is newer than this soakmatrix "
+                    f"understands ({SCHEMA_VERSION}); upgrade soakmatrix to read it"
+                )
             for version in sorted(v for v in MIGRATIONS if v > current):
                 with self._write():
                     # another process may have migrated between our read and the write lock
@@ -232,19 +236,24 @@ class HistoryStore:
 
     # -- runs -------------------------------------------------------------------------------------
 
-    def start_run(self, *, matrix: str, profile: str, kind: str = "nightly",
-                  meta: dict | None = None, resume: bool = False) -> str:
+    def start_run(
+        self, *, matrix: str, profile: str, kind: str = "nightly", meta: dict | None = None, resume: bool = False
+    ) -> str:
         """A new run's id; with resume=True the latest unfinished run of this matrix+profile, if any."""
         with self._write() as db:
             if resume:
-                row = db.execute("SELECT id FROM runs WHERE matrix=? AND profile=? AND status IS NULL "
-                                 "ORDER BY seq DESC LIMIT 1", (matrix, profile)).fetchone()
+                row = db.execute(
+                    "SELECT id FROM runs WHERE matrix=? AND profile=? AND status IS NULL ORDER BY seq DESC LIMIT 1",
+                    (matrix, profile),
+                ).fetchone()
                 if row:
                     return row[0]
             now = self._clock()
             run_id = _new_run_id(now)
-            db.execute("INSERT INTO runs (id, matrix, profile, kind, meta, started_at) VALUES (?,?,?,?,?,?)",
-                       (run_id, matrix, profile, kind, json.dumps(meta or {}, sort_keys=True, default=str), now))
+            db.execute(
+                "INSERT INTO runs (id, matrix, profile, kind, meta, started_at) VALUES (?,?,?,?,?,?)",
+                (run_id, matrix, profile, kind, json.dumps(meta or {}, sort_keys=True, default=str), now),
+            )
             return run_id
 
     def finish_run(self, run_id: str, status: str) -> None:
@@ -260,8 +269,21 @@ class HistoryStore:
                        (SELECT COUNT(*) FROM planned p WHERE p.run_id = r.id),
                        (SELECT COUNT(*) FROM results s WHERE s.run_id = r.id)
                 FROM runs r ORDER BY r.seq""").fetchall()
-        return [Run(id=r[0], matrix=r[1], profile=r[2], kind=r[3], meta=json.loads(r[4]), status=r[5],
-                    started_at=r[6], finished_at=r[7], planned=r[8], recorded=r[9]) for r in rows]
+        return [
+            Run(
+                id=r[0],
+                matrix=r[1],
+                profile=r[2],
+                kind=r[3],
+                meta=json.loads(r[4]),
+                status=r[5],
+                started_at=r[6],
+                finished_at=r[7],
+                planned=r[8],
+                recorded=r[9],
+            )
+            for r in rows
+        ]
 
     def run(self, run_id: str) -> Run:
         for r in self.runs():
@@ -286,42 +308,72 @@ class HistoryStore:
             self._require_run(run_id)
             start = db.execute("SELECT COALESCE(MAX(pos), -1) + 1 FROM planned WHERE run_id=?", (run_id,)).fetchone()[0]
             for i, cell in enumerate(cells):
-                _upsert_cell(db, cell["id"], cell["name"], cell["model"], cell["gpu"],
-                             cell.get("flags", {}), cell.get("workload", ""))
-                db.execute("INSERT OR IGNORE INTO planned (run_id, cell_id, pos) VALUES (?,?,?)",
-                           (run_id, cell["id"], start + i))
+                _upsert_cell(
+                    db,
+                    cell["id"],
+                    cell["name"],
+                    cell["model"],
+                    cell["gpu"],
+                    cell.get("flags", {}),
+                    cell.get("workload", ""),
+                )
+                db.execute(
+                    "INSERT OR IGNORE INTO planned (run_id, cell_id, pos) VALUES (?,?,?)",
+                    (run_id, cell["id"], start + i),
+                )
 
     def record(self, run_id: str, result: CellResult) -> None:
         """Store one cell's result in one transaction; a later record for the same cell replaces it."""
         data = result.to_json()
         with self._write() as db:
             self._require_run(run_id)
-            _upsert_cell(db, result.cell_id, result.cell_name, result.model, result.gpu_type,
-                         result.flags, result.workload)
-            db.execute("""INSERT OR REPLACE INTO results (run_id, cell_id, outcome, signature, exposure_s,
+            _upsert_cell(
+                db, result.cell_id, result.cell_name, result.model, result.gpu_type, result.flags, result.workload
+            )
+            db.execute(
+                """INSERT OR REPLACE INTO results (run_id, cell_id, outcome, signature, exposure_s,
                               time_to_hang_s, started_at, ended_at, data, recorded_at, detector, gpu_hours,
                               fingerprint)
                           VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)""",
-                       (run_id, result.cell_id, result.outcome.value, result.signature, float(result.exposure_s),
-                        result.time_to_hang_s, result.started_at, result.ended_at, data, self._clock(),
-                        result.detector, result.gpu_hours, result.fingerprint))
+                (
+                    run_id,
+                    result.cell_id,
+                    result.outcome.value,
+                    result.signature,
+                    float(result.exposure_s),
+                    result.time_to_hang_s,
+                    result.started_at,
+                    result.ended_at,
+                    data,
+                    self._clock(),
+                    result.detector,
+                    result.gpu_hours,
+                    result.fingerprint,
+                ),
+            )
 
     def set_fingerprint(self, run_id: str, cell_id: str, fingerprint: str) -> None:
         """Replace one recorded result's fingerprint, in its column and its JSON (matrix.refingerprint)."""
         with self._write() as db:
-            db.execute("""UPDATE results SET fingerprint = ?, data = json_set(data, '$.fingerprint', ?)
-                          WHERE run_id = ? AND cell_id = ?""", (fingerprint, fingerprint, run_id, cell_id))
+            db.execute(
+                """UPDATE results SET fingerprint = ?, data = json_set(data, '$.fingerprint', ?)
+                          WHERE run_id = ? AND cell_id = ?""",
+                (fingerprint, fingerprint, run_id, cell_id),
+            )
 
     def results(self, run_id: str) -> list[CellResult]:
         """The run's results in the order they were recorded."""
         with self._lock:
-            rows = self._db.execute("SELECT data FROM results WHERE run_id=? ORDER BY recorded_at, rowid",
-                                    (run_id,)).fetchall()
+            rows = self._db.execute(
+                "SELECT data FROM results WHERE run_id=? ORDER BY recorded_at, rowid", (run_id,)
+            ).fetchall()
         return [CellResult.from_json(r[0]) for r in rows]
 
     def result(self, run_id: str, cell_id: str) -> CellResult | None:
         with self._lock:
-            row = self._db.execute("SELECT data FROM results WHERE run_id=? AND cell_id=?", (run_id, cell_id)).fetchone()
+            row = self._db.execute(
+                "SELECT data FROM results WHERE run_id=? AND cell_id=?", (run_id, cell_id)
+            ).fetchone()
         return CellResult.from_json(row[0]) if row else None
 
     def finished_cell_ids(self, run_id: str) -> set[str]:
@@ -331,7 +383,9 @@ class HistoryStore:
 
     def planned_cell_ids(self, run_id: str) -> list[str]:
         with self._lock:
-            return [r[0] for r in self._db.execute("SELECT cell_id FROM planned WHERE run_id=? ORDER BY pos", (run_id,))]
+            return [
+                r[0] for r in self._db.execute("SELECT cell_id FROM planned WHERE run_id=? ORDER BY pos", (run_id,))
+            ]
 
     def cells(self) -> dict[str, CellInfo]:
         with self._lock:
@@ -355,7 +409,9 @@ class HistoryStore:
                                        ORDER BY r.seq, s.rowid""").fetchall()
         return [(r[0], CellResult.from_json(r[1])) for r in rows]
 
-    def findings(self, run_id: str | None = None, limit_per_signature: int | None = None) -> list[tuple[str, CellResult]]:
+    def findings(
+        self, run_id: str | None = None, limit_per_signature: int | None = None
+    ) -> list[tuple[str, CellResult]]:
         """(run id, result) of hangs and crashes, newest run first; optionally the newest few per signature."""
         query = """SELECT s.run_id, s.data, s.signature FROM results s JOIN runs r ON r.id = s.run_id
                    WHERE s.outcome IN ('hang', 'crash')"""
@@ -383,26 +439,34 @@ class HistoryStore:
         its journal (`bisect --resume`) replays to it."""
         text = json.dumps(report, sort_keys=True, default=str)
         with self._write() as db:
-            last = db.execute("SELECT report FROM bisections WHERE cell_id = ? ORDER BY id DESC LIMIT 1",
-                              (cell_id,)).fetchone()
+            last = db.execute(
+                "SELECT report FROM bisections WHERE cell_id = ? ORDER BY id DESC LIMIT 1", (cell_id,)
+            ).fetchone()
             if last is not None and last[0] == text:
                 return
-            db.execute("INSERT INTO bisections (cell_id, run_id, signature, report, recorded_at) VALUES (?,?,?,?,?)",
-                       (cell_id, run_id, report.get("signature"), text, self._clock()))
+            db.execute(
+                "INSERT INTO bisections (cell_id, run_id, signature, report, recorded_at) VALUES (?,?,?,?,?)",
+                (cell_id, run_id, report.get("signature"), text, self._clock()),
+            )
 
     def bisections(self) -> list[dict]:
         """Every stored bisection report, oldest first, with `cell_id`, `run_id` and `recorded_at` added."""
         with self._lock:
-            rows = self._db.execute("SELECT cell_id, run_id, report, recorded_at FROM bisections ORDER BY id").fetchall()
+            rows = self._db.execute(
+                "SELECT cell_id, run_id, report, recorded_at FROM bisections ORDER BY id"
+            ).fetchall()
         return [{**json.loads(r[2]), "cell_id": r[0], "run_id": r[1], "recorded_at": r[3]} for r in rows]
 
 
-def _upsert_cell(db: sqlite3.Connection, cell_id: str, name: str, model: str, gpu: str,
-                 flags: Mapping[str, Any], workload: str) -> None:
-    db.execute("""INSERT INTO cells (id, name, model, gpu, flags, workload) VALUES (?,?,?,?,?,?)
+def _upsert_cell(
+    db: sqlite3.Connection, cell_id: str, name: str, model: str, gpu: str, flags: Mapping[str, Any], workload: str
+) -> None:
+    db.execute(
+        """INSERT INTO cells (id, name, model, gpu, flags, workload) VALUES (?,?,?,?,?,?)
                   ON CONFLICT(id) DO UPDATE SET name=excluded.name, model=excluded.model, gpu=excluded.gpu,
                   flags=excluded.flags, workload=excluded.workload""",
-               (cell_id, name, model, gpu, json.dumps(dict(flags), sort_keys=True, default=str), workload))
+        (cell_id, name, model, gpu, json.dumps(dict(flags), sort_keys=True, default=str), workload),
+    )
 
 
 def _new_run_id(now: float) -> str:

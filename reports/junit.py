@@ -43,12 +43,12 @@ from soakmatrix.matrix.contracts.result import CellResult
 from .files import write_atomic
 
 CLASSNAME_PREFIX = "soakmatrix"
-MAX_LOG_LINES = 60        # last log lines kept in system-out
-MAX_STUCK_FRAMES = 80     # stuck frames kept in system-out
-MAX_LINE_CHARS = 2000     # a single runaway log line is cut here
-MAX_SYSTEM_OUT_CHARS = 32_000   # one case's system-out; the whole evidence is in the attachments
-MAX_CASES_PER_FILE = 5000       # Buildkite Test Engine: test cases per uploaded file
-MAX_FILE_BYTES = 28 * 2**20     # GitLab refuses JUnit files over 30 MB; margin for the suite's header
+MAX_LOG_LINES = 60  # last log lines kept in system-out
+MAX_STUCK_FRAMES = 80  # stuck frames kept in system-out
+MAX_LINE_CHARS = 2000  # a single runaway log line is cut here
+MAX_SYSTEM_OUT_CHARS = 32_000  # one case's system-out; the whole evidence is in the attachments
+MAX_CASES_PER_FILE = 5000  # Buildkite Test Engine: test cases per uploaded file
+MAX_FILE_BYTES = 28 * 2**20  # GitLab refuses JUnit files over 30 MB; margin for the suite's header
 
 # XML 1.0 allows tab, LF, CR and everything from U+0020 except surrogates, U+FFFE and U+FFFF.
 _XML_ILLEGAL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
@@ -104,9 +104,9 @@ def case_properties(result: CellResult) -> dict[str, str]:
     for name, value in sorted(result.flags.items()):
         props[f"flag.{name}"] = format_value(value)
     props["vllm_version"] = result.vllm_version
-    if result.build:   # a matrix with builds; the regression.* properties come from reports/regressions.py
+    if result.build:  # a matrix with builds; the regression.* properties come from reports/regressions.py
         props.update({"build": result.build, **result.regression})
-        if result.python:   # the interpreter the soak ran in: the build's virtualenv or py_executable
+        if result.python:  # the interpreter the soak ran in: the build's virtualenv or py_executable
             props["build.python"] = result.python
     props["engine"] = result.engine
     props["exposure_s"] = f"{result.exposure_s:.1f}"
@@ -128,7 +128,7 @@ def case_properties(result: CellResult) -> dict[str, str]:
     if result.gpu_state:
         props["gpu_state"] = state or "not measured"
     stalls = result.stalls
-    if stalls:   # hang verdicts after which tokens came again (a starved host, a slow step)
+    if stalls:  # hang verdicts after which tokens came again (a starved host, a slow step)
         props["stalls"] = str(len(stalls))
         props["longest_stall_s"] = f"{max(float(s.get('silent_s') or 0) for s in stalls):.1f}"
     props["node"] = result.node
@@ -142,8 +142,12 @@ def known_issue_properties(issue: Any) -> dict[str, str]:
     """`known_issue` (its link, else its id), with its title, status and workaround."""
     if issue is None:
         return {}
-    props = {"known_issue": issue.url or issue.id, "known_issue.id": issue.id, "known_issue.title": issue.title,
-             "known_issue.status": issue.status}
+    props = {
+        "known_issue": issue.url or issue.id,
+        "known_issue.id": issue.id,
+        "known_issue.title": issue.title,
+        "known_issue.status": issue.status,
+    }
     if issue.workaround:
         props["known_issue.workaround"] = issue.workaround
     return props
@@ -151,21 +155,23 @@ def known_issue_properties(issue: Any) -> dict[str, str]:
 
 def attachment_lines(result: CellResult) -> list[str]:
     """`[[ATTACHMENT|path]]` for each evidence file (Jenkins junit-attachments, GitLab)."""
-    return [f"[[ATTACHMENT|{path}]]" for _, path in sorted(result.artifacts.items())
-            if path and not str(path).endswith("/")]
+    return [
+        f"[[ATTACHMENT|{path}]]" for _, path in sorted(result.artifacts.items()) if path and not str(path).endswith("/")
+    ]
 
 
 def evidence_text(result: CellResult, issue: Any = None) -> str:
     """Evidence excerpts for system-out: the culprit per role, stuck frames and the last log lines,
     then the evidence files as attachments; bounded by MAX_SYSTEM_OUT_CHARS."""
-    out = [f"cell {result.cell_id}: {result.outcome.value}"
-           + (f" ({result.signature})" if result.signature else "")]
+    out = [f"cell {result.cell_id}: {result.outcome.value}" + (f" ({result.signature})" if result.signature else "")]
     if result.message:
         out.append(result.message)
     for i, stall in enumerate(result.stalls, 1):
         stacks = f"; stacks: {stall['evidence']}" if stall.get("evidence") else ""
-        out.append(f"stall {i}, recovered: {float(stall.get('silent_s') or 0):.1f} s of silence "
-                   f"({stall.get('detector')}: {_cut(str(stall.get('message', '')))}){stacks}")
+        out.append(
+            f"stall {i}, recovered: {float(stall.get('silent_s') or 0):.1f} s of silence "
+            f"({stall.get('detector')}: {_cut(str(stall.get('message', '')))}){stacks}"
+        )
     if issue is not None:
         out.append(f"known issue [{issue.status}]: {issue.title} {issue.url}".rstrip())
     if result.gpu_state:
@@ -175,7 +181,7 @@ def evidence_text(result: CellResult, issue: Any = None) -> str:
         for t in result.threads[:12]:
             frames = list(t.get("frames", []))
             out.append(f"  {t.get('role')} {t.get('thread')}: {t.get('kind')} - {t.get('reason')}")
-            out += [f"      {_cut(f)}" for f in frames[:8 if t.get("kind") == "culprit" else 3]]
+            out += [f"      {_cut(f)}" for f in frames[: 8 if t.get("kind") == "culprit" else 3]]
     if result.stuck_frames:
         frames = result.stuck_frames[-MAX_STUCK_FRAMES:]
         out += ["", f"stuck frames ({len(frames)} of {len(result.stuck_frames)}):"]
@@ -191,16 +197,19 @@ def evidence_text(result: CellResult, issue: Any = None) -> str:
     text = "\n".join(out)
     room = MAX_SYSTEM_OUT_CHARS - sum(len(t) + 1 for t in tail)
     if len(text) > room:
-        text = text[:max(0, room - 60)] + f"\n[... cut at {MAX_SYSTEM_OUT_CHARS} characters: see the attachments]"
+        text = text[: max(0, room - 60)] + f"\n[... cut at {MAX_SYSTEM_OUT_CHARS} characters: see the attachments]"
     return xml_safe("\n".join([text, *tail]))
 
 
 def test_case(result: CellResult, known_issues: Sequence[Any] = ()) -> xunit2.TestCase:
     """One cell's test case; `known_issues` (reports.known_issues) are matched to its finding."""
     if not isinstance(result.outcome, Outcome):
-        result = dataclasses.replace(result)   # re-runs __post_init__: an outcome set as a string
-    case = xunit2.TestCase(xml_safe(result.cell_name), classname_for(result.model, result.gpu_type),
-                           round(result.duration_s or result.exposure_s, 3))
+        result = dataclasses.replace(result)  # re-runs __post_init__: an outcome set as a string
+    case = xunit2.TestCase(
+        xml_safe(result.cell_name),
+        classname_for(result.model, result.gpu_type),
+        round(result.duration_s or result.exposure_s, 3),
+    )
     issue = _match(known_issues, result)
     for name, value in {**case_properties(result), **known_issue_properties(issue)}.items():
         case.add_property(xml_safe(name), xml_safe(value))
@@ -220,6 +229,7 @@ def _match(known_issues: Sequence[Any], result: CellResult) -> Any:
     if not known_issues:
         return None
     from .known_issues import match_result
+
     return match_result(known_issues, result)
 
 
@@ -232,14 +242,23 @@ def _final_result(result: CellResult) -> Failure | Error | None:
     if outcome is Outcome.PASSED:
         return None
     if outcome is Outcome.HANG:
-        final: Failure | Error = Failure(xml_safe(result.message or describe_stop(result)), f"hang:{xml_safe(signature)}")
+        final: Failure | Error = Failure(
+            xml_safe(result.message or describe_stop(result)), f"hang:{xml_safe(signature)}"
+        )
     elif outcome is Outcome.CRASH:
         final = Failure(xml_safe(result.message or "the engine process died"), f"crash:{xml_safe(signature)}")
     else:
         final = Error(xml_safe(result.message or outcome.value), outcome.value)
-    details = [f"{k}: {v}" for k, v in (("detector", result.detector), ("node", result.node),
-                                          ("time_to_hang_s", result.time_to_hang_s),
-                                          ("exposure_s", round(result.exposure_s, 1))) if v not in (None, "")]
+    details = [
+        f"{k}: {v}"
+        for k, v in (
+            ("detector", result.detector),
+            ("node", result.node),
+            ("time_to_hang_s", result.time_to_hang_s),
+            ("exposure_s", round(result.exposure_s, 1)),
+        )
+        if v not in (None, "")
+    ]
     if result.stuck_frames:
         details.append("stuck in: " + _cut(blocking_frame(result.stuck_frames)))
     final.text = xml_safe("\n".join(details))
@@ -249,8 +268,10 @@ def _final_result(result: CellResult) -> Failure | Error | None:
 # The C runtime under a blocked call (libc's futex or nanosleep, libpython, raw addresses, CPython's own
 # .c files) is the same for every hang; the frame above it is what blocks. As jobs.culprit's NATIVE_NOISE,
 # which reports may not import.
-_RUNTIME_FRAME = re.compile(r"^0x[0-9a-fA-F]+\b|\((?:lib(?:c|pthread|python[\d.]*|m|dl|rt)|ld-linux[\w.-]*)(?:\.so[^)]*)?\)$|"
-                            r"\.(?:c|h|cc|cpp)(?::\d+)?\)$|\(<frozen ")
+_RUNTIME_FRAME = re.compile(
+    r"^0x[0-9a-fA-F]+\b|\((?:lib(?:c|pthread|python[\d.]*|m|dl|rt)|ld-linux[\w.-]*)(?:\.so[^)]*)?\)$|"
+    r"\.(?:c|h|cc|cpp)(?::\d+)?\)$|\(<frozen "
+)
 
 
 def blocking_frame(stuck_frames: Sequence[str]) -> str:
@@ -259,8 +280,12 @@ def blocking_frame(stuck_frames: Sequence[str]) -> str:
     return next((f for f in stuck_frames if not _RUNTIME_FRAME.search(f)), stuck_frames[0])
 
 
-def build_suite(results: Iterable[CellResult], suite_name: str,
-                properties: Mapping[str, Any] | None = None, known_issues: Sequence[Any] = ()) -> xunit2.TestSuite:
+def build_suite(
+    results: Iterable[CellResult],
+    suite_name: str,
+    properties: Mapping[str, Any] | None = None,
+    known_issues: Sequence[Any] = (),
+) -> xunit2.TestSuite:
     results = list(results)
     suite = xunit2.TestSuite(xml_safe(suite_name))
     for name, value in (properties or {}).items():
@@ -272,16 +297,27 @@ def build_suite(results: Iterable[CellResult], suite_name: str,
     return suite
 
 
-def write_junit(results: Iterable[CellResult], path: str | os.PathLike, suite_name: str,
-                properties: dict | None = None, known_issues: Sequence[Any] = ()) -> Path:
+def write_junit(
+    results: Iterable[CellResult],
+    path: str | os.PathLike,
+    suite_name: str,
+    properties: dict | None = None,
+    known_issues: Sequence[Any] = (),
+) -> Path:
     """Write one suite with a test case per result; the file appears whole or not at all. A run too
     big for one file continues in `<stem>-2.xml`, ... (`write_junit_files`); returns the first."""
     return write_junit_files(results, path, suite_name, properties, known_issues)[0]
 
 
-def write_junit_files(results: Iterable[CellResult], path: str | os.PathLike, suite_name: str,
-                      properties: dict | None = None, known_issues: Sequence[Any] = (),
-                      max_cases: int = MAX_CASES_PER_FILE, max_bytes: int = MAX_FILE_BYTES) -> list[Path]:
+def write_junit_files(
+    results: Iterable[CellResult],
+    path: str | os.PathLike,
+    suite_name: str,
+    properties: dict | None = None,
+    known_issues: Sequence[Any] = (),
+    max_cases: int = MAX_CASES_PER_FILE,
+    max_bytes: int = MAX_FILE_BYTES,
+) -> list[Path]:
     """One file while the run fits (`max_cases` cases, `max_bytes`), else parts `path`, `<stem>-2.xml`,
     ... each a whole suite of the same name (consumers merge same-named suites), none over either
     limit; parts left over from a bigger earlier write are removed."""
@@ -332,7 +368,9 @@ def read_junit(path: str | os.PathLike) -> xunit2.JUnitXml:
         line, column = exc.position
         raise JUnitMergeError(f"{path}:{line}:{column}: not well-formed XML ({exc})") from None
     except JUnitXmlError as exc:
-        raise JUnitMergeError(f"{path}: not JUnit XML: the root is neither <testsuites> nor <testsuite> ({exc})") from None
+        raise JUnitMergeError(
+            f"{path}: not JUnit XML: the root is neither <testsuites> nor <testsuite> ({exc})"
+        ) from None
 
 
 def merge_junit(paths: Sequence[str | os.PathLike], out: str | os.PathLike) -> Path:
@@ -379,4 +417,5 @@ def _cut(line: str) -> str:
 
 def _secs(seconds: float | None) -> str:
     from soakmatrix.matrix.contracts.durations import format_duration
+
     return "an unknown time" if seconds is None else f"{format_duration(seconds)} ({seconds:.0f} s)"

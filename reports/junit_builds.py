@@ -22,8 +22,9 @@ probes and GPU-hours. system-out holds the signature's answer in words and the n
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from junitparser import Error, Failure, Skipped, xunit2
 
@@ -56,8 +57,11 @@ def answer_text(doc: Mapping[str, Any], sig: Mapping[str, Any]) -> str:
         return f"first bad build {first}" + (f" (last good {last})" if last else "") + f", {post}"
     if verdict == "rate_change":
         before = sig.get("mttf_before_low_s")
-        return (f"rate change at {first}: " + (f"MTTF before at least {_dur(before)}, " if before else "")
-                + f"after {_dur(sig.get('mttf_after_s'))}, {post}")
+        return (
+            f"rate change at {first}: "
+            + (f"MTTF before at least {_dur(before)}, " if before else "")
+            + f"after {_dur(sig.get('mttf_after_s'))}, {post}"
+        )
     if verdict == "old":
         good = (doc.get("builds") or [{}])[0].get("build", "the good build")
         return f"old: present at the last-good end ({good}), {post}"
@@ -71,13 +75,20 @@ def answer_text(doc: Mapping[str, Any], sig: Mapping[str, Any]) -> str:
 def signature_case(doc: Mapping[str, Any], sig: Mapping[str, Any]) -> xunit2.TestCase:
     name = str(sig.get("signature") or "unknown")
     case = xunit2.TestCase(xml_safe(name), classname=_classname(doc))
-    props = {"verdict": sig.get("verdict"), "target": str(bool(sig.get("target"))).lower(),
-             "crash": str(bool(sig.get("crash"))).lower(), "first_bad": sig.get("first_bad"),
-             "last_good": _last_good(doc, sig.get("first_bad")) if sig.get("first_bad") else None,
-             "posterior": sig.get("posterior"), "confidence": doc.get("confidence"),
-             "mttf_after_s": sig.get("mttf_after_s"), "mttf_before_low_s": sig.get("mttf_before_low_s"),
-             "hangs": sig.get("hangs"), "hangs_on_bad_build": sig.get("hangs_on_bad_build"),
-             "hangs_before": sig.get("hangs_before")}
+    props = {
+        "verdict": sig.get("verdict"),
+        "target": str(bool(sig.get("target"))).lower(),
+        "crash": str(bool(sig.get("crash"))).lower(),
+        "first_bad": sig.get("first_bad"),
+        "last_good": _last_good(doc, sig.get("first_bad")) if sig.get("first_bad") else None,
+        "posterior": sig.get("posterior"),
+        "confidence": doc.get("confidence"),
+        "mttf_after_s": sig.get("mttf_after_s"),
+        "mttf_before_low_s": sig.get("mttf_before_low_s"),
+        "hangs": sig.get("hangs"),
+        "hangs_on_bad_build": sig.get("hangs_on_bad_build"),
+        "hangs_before": sig.get("hangs_before"),
+    }
     rng = sig.get("range")
     if rng:
         props["range"] = f"{rng[0]}..{rng[1]}"
@@ -103,7 +114,9 @@ def status_case(doc: Mapping[str, Any]) -> xunit2.TestCase:
     case = xunit2.TestCase(xml_safe(doc.get("signature") or "build-bisection"), classname=_classname(doc))
     case.add_property("status", xml_safe(status))
     notes = "; ".join(map(str, doc.get("notes") or [])) or status
-    case.result = [Skipped(xml_safe(notes))] if status == "not_reproduced" else [Error(xml_safe(notes), xml_safe(status))]
+    case.result = (
+        [Skipped(xml_safe(notes))] if status == "not_reproduced" else [Error(xml_safe(notes), xml_safe(status))]
+    )
     return case
 
 
@@ -117,10 +130,15 @@ def build_bisection_suite(doc: Mapping[str, Any]) -> xunit2.TestSuite:
     """The suite: one case per signature answered (the target first), else one for the status."""
     suite = xunit2.TestSuite(SUITE_NAME)
     builds = [b.get("build") for b in doc.get("builds") or [] if isinstance(b, Mapping)]
-    for key, value in (("status", doc.get("status")), ("signature", doc.get("signature")),
-                       ("confidence", doc.get("confidence")), ("posterior", doc.get("posterior")),
-                       ("builds", f"{builds[0]}..{builds[-1]} ({len(builds)})" if builds else None),
-                       ("probes", doc.get("probes")), ("gpu_hours", doc.get("gpu_hours"))):
+    for key, value in (
+        ("status", doc.get("status")),
+        ("signature", doc.get("signature")),
+        ("confidence", doc.get("confidence")),
+        ("posterior", doc.get("posterior")),
+        ("builds", f"{builds[0]}..{builds[-1]} ({len(builds)})" if builds else None),
+        ("probes", doc.get("probes")),
+        ("gpu_hours", doc.get("gpu_hours")),
+    ):
         if value is not None:
             suite.add_property(key, xml_safe(value))
     sigs = [s for s in doc.get("signatures") or [] if isinstance(s, Mapping)]

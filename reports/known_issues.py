@@ -49,13 +49,19 @@ class KnownIssue:
     flags: Mapping[str, Any] = field(default_factory=dict)
     line: int = 0
 
-    def matches(self, fingerprint: str | None, signature: str | None, stuck_frames: Sequence[str],
-                log_lines: Sequence[str], flags: Mapping[str, Any]) -> bool:
+    def matches(
+        self,
+        fingerprint: str | None,
+        signature: str | None,
+        stuck_frames: Sequence[str],
+        log_lines: Sequence[str],
+        flags: Mapping[str, Any],
+    ) -> bool:
         if fingerprint and fingerprint in self.fingerprints:
             return True
         rules = [self.signature is not None, bool(self.frames), bool(self.log)]
         if not any(rules):
-            return False   # fingerprints only (or flags only): no pattern to fall back on
+            return False  # fingerprints only (or flags only): no pattern to fall back on
         if self.signature is not None and signature != self.signature:
             return False
         if any(not any(p.search(f) for f in stuck_frames) for p in self.frames):
@@ -65,8 +71,13 @@ class KnownIssue:
         return all(_same(flags.get(k), v) for k, v in self.flags.items())
 
     def to_dict(self) -> dict[str, str]:
-        return {"id": self.id, "title": self.title, "url": self.url, "status": self.status,
-                "workaround": self.workaround}
+        return {
+            "id": self.id,
+            "title": self.title,
+            "url": self.url,
+            "status": self.status,
+            "workaround": self.workaround,
+        }
 
 
 def _same(actual: Any, wanted: Any) -> bool:
@@ -156,8 +167,19 @@ def _issue(src: Source, path: tuple, entry: Any) -> KnownIssue | None:
         src.error((*path, "match"), "needs fingerprints, or a signature, frames or log patterns")
     if len(src.problems) > before:
         return None
-    return KnownIssue(text["id"], text["title"], text["url"], status, text["workaround"], frozenset(prints),
-                      signature, frames, log, dict(flags), src.line(path))
+    return KnownIssue(
+        text["id"],
+        text["title"],
+        text["url"],
+        status,
+        text["workaround"],
+        frozenset(prints),
+        signature,
+        frames,
+        log,
+        dict(flags),
+        src.line(path),
+    )
 
 
 def _patterns(src: Source, path: tuple, value: Any) -> tuple[re.Pattern, ...]:

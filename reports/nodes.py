@@ -20,8 +20,17 @@ def node_rows(results: Sequence[Any]) -> list[dict[str, Any]]:
         if not isinstance(report, dict):
             continue
         name = str(report.get("node") or r.node or "?")
-        row = nodes.setdefault(name, {"node": name, "backend": report.get("backend", ""), "status": "ok",
-                                      "problems": [], "cells": 0, "refused": 0})
+        row = nodes.setdefault(
+            name,
+            {
+                "node": name,
+                "backend": report.get("backend", ""),
+                "status": "ok",
+                "problems": [],
+                "cells": 0,
+                "refused": 0,
+            },
+        )
         row["cells"] += 1
         checks = report.get("checks") or []
         failed = any(c.get("status") == "fail" for c in checks)

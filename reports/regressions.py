@@ -37,7 +37,7 @@ from soakmatrix.matrix.contracts.stats import mttf_lower_bound
 
 DEFAULT_CONFIDENCE = 0.9
 
-Row = tuple[int, CellResult]   # (the run's order, one result)
+Row = tuple[int, CellResult]  # (the run's order, one result)
 
 
 @dataclass(frozen=True)
@@ -46,8 +46,8 @@ class BuildEvidence:
 
     build: str
     exposure_s: float = 0.0
-    hangs: int = 0                    # hangs and crashes
-    cell_ids: tuple[str, ...] = ()    # the cell ids (with build) of the rows
+    hangs: int = 0  # hangs and crashes
+    cell_ids: tuple[str, ...] = ()  # the cell ids (with build) of the rows
     finding_ids: tuple[str, ...] = ()  # the cell ids of rows that hung or crashed
     signatures: tuple[str, ...] = ()
 
@@ -60,20 +60,20 @@ class BuildEvidence:
 class Regression:
     """A `regression` finding: the change lies in (last_good, first_bad]."""
 
-    cell: str                          # model|gpu|flags|workload (the build-less name)
+    cell: str  # model|gpu|flags|workload (the build-less name)
     model: str
     gpu: str
     flags: Mapping[str, Any]
     workload: str
     last_good: str
     first_bad: str
-    untested: tuple[str, ...]          # builds strictly between them with no verdict for this cell
-    good_exposure_s: float             # pooled over the builds up to last_good
-    good_mttf_lower_s: float           # MTTF > this at `confidence`, on the good side
-    bad_hangs: int                     # on first_bad
+    untested: tuple[str, ...]  # builds strictly between them with no verdict for this cell
+    good_exposure_s: float  # pooled over the builds up to last_good
+    good_mttf_lower_s: float  # MTTF > this at `confidence`, on the good side
+    bad_hangs: int  # on first_bad
     bad_exposure_s: float
     confidence: float
-    signature: str | None = None       # the commonest on first_bad
+    signature: str | None = None  # the commonest on first_bad
     bad_cell_ids: tuple[str, ...] = ()  # cells (with build) whose findings this regression explains
     builds: tuple[BuildEvidence, ...] = field(default=(), repr=False)
 
@@ -89,26 +89,43 @@ class Regression:
     def describe(self) -> str:
         """One line: the range and the strength of the evidence on both sides."""
         pct = f"{self.confidence:.0%}"
-        return (f"{self.range_text}; {self.last_good} side: no hang in {_dur(self.good_exposure_s)}, "
-                f"MTTF > {_dur(self.good_mttf_lower_s)} at {pct}; {self.first_bad}: {self.bad_hangs} "
-                f"hang{'s' if self.bad_hangs != 1 else ''} in {_dur(self.bad_exposure_s)}"
-                + (f" ({self.signature})" if self.signature else ""))
+        return (
+            f"{self.range_text}; {self.last_good} side: no hang in {_dur(self.good_exposure_s)}, "
+            f"MTTF > {_dur(self.good_mttf_lower_s)} at {pct}; {self.first_bad}: {self.bad_hangs} "
+            f"hang{'s' if self.bad_hangs != 1 else ''} in {_dur(self.bad_exposure_s)}"
+            + (f" ({self.signature})" if self.signature else "")
+        )
 
     def properties(self) -> dict[str, str]:
         """The JUnit test-case properties of a cell this regression explains (`regression.*`)."""
-        return {"regression": self.describe(), "regression.last_good": self.last_good,
-                "regression.first_bad": self.first_bad,
-                "regression.good_mttf_lower_s": f"{self.good_mttf_lower_s:.1f}",
-                "regression.confidence": f"{self.confidence:g}"}
+        return {
+            "regression": self.describe(),
+            "regression.last_good": self.last_good,
+            "regression.first_bad": self.first_bad,
+            "regression.good_mttf_lower_s": f"{self.good_mttf_lower_s:.1f}",
+            "regression.confidence": f"{self.confidence:g}",
+        }
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": "regression", "cell": self.cell, "model": self.model, "gpu": self.gpu,
-                "flags": dict(self.flags), "workload": self.workload, "last_good": self.last_good,
-                "first_bad": self.first_bad, "untested": list(self.untested),
-                "good_exposure_s": round(self.good_exposure_s, 3),
-                "good_mttf_lower_s": round(self.good_mttf_lower_s, 3), "confidence": self.confidence,
-                "bad_hangs": self.bad_hangs, "bad_exposure_s": round(self.bad_exposure_s, 3),
-                "signature": self.signature, "bad_cell_ids": list(self.bad_cell_ids), "text": self.describe()}
+        return {
+            "kind": "regression",
+            "cell": self.cell,
+            "model": self.model,
+            "gpu": self.gpu,
+            "flags": dict(self.flags),
+            "workload": self.workload,
+            "last_good": self.last_good,
+            "first_bad": self.first_bad,
+            "untested": list(self.untested),
+            "good_exposure_s": round(self.good_exposure_s, 3),
+            "good_mttf_lower_s": round(self.good_mttf_lower_s, 3),
+            "confidence": self.confidence,
+            "bad_hangs": self.bad_hangs,
+            "bad_exposure_s": round(self.bad_exposure_s, 3),
+            "signature": self.signature,
+            "bad_cell_ids": list(self.bad_cell_ids),
+            "text": self.describe(),
+        }
 
 
 def cell_key(result: CellResult) -> str:
@@ -129,8 +146,13 @@ def build_order(rows: Iterable[Row]) -> list[str]:
     return sorted(first, key=lambda b: (first[b], b))
 
 
-def find_regressions(rows: Iterable[Row], *, confidence: float = DEFAULT_CONFIDENCE,
-                     order: Sequence[str] | None = None, min_ratio: float = 1.0) -> list[Regression]:
+def find_regressions(
+    rows: Iterable[Row],
+    *,
+    confidence: float = DEFAULT_CONFIDENCE,
+    order: Sequence[str] | None = None,
+    min_ratio: float = 1.0,
+) -> list[Regression]:
     """Every cell that passed on an earlier build and hangs on a later one, with its range and strength.
 
     `min_ratio`: the good side's MTTF lower bound must reach this many times the first bad build's
@@ -150,13 +172,19 @@ def find_regressions(rows: Iterable[Row], *, confidence: float = DEFAULT_CONFIDE
     return found
 
 
-def _cell_regression(key: str, results: list[CellResult], ranked: list[str], position: Mapping[str, int],
-                     confidence: float, min_ratio: float) -> Regression | None:
+def _cell_regression(
+    key: str,
+    results: list[CellResult],
+    ranked: list[str],
+    position: Mapping[str, int],
+    confidence: float,
+    min_ratio: float,
+) -> Regression | None:
     evidence = _evidence(results)
     tested = sorted((e for e in evidence.values() if e.tested), key=lambda e: position[e.build])
     first_bad = next((i for i, e in enumerate(tested) if e.hangs), None)
     if first_bad is None or first_bad == 0:
-        return None   # never hung, or hung from its first tested build: no good side
+        return None  # never hung, or hung from its first tested build: no good side
     good, bad = tested[:first_bad], tested[first_bad]
     last_good = good[-1]
     good_exposure = sum(e.exposure_s for e in good)
@@ -165,15 +193,28 @@ def _cell_regression(key: str, results: list[CellResult], ranked: list[str], pos
     if lower < min_ratio * bad_mttf:
         return None
     lo, hi = position[last_good.build], position[bad.build]
-    untested = tuple(b for b in ranked[lo + 1:hi] if not (evidence.get(b) and evidence[b].tested))
+    untested = tuple(b for b in ranked[lo + 1 : hi] if not (evidence.get(b) and evidence[b].tested))
     sample = results[0]
     bad_ids = tuple(dict.fromkeys(i for e in tested[first_bad:] for i in e.finding_ids))
     signature = Counter(bad.signatures).most_common(1)[0][0] if bad.signatures else None
-    return Regression(cell=key, model=sample.model, gpu=sample.gpu_type, flags=dict(sample.flags),
-                      workload=sample.workload, last_good=last_good.build, first_bad=bad.build, untested=untested,
-                      good_exposure_s=good_exposure, good_mttf_lower_s=lower, bad_hangs=bad.hangs,
-                      bad_exposure_s=bad.exposure_s, confidence=confidence, signature=signature,
-                      bad_cell_ids=bad_ids, builds=tuple(tested))
+    return Regression(
+        cell=key,
+        model=sample.model,
+        gpu=sample.gpu_type,
+        flags=dict(sample.flags),
+        workload=sample.workload,
+        last_good=last_good.build,
+        first_bad=bad.build,
+        untested=untested,
+        good_exposure_s=good_exposure,
+        good_mttf_lower_s=lower,
+        bad_hangs=bad.hangs,
+        bad_exposure_s=bad.exposure_s,
+        confidence=confidence,
+        signature=signature,
+        bad_cell_ids=bad_ids,
+        builds=tuple(tested),
+    )
 
 
 def _evidence(results: Iterable[CellResult]) -> dict[str, BuildEvidence]:
@@ -189,8 +230,17 @@ def _evidence(results: Iterable[CellResult]) -> dict[str, BuildEvidence]:
             p["findings"].append(r.cell_id)
             if r.signature:
                 p["sigs"].append(r.signature)
-    return {b: BuildEvidence(b, p["exposure"], p["hangs"], tuple(dict.fromkeys(p["ids"])),
-                             tuple(dict.fromkeys(p["findings"])), tuple(p["sigs"])) for b, p in pooled.items()}
+    return {
+        b: BuildEvidence(
+            b,
+            p["exposure"],
+            p["hangs"],
+            tuple(dict.fromkeys(p["ids"])),
+            tuple(dict.fromkeys(p["findings"])),
+            tuple(p["sigs"]),
+        )
+        for b, p in pooled.items()
+    }
 
 
 def by_cell_id(regressions: Iterable[Regression]) -> dict[str, Regression]:
@@ -215,7 +265,7 @@ def rows_of(store: Any, skip_run: str | None = None) -> list[Row]:
     order; `skip_run`'s results left out (the run being written: `RunRegressions` adds them)."""
     rows: list[Row] = []
     if not any(cell.name.count("|") >= 4 for cell in store.cells().values()):
-        return rows   # no cell was ever run on a build (its name's fifth part): nothing to parse
+        return rows  # no cell was ever run on a build (its name's fifth part): nothing to parse
     for seq, run in enumerate(store.runs()):
         if run.id != skip_run:
             rows.extend((seq, r) for r in store.results(run.id) if r.build)

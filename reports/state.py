@@ -45,8 +45,13 @@ class CellStatus(str, enum.Enum):
         return _SEVERITY[self]
 
 
-_SEVERITY = {CellStatus.FAILING: 0, CellStatus.CONSISTENTLY_FAILING: 1, CellStatus.FLAKY: 2,
-             CellStatus.NO_VERDICT: 3, CellStatus.PASSING: 4}
+_SEVERITY = {
+    CellStatus.FAILING: 0,
+    CellStatus.CONSISTENTLY_FAILING: 1,
+    CellStatus.FLAKY: 2,
+    CellStatus.NO_VERDICT: 3,
+    CellStatus.PASSING: 4,
+}
 
 
 @dataclass(frozen=True)
@@ -55,24 +60,24 @@ class Estimate:
 
     exposure_s: float
     hangs: int
-    mttf_s: float | None       # None without a hang
-    low_s: float               # lower end (95% one-sided bound T/3 when there is no hang)
-    high_s: float | None       # None: unbounded
+    mttf_s: float | None  # None without a hang
+    low_s: float  # lower end (95% one-sided bound T/3 when there is no hang)
+    high_s: float | None  # None: unbounded
 
 
 @dataclass
 class CellState:
     cell_id: str
     status: CellStatus
-    history: list[tuple[str, Outcome | None]]          # (run id, outcome or None if not run), every run
+    history: list[tuple[str, Outcome | None]]  # (run id, outcome or None if not run), every run
     first_failing_run: str | None = None
     last_failing_run: str | None = None
     failing_runs: int = 0
     verdict_runs: int = 0
     hangs: int = 0
     exposure_s: float = 0.0
-    signatures: list[str] = field(default_factory=list)   # in order first seen
-    latest: Outcome | None = None                       # outcome in the latest run it ran in
+    signatures: list[str] = field(default_factory=list)  # in order first seen
+    latest: Outcome | None = None  # outcome in the latest run it ran in
 
     @property
     def estimate(self) -> Estimate:
@@ -82,12 +87,12 @@ class CellState:
 @dataclass
 class SignatureSummary:
     signature: str
-    outcome: Outcome                       # hang or crash
-    cells: list[str]                       # cell ids, in order first hit
+    outcome: Outcome  # hang or crash
+    cells: list[str]  # cell ids, in order first hit
     first_seen_run: str
     last_seen_run: str
-    hits: int                              # results with this signature
-    exposure_s: float                      # all exposure of the cells it hit, every run
+    hits: int  # results with this signature
+    exposure_s: float  # all exposure of the cells it hit, every run
     estimate: Estimate
 
 
@@ -116,8 +121,9 @@ def mttf_estimate(hangs: int, exposure_s: float, confidence: float = 0.95) -> Es
     est = stats.mttf_estimate(hangs, max(0.0, exposure_s), confidence)
     if hangs <= 0:
         return Estimate(exposure_s, 0, None, est.low_s, None)
-    return Estimate(exposure_s, hangs, est.point_s, float(est.low_s),
-                    None if math.isinf(est.high_s) else float(est.high_s))
+    return Estimate(
+        exposure_s, hangs, est.point_s, float(est.low_s), None if math.isinf(est.high_s) else float(est.high_s)
+    )
 
 
 def at_risk_s(ob: RecordedResultLike) -> float:
@@ -139,7 +145,7 @@ def classify(verdicts: Sequence[bool]) -> CellStatus:
         return CellStatus.CONSISTENTLY_FAILING if len(verdicts) >= 2 else CellStatus.FAILING
     first_fail = verdicts.index(True)
     if all(verdicts[first_fail:]):
-        return CellStatus.FAILING   # passed, then failed every run since: a regression
+        return CellStatus.FAILING  # passed, then failed every run since: a regression
     return CellStatus.FLAKY
 
 
@@ -201,8 +207,18 @@ def signature_summaries(run_ids: Sequence[str], observations: Iterable[RecordedR
     for (signature, outcome), entry in found.items():
         cells = list(entry["cells"])
         exposure = sum(exposure_by_cell[c] for c in cells)
-        out.append(SignatureSummary(signature, outcome, cells, entry["first"], entry["last"], entry["hits"],
-                                    exposure, mttf_estimate(entry["hits"], exposure)))
+        out.append(
+            SignatureSummary(
+                signature,
+                outcome,
+                cells,
+                entry["first"],
+                entry["last"],
+                entry["hits"],
+                exposure,
+                mttf_estimate(entry["hits"], exposure),
+            )
+        )
     out.sort(key=lambda s: (-s.hits, s.signature))
     return out
 

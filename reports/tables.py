@@ -42,26 +42,53 @@ def runs_table(runs: Sequence[Run], observations: Iterable[RecordedResult]) -> s
             counts[ob.run_id][ob.outcome] += 1
             hours[ob.run_id] += ob.exposure_s / 3600.0
     order = [Outcome.PASSED, Outcome.HANG, Outcome.CRASH, Outcome.CONFIG_ERROR, Outcome.INFRA_ERROR]
-    rows = [[r.id, r.kind, f"{r.matrix}:{r.profile}", r.status or "unfinished", r.planned,
-             *[counts[r.id][o] for o in order], f"{hours[r.id]:.1f}"] for r in runs]
-    return format_table(["run", "kind", "matrix:profile", "status", "planned", "passed", "hang", "crash",
-                         "config", "infra", "hours"], rows, right=range(4, 11))
+    rows = [
+        [
+            r.id,
+            r.kind,
+            f"{r.matrix}:{r.profile}",
+            r.status or "unfinished",
+            r.planned,
+            *[counts[r.id][o] for o in order],
+            f"{hours[r.id]:.1f}",
+        ]
+        for r in runs
+    ]
+    return format_table(
+        ["run", "kind", "matrix:profile", "status", "planned", "passed", "hang", "crash", "config", "infra", "hours"],
+        rows,
+        right=range(4, 11),
+    )
 
 
 def attention_table(states: Mapping[str, CellState], cells: Mapping[str, CellInfo], limit: int = 50) -> str:
-    picked = sorted((s for s in states.values() if s.status is not CellStatus.PASSING),
-                    key=lambda s: (s.status.severity, -s.hangs, -s.failing_runs, s.cell_id))
+    picked = sorted(
+        (s for s in states.values() if s.status is not CellStatus.PASSING),
+        key=lambda s: (s.status.severity, -s.hangs, -s.failing_runs, s.cell_id),
+    )
     if not picked:
         return "every cell passed every run it had a verdict in\n"
     rows = []
     for s in picked[:limit]:
         est = s.estimate
-        rows.append([s.status.value, s.cell_id, _cut(cells[s.cell_id].name if s.cell_id in cells else s.cell_id),
-                     history_strip(s), f"{s.failing_runs}/{s.verdict_runs}", s.hangs,
-                     format_duration(est.mttf_s) if est.mttf_s else "", s.first_failing_run or "",
-                     ",".join(s.signatures)])
-    text = format_table(["state", "cell id", "cell", "nights", "failed", "hangs", "MTTF", "first failed",
-                         "signatures"], rows, right=(4, 5, 6))
+        rows.append(
+            [
+                s.status.value,
+                s.cell_id,
+                _cut(cells[s.cell_id].name if s.cell_id in cells else s.cell_id),
+                history_strip(s),
+                f"{s.failing_runs}/{s.verdict_runs}",
+                s.hangs,
+                format_duration(est.mttf_s) if est.mttf_s else "",
+                s.first_failing_run or "",
+                ",".join(s.signatures),
+            ]
+        )
+    text = format_table(
+        ["state", "cell id", "cell", "nights", "failed", "hangs", "MTTF", "first failed", "signatures"],
+        rows,
+        right=(4, 5, 6),
+    )
     if len(picked) > limit:
         text += f"... and {len(picked) - limit} more\n"
     return text
@@ -74,10 +101,21 @@ def signatures_table(signatures: Sequence[SignatureSummary]) -> str:
     for s in signatures:
         est = s.estimate
         ci = f"{format_duration(est.low_s)}-{format_duration(est.high_s)}" if est.mttf_s and est.high_s else ""
-        rows.append([s.signature, s.outcome.value, s.hits, len(s.cells), f"{s.exposure_s / 3600:.1f}",
-                     format_duration(est.mttf_s) if est.mttf_s else "", ci, s.first_seen_run])
-    return format_table(["signature", "outcome", "hits", "cells", "hours", "MTTF", "95% CI", "first seen"],
-                        rows, right=(2, 3, 4, 5))
+        rows.append(
+            [
+                s.signature,
+                s.outcome.value,
+                s.hits,
+                len(s.cells),
+                f"{s.exposure_s / 3600:.1f}",
+                format_duration(est.mttf_s) if est.mttf_s else "",
+                ci,
+                s.first_seen_run,
+            ]
+        )
+    return format_table(
+        ["signature", "outcome", "hits", "cells", "hours", "MTTF", "95% CI", "first seen"], rows, right=(2, 3, 4, 5)
+    )
 
 
 def findings_table(findings: Sequence[Any], frames: int = 3) -> str:
@@ -88,12 +126,17 @@ def findings_table(findings: Sequence[Any], frames: int = 3) -> str:
     for f in findings:
         est = f.estimate
         mttf = format_duration(est.point_s) if est.hangs and est.point_s != float("inf") else ""
-        ci = f"{format_duration(est.low_s)}-{format_duration(est.high_s)}" if mttf and est.high_s != float("inf") else ""
+        ci = (
+            f"{format_duration(est.low_s)}-{format_duration(est.high_s)}" if mttf and est.high_s != float("inf") else ""
+        )
         issue = f.known_issue.id if f.known_issue else "new"
         gpu = ",".join(f"{k} x{v}" for k, v in sorted(f.gpu.items())) or "-"
         rows.append([f.fingerprint, f.signature or "unknown", f.hits, len(f.cells), f.nights, mttf, ci, gpu, issue])
-    out = format_table(["fingerprint", "signature", "hits", "cells", "nights", "MTTF", "95% CI", "gpu",
-                        "known issue"], rows, right=(2, 3, 4))
+    out = format_table(
+        ["fingerprint", "signature", "hits", "cells", "nights", "MTTF", "95% CI", "gpu", "known issue"],
+        rows,
+        right=(2, 3, 4),
+    )
     for f in findings:
         out += f"\n{f.fingerprint}: {_cut(f.example.culprit or 'no culprit thread (stacks unreachable)')}\n"
         out += "".join(f"    {_cut(line)}\n" for line in f.culprit_frames[:frames])
@@ -135,8 +178,11 @@ def bisection_view(report: Mapping[str, Any]) -> dict[str, Any]:
     if isinstance(verdicts, Mapping):
         verdict_rows = [(str(k), str(v)) for k, v in sorted(verdicts.items())]
     else:
-        verdict_rows = [(str(v.get("flag", "")), (f"{v['kind']}: " if v.get("kind") else "") + str(v.get("text", "")))
-                        for v in verdicts if isinstance(v, Mapping)]
+        verdict_rows = [
+            (str(v.get("flag", "")), (f"{v['kind']}: " if v.get("kind") else "") + str(v.get("text", "")))
+            for v in verdicts
+            if isinstance(v, Mapping)
+        ]
     configs = []
     for row in report.get("configs") or []:
         flags = row.get("flags") or {}
@@ -144,20 +190,45 @@ def bisection_view(report: Mapping[str, Any]) -> dict[str, Any]:
         if ci is None and ("low_s" in row or "high_s" in row):
             ci = [row.get("low_s"), row.get("high_s")]
         mttf = row.get("mttf_s")
-        configs.append({
-            "label": row.get("label") or (",".join(f"{k}={format_value(v)}" for k, v in sorted(flags.items()))
-                                          if isinstance(flags, Mapping) else str(flags)) or "(baseline)",
-            "role": row.get("role") or "", "probes": row.get("probes", ""), "hangs": row.get("hangs", ""),
-            "exposure": _dur(row.get("exposure_s")),
-            "mttf": _dur(mttf) if mttf is not None else str(row.get("mttf") or ""),
-            "ci": (f"{_dur(ci[0]) or '0'} – {_dur(ci[1]) or '∞'}" if isinstance(ci, (list, tuple)) and len(ci) == 2
-                   else "" if ci is None else str(ci)),
-        })
-    return {"kind": "flags", "cell_id": cell_id, "cell_name": cell_name, "signature": report.get("signature") or "",
-            "status": report.get("status") or "", "minimal": minimal_text, "confidence": report.get("confidence"),
-            "posterior": report.get("posterior"), "gpu_hours": report.get("gpu_hours"),
-            "certified_soak": _dur(report.get("certified_soak_s")), "configs": configs, "verdicts": verdict_rows,
-            "run_id": report.get("run_id") or "", "recorded_at": report.get("recorded_at")}
+        configs.append(
+            {
+                "label": row.get("label")
+                or (
+                    ",".join(f"{k}={format_value(v)}" for k, v in sorted(flags.items()))
+                    if isinstance(flags, Mapping)
+                    else str(flags)
+                )
+                or "(baseline)",
+                "role": row.get("role") or "",
+                "probes": row.get("probes", ""),
+                "hangs": row.get("hangs", ""),
+                "exposure": _dur(row.get("exposure_s")),
+                "mttf": _dur(mttf) if mttf is not None else str(row.get("mttf") or ""),
+                "ci": (
+                    f"{_dur(ci[0]) or '0'} – {_dur(ci[1]) or '∞'}"
+                    if isinstance(ci, (list, tuple)) and len(ci) == 2
+                    else ""
+                    if ci is None
+                    else str(ci)
+                ),
+            }
+        )
+    return {
+        "kind": "flags",
+        "cell_id": cell_id,
+        "cell_name": cell_name,
+        "signature": report.get("signature") or "",
+        "status": report.get("status") or "",
+        "minimal": minimal_text,
+        "confidence": report.get("confidence"),
+        "posterior": report.get("posterior"),
+        "gpu_hours": report.get("gpu_hours"),
+        "certified_soak": _dur(report.get("certified_soak_s")),
+        "configs": configs,
+        "verdicts": verdict_rows,
+        "run_id": report.get("run_id") or "",
+        "recorded_at": report.get("recorded_at"),
+    }
 
 
 def _build_bisection_view(report: Mapping[str, Any], cell_id: Any, cell_name: Any) -> dict[str, Any]:
@@ -166,8 +237,11 @@ def _build_bisection_view(report: Mapping[str, Any], cell_id: Any, cell_name: An
     the builds probed."""
     first_bad, last_good, rng = report.get("first_bad"), report.get("last_good"), report.get("range")
     if first_bad:
-        answer = ("rate change at " if report.get("status") == "rate_change" else "") + f"{first_bad}" + (
-            f" (last good {last_good})" if last_good else "")
+        answer = (
+            ("rate change at " if report.get("status") == "rate_change" else "")
+            + f"{first_bad}"
+            + (f" (last good {last_good})" if last_good else "")
+        )
     elif isinstance(rng, (list, tuple)) and len(rng) == 2:
         answer = f"one of {rng[0]}..{rng[1]}"
     else:
@@ -177,8 +251,17 @@ def _build_bisection_view(report: Mapping[str, Any], cell_id: Any, cell_name: An
         if not isinstance(b, Mapping) or not b.get("probes"):
             continue
         verdict = "untestable" if b.get("untestable") else "bad" if b.get("hangs") else "passed"
-        rows.append({"label": str(b.get("build", "")), "role": verdict, "probes": b.get("probes", ""),
-                     "hangs": b.get("hangs", ""), "exposure": _dur(b.get("exposure_s")), "mttf": "", "ci": ""})
+        rows.append(
+            {
+                "label": str(b.get("build", "")),
+                "role": verdict,
+                "probes": b.get("probes", ""),
+                "hangs": b.get("hangs", ""),
+                "exposure": _dur(b.get("exposure_s")),
+                "mttf": "",
+                "ci": "",
+            }
+        )
     raw_mttf = report.get("mttf")
     mttf = raw_mttf if isinstance(raw_mttf, Mapping) else {}
     notes = [("MTTF on the bad builds", _dur(mttf.get("mttf_s")))] if mttf.get("mttf_s") else []
@@ -188,13 +271,28 @@ def _build_bisection_view(report: Mapping[str, Any], cell_id: Any, cell_name: An
         notes.append(("before the rate change", f"MTTF >= {_dur(report.get('mttf_before_low_s'))}"))
     for sig in report.get("signatures") or []:
         if isinstance(sig, Mapping):
-            notes.append((f"signature {sig.get('signature', '')}" + (" (target)" if sig.get("target") else ""),
-                          _signature_text(sig)))
-    return {"kind": "builds", "cell_id": cell_id, "cell_name": cell_name, "signature": report.get("signature") or "",
-            "status": report.get("status") or "", "minimal": answer, "confidence": report.get("confidence"),
-            "posterior": report.get("posterior"), "gpu_hours": report.get("gpu_hours"), "certified_soak": "",
-            "configs": rows, "verdicts": notes, "run_id": report.get("run_id") or "",
-            "recorded_at": report.get("recorded_at")}
+            notes.append(
+                (
+                    f"signature {sig.get('signature', '')}" + (" (target)" if sig.get("target") else ""),
+                    _signature_text(sig),
+                )
+            )
+    return {
+        "kind": "builds",
+        "cell_id": cell_id,
+        "cell_name": cell_name,
+        "signature": report.get("signature") or "",
+        "status": report.get("status") or "",
+        "minimal": answer,
+        "confidence": report.get("confidence"),
+        "posterior": report.get("posterior"),
+        "gpu_hours": report.get("gpu_hours"),
+        "certified_soak": "",
+        "configs": rows,
+        "verdicts": notes,
+        "run_id": report.get("run_id") or "",
+        "recorded_at": report.get("recorded_at"),
+    }
 
 
 def _signature_text(sig: Mapping[str, Any]) -> str:
@@ -219,12 +317,22 @@ def bisections_table(bisections: Sequence[Mapping[str, Any]]) -> str:
         return "no bisection recorded\n"
     rows = []
     for b in map(bisection_view, bisections):
-        rows.append([b["cell_id"], b["signature"], b["status"], b["minimal"], b["confidence"] or "", b["gpu_hours"] or ""])
-    return format_table(["cell", "signature", "status", "smallest hanging set", "confidence", "GPU-h"], rows, right=(4, 5))
+        rows.append(
+            [b["cell_id"], b["signature"], b["status"], b["minimal"], b["confidence"] or "", b["gpu_hours"] or ""]
+        )
+    return format_table(
+        ["cell", "signature", "status", "smallest hanging set", "confidence", "GPU-h"], rows, right=(4, 5)
+    )
 
 
-STRIP = {Outcome.PASSED: ".", Outcome.HANG: "H", Outcome.CRASH: "C", Outcome.CONFIG_ERROR: "X",
-         Outcome.INFRA_ERROR: "i", None: " "}
+STRIP = {
+    Outcome.PASSED: ".",
+    Outcome.HANG: "H",
+    Outcome.CRASH: "C",
+    Outcome.CONFIG_ERROR: "X",
+    Outcome.INFRA_ERROR: "i",
+    None: " ",
+}
 
 
 def history_strip(state: CellState) -> str:
@@ -243,4 +351,4 @@ def _dur(seconds: Any) -> str:
 
 
 def _cut(text: str) -> str:
-    return text if len(text) <= MAX_CELL_CHARS else text[:MAX_CELL_CHARS - 3] + "..."
+    return text if len(text) <= MAX_CELL_CHARS else text[: MAX_CELL_CHARS - 3] + "..."

@@ -25,23 +25,32 @@ from typing import Any
 # and the API only: an installed copy's subpackages stay reachable beside it
 __path__ = pkgutil.extend_path(__path__, __name__)
 
-from soakmatrix._version import version as _version_of  # noqa: E402 - after __path__ is complete
+from soakmatrix._version import version as _version_of
 
 # public name -> the module it comes from
 _EXPORTS: dict[str, str] = {
-    "load_matrix": "soakmatrix.api.matrices", "plan": "soakmatrix.api.matrices",
+    "load_matrix": "soakmatrix.api.matrices",
+    "plan": "soakmatrix.api.matrices",
     "run": "soakmatrix.api.running",
-    "bisect_flags": "soakmatrix.api.flags", "bisect_builds": "soakmatrix.api.builds",
-    "watch": "soakmatrix.api.watching", "simulated_server": "soakmatrix.api.watching",
+    "bisect_flags": "soakmatrix.api.flags",
+    "bisect_builds": "soakmatrix.api.builds",
+    "watch": "soakmatrix.api.watching",
+    "simulated_server": "soakmatrix.api.watching",
     "SimulatedServer": "soakmatrix.api.watching",
     "UsageError": "soakmatrix.api.errors",
-    "BisectOptions": "soakmatrix.api.types", "FlagBisection": "soakmatrix.api.types",
-    "BuildBisection": "soakmatrix.api.types", "CellEvent": "soakmatrix.api.types",
+    "BisectOptions": "soakmatrix.api.types",
+    "FlagBisection": "soakmatrix.api.types",
+    "BuildBisection": "soakmatrix.api.types",
+    "CellEvent": "soakmatrix.api.types",
     "WatchResult": "soakmatrix.api.types",
-    "RunOptions": "soakmatrix.matrix.run_types", "RunResult": "soakmatrix.matrix.run_types",
-    "Matrix": "soakmatrix.matrix.spec_types", "Profile": "soakmatrix.matrix.spec_types",
-    "Plan": "soakmatrix.matrix.plan", "PlannedCell": "soakmatrix.matrix.plan",
-    "CellResult": "soakmatrix.matrix.contracts.result", "Outcome": "soakmatrix.matrix.contracts.outcomes",
+    "RunOptions": "soakmatrix.matrix.run_types",
+    "RunResult": "soakmatrix.matrix.run_types",
+    "Matrix": "soakmatrix.matrix.spec_types",
+    "Profile": "soakmatrix.matrix.spec_types",
+    "Plan": "soakmatrix.matrix.plan",
+    "PlannedCell": "soakmatrix.matrix.plan",
+    "CellResult": "soakmatrix.matrix.contracts.result",
+    "Outcome": "soakmatrix.matrix.contracts.outcomes",
     "SpecError": "soakmatrix.matrix.contracts.yamlsrc",
 }
 

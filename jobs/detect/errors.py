@@ -22,10 +22,15 @@ class ErrorsDetector:
         s = obs.stream
         if s is None or s.consecutive_failures < self.max_in_a_row or s.last_error == "timeout":
             return None
-        return HangVerdict(detector=self.name, kind="crash", at=obs.now, since=s.last_token_at,
-                       message=f"{s.consecutive_failures} requests in a row failed (last: {s.last_error})",
-                       hint="engine_dead", details={"consecutive_failures": s.consecutive_failures,
-                                                    "last_error": s.last_error})
+        return HangVerdict(
+            detector=self.name,
+            kind="crash",
+            at=obs.now,
+            since=s.last_token_at,
+            message=f"{s.consecutive_failures} requests in a row failed (last: {s.last_error})",
+            hint="engine_dead",
+            details={"consecutive_failures": s.consecutive_failures, "last_error": s.last_error},
+        )
 
 
 register("errors")(ErrorsDetector)

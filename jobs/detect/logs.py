@@ -19,8 +19,8 @@ from .protocol import HangVerdict, Tick, register
 @dataclass(frozen=True)
 class LogPattern:
     pattern: re.Pattern
-    kind: str               # "hang" | "crash"
-    hint: str               # the signature this line points at
+    kind: str  # "hang" | "crash"
+    hint: str  # the signature this line points at
     needs_load: bool = False  # only a finding while requests are in flight
 
 
@@ -39,7 +39,7 @@ class LogDetector:
 
     def __init__(self, patterns: list[LogPattern] | None = None) -> None:
         self.patterns = LOG_PATTERNS if patterns is None else patterns
-        self.seen: list[str] = []    # every matching line, for the classifier and the report
+        self.seen: list[str] = []  # every matching line, for the classifier and the report
 
     def observe(self, obs: Tick) -> HangVerdict | None:
         loaded = obs.stream is not None and obs.stream.open_streams > 0
@@ -54,11 +54,19 @@ class LogDetector:
                 if p.needs_load and not loaded:
                     continue
                 if best is None or rank < best[0]:
-                    best = (rank, p, line)   # the most specific line of this tick wins (list order)
+                    best = (rank, p, line)  # the most specific line of this tick wins (list order)
         if best is None:
             return None
         _, p, line = best
-        return HangVerdict(detector=self.name, kind=p.kind, at=obs.now, since=None,
-                       message=f"server log: {line.strip()[:300]}", hint=p.hint, details={"line": line.strip()})
+        return HangVerdict(
+            detector=self.name,
+            kind=p.kind,
+            at=obs.now,
+            since=None,
+            message=f"server log: {line.strip()[:300]}",
+            hint=p.hint,
+            details={"line": line.strip()},
+        )
+
 
 register("logs")(LogDetector)

@@ -46,14 +46,14 @@ class _Last:
 class ProgressDetector:
     name = "progress"
 
-    def __init__(self, **threshold_options: Any) -> None:   # StallThreshold's
+    def __init__(self, **threshold_options: Any) -> None:  # StallThreshold's
         # Scrapes are too coarse to tell a prefill from a slow scrape: every gap between progress
         # counts towards the base, and the allowance per prompt token stays at its prior.
         threshold_options.setdefault("learn_prefill", False)
         self.threshold = StallThreshold(**threshold_options)
         self._last: _Last | None = None
-        self._progress_at: float | None = None   # first scrape that saw the latest counter values
-        self._busy_since: float | None = None    # first scrape of the current busy period
+        self._progress_at: float | None = None  # first scrape that saw the latest counter values
+        self._busy_since: float | None = None  # first scrape of the current busy period
         self._peak_running = 0.0
 
     def observe(self, obs: Tick) -> HangVerdict | None:
@@ -90,12 +90,23 @@ class ProgressDetector:
         if stalled <= limit:
             return None
         return HangVerdict(
-            detector=self.name, kind="hang", at=obs.now, since=since,
-            message=(f"generation_tokens_total flat at {m.generation_tokens:.0f} for {stalled:.1f} s "
-                     f"with {m.running or 0:.0f} requests running, {m.waiting or 0:.0f} waiting "
-                     f"(threshold {limit:.1f} s)"),
-            details={"tokens": m.generation_tokens, "running": m.running, "waiting": m.waiting,
-                     "stalled_s": stalled, "threshold_s": limit})
+            detector=self.name,
+            kind="hang",
+            at=obs.now,
+            since=since,
+            message=(
+                f"generation_tokens_total flat at {m.generation_tokens:.0f} for {stalled:.1f} s "
+                f"with {m.running or 0:.0f} requests running, {m.waiting or 0:.0f} waiting "
+                f"(threshold {limit:.1f} s)"
+            ),
+            details={
+                "tokens": m.generation_tokens,
+                "running": m.running,
+                "waiting": m.waiting,
+                "stalled_s": stalled,
+                "threshold_s": limit,
+            },
+        )
 
 
 register("progress")(ProgressDetector)

@@ -16,46 +16,48 @@ from typing import Any, Protocol
 @dataclass(frozen=True)
 class MetricsSample:
     """One /metrics scrape reduced to the numbers the detectors use."""
-    at: float                                # epoch seconds when the scrape answered
-    generation_tokens: float | None = None   # vllm:generation_tokens_total
-    prompt_tokens: float | None = None       # vllm:prompt_tokens_total
-    running: float | None = None             # vllm:num_requests_running
-    waiting: float | None = None             # vllm:num_requests_waiting
-    steps: float | None = None               # vllm:iteration_tokens_total_count (steps with tokens)
-    elapsed_s: float = 0.0                   # how long the scrape took
+
+    at: float  # epoch seconds when the scrape answered
+    generation_tokens: float | None = None  # vllm:generation_tokens_total
+    prompt_tokens: float | None = None  # vllm:prompt_tokens_total
+    running: float | None = None  # vllm:num_requests_running
+    waiting: float | None = None  # vllm:num_requests_waiting
+    steps: float | None = None  # vllm:iteration_tokens_total_count (steps with tokens)
+    elapsed_s: float = 0.0  # how long the scrape took
 
 
 @dataclass(frozen=True)
 class StreamState:
     """The load driver's view of its open streams (client side, independent of the server's metrics)."""
+
     at: float
     open_streams: int = 0
-    last_token_at: float | None = None       # latest token received on any stream
-    oldest_waiting_first_token_since: float | None = None   # earliest start of a stream with no token yet
+    last_token_at: float | None = None  # latest token received on any stream
+    oldest_waiting_first_token_since: float | None = None  # earliest start of a stream with no token yet
     waiting_first_token_prompt_len: int = 0  # longest prompt among streams still waiting for a token
-    tokens: int = 0                          # tokens received so far (all streams)
-    consecutive_failures: int = 0            # requests failed in a row (server errors, refused connections)
+    tokens: int = 0  # tokens received so far (all streams)
+    consecutive_failures: int = 0  # requests failed in a row (server errors, refused connections)
     last_error: str | None = None
 
 
 @dataclass(frozen=True)
 class Tick:
     now: float
-    metrics: MetricsSample | None = None     # None: no scrape this tick, or it failed / timed out
+    metrics: MetricsSample | None = None  # None: no scrape this tick, or it failed / timed out
     stream: StreamState | None = None
-    log_lines: Sequence[str] = ()            # lines written to the server log since the last tick
-    exit_code: int | None = None             # the server process's exit code once it has exited
+    log_lines: Sequence[str] = ()  # lines written to the server log since the last tick
+    exit_code: int | None = None  # the server process's exit code once it has exited
     scrape_error: str | None = None
 
 
 @dataclass(frozen=True)
 class HangVerdict:
-    detector: str                            # the detector that fired
-    kind: str                                # "hang" | "crash"
-    at: float                                # epoch seconds when it fired
-    since: float | None                      # epoch seconds of the last progress seen (hang began by then)
+    detector: str  # the detector that fired
+    kind: str  # "hang" | "crash"
+    at: float  # epoch seconds when it fired
+    since: float | None  # epoch seconds of the last progress seen (hang began by then)
     message: str
-    hint: str | None = None                  # a signature the detector's evidence points at
+    hint: str | None = None  # a signature the detector's evidence points at
     details: Mapping[str, Any] = field(default_factory=dict)
 
     @property
@@ -79,14 +81,16 @@ def register(name: str) -> Callable[[Callable[..., Detector]], Callable[..., Det
     def add(factory: Callable[..., Detector]) -> Callable[..., Detector]:
         DETECTORS[name] = factory
         return factory
+
     return add
 
 
 DEFAULT_DETECTORS = ("progress", "stream", "logs", "exit", "errors")
 
 
-def build_detectors(names: Sequence[str] = DEFAULT_DETECTORS,
-                    options: Mapping[str, Mapping[str, Any]] | None = None) -> list[Detector]:
+def build_detectors(
+    names: Sequence[str] = DEFAULT_DETECTORS, options: Mapping[str, Mapping[str, Any]] | None = None
+) -> list[Detector]:
     """Fresh detectors by name (each detector is stateful: one set per cell)."""
     load_builtin()
     options = options or {}
@@ -118,10 +122,18 @@ class StallThreshold:
     is not a hang.
     """
 
-    def __init__(self, floor_s: float = 6.0, factor: float = 2.0, ceiling_s: float = 15.0,
-                 prefill_s_per_token: float = 0.0005, prefill_factor: float = 1.25,
-                 learn_prefill: bool = True, window: int = 512) -> None:
+    def __init__(
+        self,
+        floor_s: float = 6.0,
+        factor: float = 2.0,
+        ceiling_s: float = 15.0,
+        prefill_s_per_token: float = 0.0005,
+        prefill_factor: float = 1.25,
+        learn_prefill: bool = True,
+        window: int = 512,
+    ) -> None:
         from collections import deque
+
         self.floor_s, self.factor, self.ceiling_s = floor_s, factor, ceiling_s
         self.prefill_s_per_token, self.prefill_factor = prefill_s_per_token, prefill_factor
         self.learn_prefill = learn_prefill

@@ -16,11 +16,11 @@ from .protocol import HangVerdict, StallThreshold, Tick, register
 class StreamDetector:
     name = "stream"
 
-    def __init__(self, **threshold_options: Any) -> None:   # StallThreshold's
+    def __init__(self, **threshold_options: Any) -> None:  # StallThreshold's
         self.threshold = StallThreshold(**threshold_options)
         self._last_token_at: float | None = None
-        self._open_since: float | None = None    # first tick of the current period with open streams
-        self._waiting_prompt = 0                 # longest prompt waiting for a first token this silence
+        self._open_since: float | None = None  # first tick of the current period with open streams
+        self._waiting_prompt = 0  # longest prompt waiting for a first token this silence
 
     def observe(self, obs: Tick) -> HangVerdict | None:
         s = obs.stream
@@ -36,8 +36,7 @@ class StreamDetector:
         if s.last_token_at is not None and s.last_token_at != self._last_token_at:
             if self._last_token_at is not None:
                 # the silence just ended: a legitimate gap (measured while streams were open)
-                self.threshold.learn(s.last_token_at - max(self._last_token_at, self._open_since),
-                                     self._waiting_prompt)
+                self.threshold.learn(s.last_token_at - max(self._last_token_at, self._open_since), self._waiting_prompt)
             self._last_token_at = s.last_token_at
             self._waiting_prompt = s.waiting_first_token_prompt_len
             return None
@@ -48,11 +47,13 @@ class StreamDetector:
         if silent <= limit:
             return None
         return HangVerdict(
-            detector=self.name, kind="hang", at=obs.now, since=since,
-            message=(f"no token on any of {s.open_streams} open streams for {silent:.1f} s "
-                     f"(threshold {limit:.1f} s)"),
-            details={"open_streams": s.open_streams, "silent_s": silent, "threshold_s": limit,
-                     "tokens": s.tokens})
+            detector=self.name,
+            kind="hang",
+            at=obs.now,
+            since=since,
+            message=(f"no token on any of {s.open_streams} open streams for {silent:.1f} s (threshold {limit:.1f} s)"),
+            details={"open_streams": s.open_streams, "silent_s": silent, "threshold_s": limit, "tokens": s.tokens},
+        )
 
 
 register("stream")(StreamDetector)

@@ -32,7 +32,7 @@ XID_LINE = re.compile(r"NVRM: Xid \((?P<where>[^)]*)\): (?P<xid>\d+)")
 @dataclass(frozen=True)
 class Check:
     name: str
-    status: str        # ok | warn | fail
+    status: str  # ok | warn | fail
     detail: str
 
     def to_dict(self) -> dict:
@@ -42,25 +42,28 @@ class Check:
 @dataclass(frozen=True)
 class GpuInfo:
     """One GPU as NVML reports it."""
+
     index: int
     name: str
     memory_used: int
     memory_total: int
-    processes: tuple[tuple[int, int], ...] = ()   # (pid, used bytes) of its compute processes
+    processes: tuple[tuple[int, int], ...] = ()  # (pid, used bytes) of its compute processes
 
 
 @dataclass(frozen=True)
 class NvmlProbe:
     """What NVML answered: the GPUs and the driver's CUDA version, or why it could not."""
+
     gpus: tuple[GpuInfo, ...] = ()
-    driver_cuda: tuple[int, int] | None = None     # nvmlSystemGetCudaDriverVersion: 12080 -> (12, 8)
+    driver_cuda: tuple[int, int] | None = None  # nvmlSystemGetCudaDriverVersion: 12080 -> (12, 8)
     driver_version: str = ""
-    error: str | None = None                       # NVML not loadable or not answering
+    error: str | None = None  # NVML not loadable or not answering
 
 
 @dataclass(frozen=True)
 class GpuExpectation:
     """The matrix's GPU type this node is to run: its name, Ray label and count per node."""
+
     type_name: str
     ray_label: str
     count: int
@@ -70,15 +73,15 @@ class GpuExpectation:
 class VllmProbe:
     vllm_version: str | None = None
     torch_version: str | None = None
-    torch_cuda: str | None = None       # torch.version.cuda, the CUDA vLLM's wheel is built with
-    error: str | None = None            # why importing vLLM failed
-    timed_out: bool = False             # the import did not finish in time: not known to be broken
+    torch_cuda: str | None = None  # torch.version.cuda, the CUDA vLLM's wheel is built with
+    error: str | None = None  # why importing vLLM failed
+    timed_out: bool = False  # the import did not finish in time: not known to be broken
 
 
 @dataclass(frozen=True)
 class KernelLog:
     lines: tuple[str, ...] = ()
-    error: str | None = None            # e.g. "dmesg: read kernel buffer failed: Operation not permitted"
+    error: str | None = None  # e.g. "dmesg: read kernel buffer failed: Operation not permitted"
 
 
 def nvml_readable(nvml: NvmlProbe) -> Check:
@@ -86,8 +89,9 @@ def nvml_readable(nvml: NvmlProbe) -> Check:
         return Check("nvml", FAIL, f"no GPU on this node: NVML is not readable ({nvml.error})")
     if not nvml.gpus:
         return Check("nvml", FAIL, "no GPU on this node: NVML answers but lists no GPU")
-    return Check("nvml", OK, f"{len(nvml.gpus)} GPU(s), driver {nvml.driver_version or '?'}, "
-                             f"CUDA {_version(nvml.driver_cuda)}")
+    return Check(
+        "nvml", OK, f"{len(nvml.gpus)} GPU(s), driver {nvml.driver_version or '?'}, CUDA {_version(nvml.driver_cuda)}"
+    )
 
 
 def _normal(name: str) -> str:
@@ -108,18 +112,34 @@ def gpu_type(nvml: NvmlProbe, expected: GpuExpectation | None) -> Check:
     kinds = sorted(set(names))
     if expected is None:
         status = WARN if len(kinds) > 1 else OK
-        return Check("gpu_type", status, f"{len(names)} x {', '.join(kinds)}"
-                     + ("; mixed types on one node" if len(kinds) > 1 else "") + " (no matrix type given to compare)")
+        return Check(
+            "gpu_type",
+            status,
+            f"{len(names)} x {', '.join(kinds)}"
+            + ("; mixed types on one node" if len(kinds) > 1 else "")
+            + " (no matrix type given to compare)",
+        )
     matching = [n for n in names if gpu_type_matches(n, expected)]
     if not matching:
-        return Check("gpu_type", FAIL, f"the matrix's {expected.type_name} (ray_label {expected.ray_label}) is none of "
-                                       f"this node's GPUs: {', '.join(kinds)}")
+        return Check(
+            "gpu_type",
+            FAIL,
+            f"the matrix's {expected.type_name} (ray_label {expected.ray_label}) is none of "
+            f"this node's GPUs: {', '.join(kinds)}",
+        )
     if len(matching) < expected.count:
-        return Check("gpu_type", FAIL, f"{len(matching)} {expected.type_name} GPU(s) here, the matrix says "
-                                       f"{expected.count} per node")
+        return Check(
+            "gpu_type",
+            FAIL,
+            f"{len(matching)} {expected.type_name} GPU(s) here, the matrix says {expected.count} per node",
+        )
     extra = f"; also {len(names) - len(matching)} other GPU(s)" if len(matching) < len(names) else ""
-    return Check("gpu_type", OK, f"{len(matching)} x {kinds[0] if len(kinds) == 1 else expected.type_name} "
-                                 f"= the matrix's {expected.type_name}{extra}")
+    return Check(
+        "gpu_type",
+        OK,
+        f"{len(matching)} x {kinds[0] if len(kinds) == 1 else expected.type_name} "
+        f"= the matrix's {expected.type_name}{extra}",
+    )
 
 
 def gpus_free(nvml: NvmlProbe, own_pids: Sequence[int] = (), indices: Sequence[int] | None = None) -> Check:
@@ -127,8 +147,12 @@ def gpus_free(nvml: NvmlProbe, own_pids: Sequence[int] = (), indices: Sequence[i
     `indices`: only these GPUs (the ones a cell was given; the node's others may run other cells)."""
     mine = set(own_pids)
     wanted = None if indices is None else set(indices)
-    nvml = NvmlProbe(tuple(g for g in nvml.gpus if wanted is None or g.index in wanted), nvml.driver_cuda,
-                     nvml.driver_version, nvml.error)
+    nvml = NvmlProbe(
+        tuple(g for g in nvml.gpus if wanted is None or g.index in wanted),
+        nvml.driver_cuda,
+        nvml.driver_version,
+        nvml.error,
+    )
     foreign = [(g.index, pid, used) for g in nvml.gpus for pid, used in g.processes if pid not in mine]
     if foreign:
         listed = ", ".join(f"GPU{i} pid {pid} ({_gib(used)} GiB)" for i, pid, used in foreign[:6])
@@ -136,8 +160,12 @@ def gpus_free(nvml: NvmlProbe, own_pids: Sequence[int] = (), indices: Sequence[i
     held = [(g.index, g.memory_used) for g in nvml.gpus if g.memory_used > LEFTOVER_BYTES]
     if held:
         listed = ", ".join(f"GPU{i} {_gib(used)} GiB" for i, used in held)
-        return Check("gpus_free", FAIL, f"memory in use with no process NVML shows (another container's job, or "
-                                        f"a dead process's): {listed}; more than {_gib(LEFTOVER_BYTES)} GiB")
+        return Check(
+            "gpus_free",
+            FAIL,
+            f"memory in use with no process NVML shows (another container's job, or "
+            f"a dead process's): {listed}; more than {_gib(LEFTOVER_BYTES)} GiB",
+        )
     if not nvml.gpus:
         return Check("gpus_free", FAIL, "no GPU to check")
     return Check("gpus_free", OK, f"{len(nvml.gpus)} GPU(s) free, none above {_gib(LEFTOVER_BYTES)} GiB used")
@@ -162,20 +190,28 @@ def ptrace_allowed(scope: int | None, cap_eff: int | None, euid: int | None = No
         return Check("ptrace", OK, f"{where}; {cap_text}")
     if has_cap:
         return Check("ptrace", OK, f"kernel.yama.ptrace_scope {scope}; {cap_text}")
-    return Check("ptrace", WARN, f"kernel.yama.ptrace_scope {scope} and {cap_text}: py-spy cannot attach, the "
-                                 "evidence has no stacks (docker run --cap-add SYS_PTRACE, Kubernetes "
-                                 "securityContext.capabilities.add: [SYS_PTRACE], "
-                                 "or sysctl kernel.yama.ptrace_scope=0)")
+    return Check(
+        "ptrace",
+        WARN,
+        f"kernel.yama.ptrace_scope {scope} and {cap_text}: py-spy cannot attach, the "
+        "evidence has no stacks (docker run --cap-add SYS_PTRACE, Kubernetes "
+        "securityContext.capabilities.add: [SYS_PTRACE], "
+        "or sysctl kernel.yama.ptrace_scope=0)",
+    )
 
 
 def shm_size(total: int | None, free: int | None, error: str | None = None) -> Check:
     if total is None:
         return Check("shm", FAIL, f"/dev/shm is not usable ({error or 'not mounted'}): TP > 1 needs it")
     if total < SHM_MIN_BYTES or (free is not None and free < SHM_MIN_BYTES):
-        return Check("shm", FAIL, f"/dev/shm {_gib(total)} GiB ({_gib(free)} GiB free), "
-                                  f"under {_gib(SHM_MIN_BYTES)} GiB: "
-                                  "vLLM's shm broadcast and NCCL's shared-memory transport fail at TP > 1 "
-                                  "(docker run --shm-size 16g or --ipc=host)")
+        return Check(
+            "shm",
+            FAIL,
+            f"/dev/shm {_gib(total)} GiB ({_gib(free)} GiB free), "
+            f"under {_gib(SHM_MIN_BYTES)} GiB: "
+            "vLLM's shm broadcast and NCCL's shared-memory transport fail at TP > 1 "
+            "(docker run --shm-size 16g or --ipc=host)",
+        )
     return Check("shm", OK, f"/dev/shm {_gib(total)} GiB ({_gib(free)} GiB free)")
 
 
@@ -199,11 +235,19 @@ def vllm_build(vllm: VllmProbe, driver_cuda: tuple[int, int] | None) -> Check:
     if driver_cuda is None:
         return Check("vllm", WARN, f"{head}; the driver's CUDA version is unknown")
     if built[0] > driver_cuda[0]:
-        return Check("vllm", FAIL, f"{head}, newer than the driver's CUDA {_version(driver_cuda)}: "
-                                   "update the driver or install a build for this CUDA")
+        return Check(
+            "vllm",
+            FAIL,
+            f"{head}, newer than the driver's CUDA {_version(driver_cuda)}: "
+            "update the driver or install a build for this CUDA",
+        )
     if built > driver_cuda:
-        return Check("vllm", WARN, f"{head}, newer than the driver's CUDA {_version(driver_cuda)} (minor version "
-                                   "compatibility: runs, short of PTX JIT and newer features)")
+        return Check(
+            "vllm",
+            WARN,
+            f"{head}, newer than the driver's CUDA {_version(driver_cuda)} (minor version "
+            "compatibility: runs, short of PTX JIT and newer features)",
+        )
     return Check("vllm", OK, f"{head}; driver CUDA {_version(driver_cuda)}")
 
 

@@ -15,8 +15,8 @@ from typing import Any
 
 from .checks import GpuInfo, KernelLog, NvmlProbe, VllmProbe
 
-VLLM_IMPORT_TIMEOUT_S = 180.0     # a first import compiles and caches; a cold node's disk is slow
-KERNEL_LOG_TAIL = 20000           # lines of the kernel log read for Xid errors
+VLLM_IMPORT_TIMEOUT_S = 180.0  # a first import compiles and caches; a cold node's disk is slow
+KERNEL_LOG_TAIL = 20000  # lines of the kernel log read for Xid errors
 
 
 def read_nvml(nvml: Any = None) -> NvmlProbe:
@@ -36,16 +36,23 @@ def read_nvml(nvml: Any = None) -> NvmlProbe:
             mem = nvml.nvmlDeviceGetMemoryInfo(h)
             name = nvml.nvmlDeviceGetName(h)
             try:
-                procs = tuple((int(p.pid), int(p.usedGpuMemory or 0))
-                              for p in nvml.nvmlDeviceGetComputeRunningProcesses(h))
+                procs = tuple(
+                    (int(p.pid), int(p.usedGpuMemory or 0)) for p in nvml.nvmlDeviceGetComputeRunningProcesses(h)
+                )
             except Exception:  # noqa: BLE001 - a GPU whose processes NVML cannot list is still listed
                 procs = ()
-            gpus.append(GpuInfo(i, name.decode() if isinstance(name, bytes) else str(name), int(mem.used),
-                                int(mem.total), procs))
+            gpus.append(
+                GpuInfo(
+                    i, name.decode() if isinstance(name, bytes) else str(name), int(mem.used), int(mem.total), procs
+                )
+            )
         cuda = int(nvml.nvmlSystemGetCudaDriverVersion())
         driver = nvml.nvmlSystemGetDriverVersion()
-        return NvmlProbe(tuple(gpus), (cuda // 1000, cuda % 1000 // 10),
-                         driver.decode() if isinstance(driver, bytes) else str(driver))
+        return NvmlProbe(
+            tuple(gpus),
+            (cuda // 1000, cuda % 1000 // 10),
+            driver.decode() if isinstance(driver, bytes) else str(driver),
+        )
     except Exception as exc:  # noqa: BLE001 - the doctor reports any NVML failure rather than failing
         return NvmlProbe(error=f"{type(exc).__name__}: {exc}")
     finally:
@@ -110,8 +117,12 @@ print(json.dumps(out))
 """
 
 
-def read_vllm(python: str = sys.executable, run: Callable[..., subprocess.CompletedProcess] = subprocess.run,
-              timeout_s: float = VLLM_IMPORT_TIMEOUT_S, full_import: bool = True) -> VllmProbe:
+def read_vllm(
+    python: str = sys.executable,
+    run: Callable[..., subprocess.CompletedProcess] = subprocess.run,
+    timeout_s: float = VLLM_IMPORT_TIMEOUT_S,
+    full_import: bool = True,
+) -> VllmProbe:
     """vLLM and the CUDA its torch is built for, from a child process of `python`. `full_import`
     imports vLLM itself (what `soakmatrix doctor` does, 10-60 s); without it vLLM is only found
     (its package and distribution), as a run's preflight does to stay cheap: a broken import then

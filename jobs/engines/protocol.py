@@ -17,12 +17,12 @@ from soakmatrix.jobs.soak_spec import SoakSpec
 @dataclass(frozen=True)
 class LaunchCommand:
     argv: list[str]
-    env: Mapping[str, str] = field(default_factory=dict)   # added to the inherited environment
+    env: Mapping[str, str] = field(default_factory=dict)  # added to the inherited environment
     cwd: str | None = None
 
 
 class Engine(Protocol):
-    name: str   # "sim" | "vllm"
+    name: str  # "sim" | "vllm"
 
     def command(self, spec: SoakSpec, host: str, port: int) -> LaunchCommand:
         """The server's argv and environment for this cell, listening on host:port."""

@@ -15,9 +15,25 @@ class SimEngine:
     name = "sim"
 
     def command(self, spec: SoakSpec, host: str, port: int) -> LaunchCommand:
-        argv = [sys.executable, "-m", "soakmatrix.jobs.sim", spec.model_path, *spec.serve_args,
-                "--host", host, "--port", str(port), "--gpu-type", spec.gpu_type, "--seed", str(spec.seed),
-                "--time-scale", str(spec.time_scale), "--hang-record", f"{spec.artifacts_dir}/sim-hangs.jsonl"]
+        argv = [
+            sys.executable,
+            "-m",
+            "soakmatrix.jobs.sim",
+            spec.model_path,
+            *spec.serve_args,
+            "--host",
+            host,
+            "--port",
+            str(port),
+            "--gpu-type",
+            spec.gpu_type,
+            "--seed",
+            str(spec.seed),
+            "--time-scale",
+            str(spec.time_scale),
+            "--hang-record",
+            f"{spec.artifacts_dir}/sim-hangs.jsonl",
+        ]
         if spec.hang_model:
             argv += ["--hang-model", str(spec.hang_model)]
         return LaunchCommand(argv=argv, env=dict(spec.env))

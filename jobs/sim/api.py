@@ -31,8 +31,11 @@ def _dumps(obj: Any) -> str:
 
 
 def _error(status: int, message: str, kind: str = "BadRequestError", param: str | None = None) -> web.Response:
-    return web.Response(status=status, content_type="application/json",
-                        text=_dumps({"error": {"message": message, "type": kind, "param": param, "code": status}}))
+    return web.Response(
+        status=status,
+        content_type="application/json",
+        text=_dumps({"error": {"message": message, "type": kind, "param": param, "code": status}}),
+    )
 
 
 class BadRequest(Exception):
@@ -79,13 +82,31 @@ class SimServer:
 
     async def models(self, request: web.Request) -> web.Response:
         c = self.config
-        card = {"id": c.model_name, "object": "model", "created": self.created, "owned_by": "vllm",
-                "root": c.model, "parent": None, "max_model_len": c.max_model_len,
-                "permission": [{"id": f"modelperm-{uuid.uuid4().hex}", "object": "model_permission",
-                                "created": self.created, "allow_create_engine": False, "allow_sampling": True,
-                                "allow_logprobs": True, "allow_search_indices": False, "allow_view": True,
-                                "allow_fine_tuning": False, "organization": "*", "group": None,
-                                "is_blocking": False}]}
+        card = {
+            "id": c.model_name,
+            "object": "model",
+            "created": self.created,
+            "owned_by": "vllm",
+            "root": c.model,
+            "parent": None,
+            "max_model_len": c.max_model_len,
+            "permission": [
+                {
+                    "id": f"modelperm-{uuid.uuid4().hex}",
+                    "object": "model_permission",
+                    "created": self.created,
+                    "allow_create_engine": False,
+                    "allow_sampling": True,
+                    "allow_logprobs": True,
+                    "allow_search_indices": False,
+                    "allow_view": True,
+                    "allow_fine_tuning": False,
+                    "organization": "*",
+                    "group": None,
+                    "is_blocking": False,
+                }
+            ],
+        }
         return web.Response(content_type="application/json", text=_dumps({"object": "list", "data": [card]}))
 
     async def metrics(self, request: web.Request) -> web.Response:
@@ -109,14 +130,15 @@ class SimServer:
             raise BadRequest("the simulated engine supports n=1 only")
         return body
 
-    def _max_tokens(self, body: dict[str, Any], prompt_len: int, default: int | None,
-                    prompt: list[int]) -> tuple[int, bool]:
+    def _max_tokens(
+        self, body: dict[str, Any], prompt_len: int, default: int | None, prompt: list[int]
+    ) -> tuple[int, bool]:
         value = body.get("max_completion_tokens", body.get("max_tokens"))
         natural = False
         if value is None:
             if default is not None:
                 value = default
-            else:   # chat without a limit: the model "stops" by itself, deterministically
+            else:  # chat without a limit: the model "stops" by itself, deterministically
                 rng = random.Random(f"len:{self.config.seed}:{zlib.crc32(repr(prompt).encode())}")
                 value, natural = rng.randint(16, 256), True
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -129,11 +151,14 @@ class SimServer:
                 raise BadRequest(
                     f"This model's maximum context length is {limit} tokens. However, you requested "
                     f"{prompt_len + value} tokens ({prompt_len} in the messages, {value} in the completion). "
-                    "Please reduce the length of the messages or completion.")
+                    "Please reduce the length of the messages or completion."
+                )
         if prompt_len >= limit:
-            raise BadRequest(f"The prompt (total length {prompt_len}) is too long to fit into the model "
-                             f"(context length {limit}). Make sure that `max_model_len` is no smaller than the "
-                             "number of text tokens plus multimodal tokens.")
+            raise BadRequest(
+                f"The prompt (total length {prompt_len}) is too long to fit into the model "
+                f"(context length {limit}). Make sure that `max_model_len` is no smaller than the "
+                "number of text tokens plus multimodal tokens."
+            )
         return value, natural
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
@@ -163,8 +188,9 @@ class SimServer:
             return _error(exc.status, str(exc), exc.kind)
         return await self._generate(request, body, ids, max_tokens, natural, chat=True)
 
-    async def _generate(self, request: web.Request, body: dict[str, Any], ids: list[int], max_tokens: int,
-                        natural: bool, chat: bool) -> web.StreamResponse:
+    async def _generate(
+        self, request: web.Request, body: dict[str, Any], ids: list[int], max_tokens: int, natural: bool, chat: bool
+    ) -> web.StreamResponse:
         client = self.client
         req_id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         if client.dead is not None:
@@ -189,47 +215,99 @@ class SimServer:
                     tokens.extend(item[0])
                     finish = item[1]
                 finished = True
-                usage = {"prompt_tokens": len(ids), "total_tokens": len(ids) + len(tokens),
-                         "completion_tokens": len(tokens), "prompt_tokens_details": None}
+                usage = {
+                    "prompt_tokens": len(ids),
+                    "total_tokens": len(ids) + len(tokens),
+                    "completion_tokens": len(tokens),
+                    "prompt_tokens_details": None,
+                }
                 text = detokenize(tokens)
                 if chat:
-                    choice = {"index": 0, "message": {"role": "assistant", "content": text, "refusal": None,
-                                                      "annotations": None, "audio": None, "function_call": None,
-                                                      "tool_calls": [], "reasoning_content": None},
-                              "logprobs": None, "finish_reason": finish, "stop_reason": None}
-                    out = {"id": req_id, "object": "chat.completion", "created": created, "model": model,
-                           "choices": [choice], "service_tier": None, "system_fingerprint": None,
-                           "usage": usage, "prompt_logprobs": None, "kv_transfer_params": None}
+                    choice = {
+                        "index": 0,
+                        "message": {
+                            "role": "assistant",
+                            "content": text,
+                            "refusal": None,
+                            "annotations": None,
+                            "audio": None,
+                            "function_call": None,
+                            "tool_calls": [],
+                            "reasoning_content": None,
+                        },
+                        "logprobs": None,
+                        "finish_reason": finish,
+                        "stop_reason": None,
+                    }
+                    out = {
+                        "id": req_id,
+                        "object": "chat.completion",
+                        "created": created,
+                        "model": model,
+                        "choices": [choice],
+                        "service_tier": None,
+                        "system_fingerprint": None,
+                        "usage": usage,
+                        "prompt_logprobs": None,
+                        "kv_transfer_params": None,
+                    }
                 else:
-                    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish,
-                              "stop_reason": None, "prompt_logprobs": None}
-                    out = {"id": req_id, "object": "text_completion", "created": created, "model": model,
-                           "choices": [choice], "service_tier": None, "system_fingerprint": None,
-                           "usage": usage, "kv_transfer_params": None}
+                    choice = {
+                        "index": 0,
+                        "text": text,
+                        "logprobs": None,
+                        "finish_reason": finish,
+                        "stop_reason": None,
+                        "prompt_logprobs": None,
+                    }
+                    out = {
+                        "id": req_id,
+                        "object": "text_completion",
+                        "created": created,
+                        "model": model,
+                        "choices": [choice],
+                        "service_tier": None,
+                        "system_fingerprint": None,
+                        "usage": usage,
+                        "kv_transfer_params": None,
+                    }
                 return web.Response(content_type="application/json", text=_dumps(out))
 
-            resp = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream; charset=utf-8",
-                                                           "Cache-Control": "no-cache"})
+            resp = web.StreamResponse(
+                status=200, headers={"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
+            )
             await resp.prepare(request)
             obj = "chat.completion.chunk" if chat else "text_completion"
             if chat:
-                first = {"id": req_id, "object": obj, "created": created, "model": model,
-                         "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                      "logprobs": None, "finish_reason": None}]}
+                first = {
+                    "id": req_id,
+                    "object": obj,
+                    "created": created,
+                    "model": model,
+                    "choices": [
+                        {
+                            "index": 0,
+                            "delta": {"role": "assistant", "content": ""},
+                            "logprobs": None,
+                            "finish_reason": None,
+                        }
+                    ],
+                }
                 await resp.write(f"data: {_dumps(first)}\n\n".encode())
             total = 0
             finish = None
             while finish is None:
                 item = await state.queue.get()
                 while not isinstance(item, Exception) and item[1] is None and not state.queue.empty():
-                    nxt = state.queue.get_nowait()      # a slow reader gets the steps merged, as in vLLM
+                    nxt = state.queue.get_nowait()  # a slow reader gets the steps merged, as in vLLM
                     if isinstance(nxt, Exception):
                         item = nxt
                         break
                     item = (item[0] + nxt[0], nxt[1])
                 if isinstance(item, Exception):
-                    err = {"error": {"message": DEAD_MESSAGE, "type": "InternalServerError", "param": None,
-                                     "code": 500}}
+                    err = {
+                        "error": {"message": DEAD_MESSAGE, "type": "InternalServerError", "param": None, "code": 500}
+                    }
                     await resp.write(f"data: {_dumps(err)}\n\ndata: [DONE]\n\n".encode())
                     self.request_failed()
                     return resp
@@ -241,8 +319,7 @@ class SimServer:
                     if finish is not None:
                         choice["stop_reason"] = None
                 else:
-                    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish,
-                              "stop_reason": None}
+                    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish, "stop_reason": None}
                 chunk = {"id": req_id, "object": obj, "created": created, "model": model, "choices": [choice]}
                 if not chat:
                     chunk["usage"] = None
@@ -250,8 +327,7 @@ class SimServer:
             finished = True
             if include_usage:
                 usage = {"prompt_tokens": len(ids), "total_tokens": len(ids) + total, "completion_tokens": total}
-                chunk = {"id": req_id, "object": obj, "created": created, "model": model, "choices": [],
-                         "usage": usage}
+                chunk = {"id": req_id, "object": obj, "created": created, "model": model, "choices": [], "usage": usage}
                 await resp.write(f"data: {_dumps(chunk)}\n\n".encode())
             await resp.write(b"data: [DONE]\n\n")
             await resp.write_eof()

@@ -23,8 +23,19 @@ DEFAULT_MAX_MODEL_LEN = 8192
 BLOCK_SIZE = 16
 SPEC_METHODS_MODELLED = ("mtp", "ngram")
 # speculative methods vLLM knows; the simulator runs them as "no speculation" with a note
-SPEC_METHODS_KNOWN = ("eagle", "eagle3", "medusa", "mlp_speculator", "draft_model", "suffix",
-                      "deepseek_mtp", "ernie_mtp", "qwen3_next_mtp", "glm4_moe_mtp", "longcat_flash_mtp")
+SPEC_METHODS_KNOWN = (
+    "eagle",
+    "eagle3",
+    "medusa",
+    "mlp_speculator",
+    "draft_model",
+    "suffix",
+    "deepseek_mtp",
+    "ernie_mtp",
+    "qwen3_next_mtp",
+    "glm4_moe_mtp",
+    "longcat_flash_mtp",
+)
 
 
 class SimUsageError(ValueError):
@@ -34,24 +45,24 @@ class SimUsageError(ValueError):
 @dataclass
 class SimConfig:
     model: str
-    flags: dict[str, Any]                        # canonical values, vLLM defaults filled in
+    flags: dict[str, Any]  # canonical values, vLLM defaults filled in
     host: str = "127.0.0.1"
     port: int = 8000
     served_model_name: str = ""
     max_model_len: int = DEFAULT_MAX_MODEL_LEN
-    num_gpu_blocks: int | None = None            # --num-gpu-blocks-override
+    num_gpu_blocks: int | None = None  # --num-gpu-blocks-override
     hang_model: str | None = None
     gpu_type: str = ""
-    build: tuple[int, str] | None = None         # (ordinal, name) from SOAKMATRIX_BUILD[_ORDINAL]
+    build: tuple[int, str] | None = None  # (ordinal, name) from SOAKMATRIX_BUILD[_ORDINAL]
     time_scale: float = 1.0
     seed: int = 0
     hang_record: str | None = None
-    step_time_scale: float = 1.0                 # benchmarks: 0 = an infinitely fast GPU
-    torch_device: str | None = None              # --torch-device cuda:0: torch drives a real GPU (torch_device.py)
+    step_time_scale: float = 1.0  # benchmarks: 0 = an infinitely fast GPU
+    torch_device: str | None = None  # --torch-device cuda:0: torch drives a real GPU (torch_device.py)
     access_log: bool = True
     log_stats: bool = True
-    explicit: set[str] = field(default_factory=set)   # canonical flags given on the command line
-    notes: list[str] = field(default_factory=list)    # ignored arguments, for the log
+    explicit: set[str] = field(default_factory=set)  # canonical flags given on the command line
+    notes: list[str] = field(default_factory=list)  # ignored arguments, for the log
 
     @property
     def model_name(self) -> str:
@@ -84,8 +95,13 @@ _SIM_OPTIONS = {
 
 # vLLM options that take a value and that the simulator reads.
 _VALUED = {
-    "--host": "host", "--port": "port", "--model": "model", "--served-model-name": "served_model_name",
-    "--max-model-len": "max_model_len", "--num-gpu-blocks-override": "num_gpu_blocks", "--seed": "seed",
+    "--host": "host",
+    "--port": "port",
+    "--model": "model",
+    "--served-model-name": "served_model_name",
+    "--max-model-len": "max_model_len",
+    "--num-gpu-blocks-override": "num_gpu_blocks",
+    "--seed": "seed",
 }
 
 # Canonical flags with a plain argv spelling: option -> (flag, value or None for "takes a value")
@@ -105,20 +121,37 @@ _BOOL_SPELLINGS: dict[str, tuple[str, bool]] = {
     "--no-enable-expert-parallel": ("expert_parallel", False),
 }
 _INT_SPELLINGS = {
-    "--tensor-parallel-size": "tp", "-tp": "tp",
+    "--tensor-parallel-size": "tp",
+    "-tp": "tp",
     "--max-num-seqs": "max_num_seqs",
     "--max-num-batched-tokens": "max_num_batched_tokens",
 }
-_JSON_OPTIONS = {"--compilation-config": "compilation", "-cc": "compilation", "-O": "compilation",
-                 "--speculative-config": "speculative"}
+_JSON_OPTIONS = {
+    "--compilation-config": "compilation",
+    "-cc": "compilation",
+    "-O": "compilation",
+    "--speculative-config": "speculative",
+}
 
 # vLLM switches that take no value (so a following bare word is not eaten as their value)
 _VLLM_SWITCHES = {
-    "--trust-remote-code", "--disable-log-stats", "--disable-log-requests", "--enable-log-requests",
-    "--disable-uvicorn-access-log", "--enable-auto-tool-choice", "--disable-frontend-multiprocessing",
-    "--enable-lora", "--disable-custom-all-reduce", "--enable-sleep-mode", "--skip-tokenizer-init",
-    "--enable-log-outputs", "--enable-prompt-tokens-details", "--enable-force-include-usage",
-    "--disable-fastapi-docs", "--enable-server-load-tracking", "--headless",
+    "--trust-remote-code",
+    "--disable-log-stats",
+    "--disable-log-requests",
+    "--enable-log-requests",
+    "--disable-uvicorn-access-log",
+    "--enable-auto-tool-choice",
+    "--disable-frontend-multiprocessing",
+    "--enable-lora",
+    "--disable-custom-all-reduce",
+    "--enable-sleep-mode",
+    "--skip-tokenizer-init",
+    "--enable-log-outputs",
+    "--enable-prompt-tokens-details",
+    "--enable-force-include-usage",
+    "--disable-fastapi-docs",
+    "--enable-server-load-tracking",
+    "--headless",
 }
 
 
@@ -200,8 +233,10 @@ def parse_sim_argv(argv: Sequence[str], environ: dict[str, str] | None = None) -
         elif option == "--kv-cache-dtype":
             dtype = value()
             if dtype not in flagmod.KV_CACHE_DTYPES:
-                raise SimUsageError(f"argument --kv-cache-dtype: invalid choice: {dtype!r} "
-                                    f"(choose from {', '.join(flagmod.KV_CACHE_DTYPES)})")
+                raise SimUsageError(
+                    f"argument --kv-cache-dtype: invalid choice: {dtype!r} "
+                    f"(choose from {', '.join(flagmod.KV_CACHE_DTYPES)})"
+                )
             canonical["kv_cache_dtype"] = dtype
         elif option in _JSON_OPTIONS:
             text = value()
@@ -225,9 +260,13 @@ def parse_sim_argv(argv: Sequence[str], environ: dict[str, str] | None = None) -
             values["log_stats"] = False
         else:
             # a vLLM option the simulator does not model: skip it and its value, if it has one
-            if inline is None and option not in _VLLM_SWITCHES and i + 1 < len(args) \
-                    and not args[i + 1].startswith("-"):
-                notes.append(" ".join(redact_argv([option, args[i + 1]])))   # logged: no --api-key value
+            if (
+                inline is None
+                and option not in _VLLM_SWITCHES
+                and i + 1 < len(args)
+                and not args[i + 1].startswith("-")
+            ):
+                notes.append(" ".join(redact_argv([option, args[i + 1]])))  # logged: no --api-key value
                 i += 1
             else:
                 notes.append(redact_argv([token])[0])
@@ -250,7 +289,8 @@ def parse_sim_argv(argv: Sequence[str], environ: dict[str, str] | None = None) -
         if mode not in flagmod.CUDAGRAPH_MODES:
             raise SimUsageError(
                 f"--compilation-config: cudagraph_mode: Input should be "
-                f"{', '.join(repr(m) for m in flagmod.CUDAGRAPH_MODES)} [input_value={mode!r}]")
+                f"{', '.join(repr(m) for m in flagmod.CUDAGRAPH_MODES)} [input_value={mode!r}]"
+            )
         canonical["cudagraph_mode"] = mode
     for key in sorted(compilation):
         notes.append(f"--compilation-config key {key!r} is not modelled")
@@ -274,22 +314,21 @@ def _speculative(spec: dict[str, Any], canonical: dict[str, Any], notes: list[st
         raise SimUsageError(f"--speculative-config: Unsupported speculative method: {method!r}")
     if n is None:
         if method == "mtp":
-            n = 1      # vLLM takes the model's MTP layer count; the simulated models have one
+            n = 1  # vLLM takes the model's MTP layer count; the simulated models have one
         else:
-            raise SimUsageError("--speculative-config: num_speculative_tokens must be provided "
-                                f"for method {method!r}")
+            raise SimUsageError(f"--speculative-config: num_speculative_tokens must be provided for method {method!r}")
     if isinstance(n, bool) or not isinstance(n, int):
         raise SimUsageError(f"--speculative-config: num_speculative_tokens must be an integer, got {n!r}")
     if n <= 0:
         raise SimUsageError(
             f"--speculative-config: Value error, num_speculative_tokens must be > 0, got {n}. "
-            "Omit --speculative-config to disable speculative decoding.")
+            "Omit --speculative-config to disable speculative decoding."
+        )
     if method in SPEC_METHODS_MODELLED:
         canonical[method] = n
     else:
         notes.append(f"speculative method {method!r} runs without speculation in the simulator")
-    for key in sorted(set(spec) - {"method", "num_speculative_tokens", "prompt_lookup_max",
-                                   "prompt_lookup_min"}):
+    for key in sorted(set(spec) - {"method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min"}):
         notes.append(f"--speculative-config key {key!r} is not modelled")
 
 
@@ -329,8 +368,7 @@ def _apply_values(config: SimConfig, values: dict[str, Any], environ: dict[str, 
         _check_record(config.hang_record)
     if "torch_device" in values:
         if not re.fullmatch(r"cuda(?::\d+)?|cpu", str(values["torch_device"])):
-            raise SimUsageError("argument --torch-device: cuda, cuda:N or cpu, "
-                                f"got {values['torch_device']!r}")
+            raise SimUsageError(f"argument --torch-device: cuda, cuda:N or cpu, got {values['torch_device']!r}")
         config.torch_device = values["torch_device"]
     config.access_log = values.get("access_log", True)
     config.log_stats = values.get("log_stats", True)
@@ -356,25 +394,33 @@ def _check(config: SimConfig) -> None:
             continue
         problem = flag.check(value)
         if problem:
-            option = {"tp": "--tensor-parallel-size", "kv_cache_dtype": "--kv-cache-dtype",
-                      "max_num_seqs": "--max-num-seqs", "max_num_batched_tokens": "--max-num-batched-tokens",
-                      "mtp": "--speculative-config", "ngram": "--speculative-config",
-                      "cudagraph_mode": "--compilation-config"}.get(name, name)
+            option = {
+                "tp": "--tensor-parallel-size",
+                "kv_cache_dtype": "--kv-cache-dtype",
+                "max_num_seqs": "--max-num-seqs",
+                "max_num_batched_tokens": "--max-num-batched-tokens",
+                "mtp": "--speculative-config",
+                "ngram": "--speculative-config",
+                "cudagraph_mode": "--compilation-config",
+            }.get(name, name)
             raise SimUsageError(f"argument {option}: {problem}")
     if f.get("mtp") and f.get("ngram"):
         raise SimUsageError("--speculative-config: only one speculative method at a time")
     if f.get("ngram") and "async_scheduling" in config.explicit and f.get("async_scheduling"):
-        raise SimUsageError("Async scheduling is not supported with the ngram speculative method "
-                            "(--async-scheduling with --speculative-config method=ngram)")
+        raise SimUsageError(
+            "Async scheduling is not supported with the ngram speculative method "
+            "(--async-scheduling with --speculative-config method=ngram)"
+        )
     mnbt = f.get("max_num_batched_tokens")
     if mnbt is not None:
         if mnbt < f["max_num_seqs"]:
             raise SimUsageError(
-                f"max_num_batched_tokens ({mnbt}) must be greater than or equal to max_num_seqs "
-                f"({f['max_num_seqs']}).")
+                f"max_num_batched_tokens ({mnbt}) must be greater than or equal to max_num_seqs ({f['max_num_seqs']})."
+            )
         if not f.get("chunked_prefill") and mnbt < config.max_model_len:
             raise SimUsageError(
                 f"max_num_batched_tokens ({mnbt}) is smaller than max_model_len ({config.max_model_len}). "
                 "This effectively limits the maximum sequence length to max_num_batched_tokens and makes "
                 "vLLM reject longer sequences. Please increase max_num_batched_tokens or decrease "
-                "max_model_len.")
+                "max_model_len."
+            )

@@ -14,8 +14,10 @@ HELP = """The simulated vLLM server: `soakmatrix sim-engine MODEL [vllm serve fl
 It takes the `vllm serve` flags the flag registry emits, serves vLLM's OpenAI API, /health and
 /metrics, logs like vLLM, and hangs as the hang-model file says (docs/guide/sim-engine.md)."""
 
-USAGE = ("soakmatrix sim-engine MODEL [vllm serve flags...] [--host HOST] [--port PORT] [--hang-model FILE]\n"
-         "                      [--gpu-type TYPE] [--time-scale S] [--seed N] [--hang-record FILE]")
+USAGE = (
+    "soakmatrix sim-engine MODEL [vllm serve flags...] [--host HOST] [--port PORT] [--hang-model FILE]\n"
+    "                      [--gpu-type TYPE] [--time-scale S] [--seed N] [--hang-record FILE]"
+)
 
 OPTIONS = """
 our options:

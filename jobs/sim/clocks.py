@@ -32,10 +32,12 @@ class Clocks:
 
     @classmethod
     def from_env(cls, time_scale: float) -> Clocks:
-        return cls(time_scale,
-                   env_seconds("VLLM_LOG_STATS_INTERVAL", 10.0),
-                   env_seconds("VLLM_RINGBUFFER_WARNING_INTERVAL", 60.0),
-                   env_seconds("VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", 300.0))
+        return cls(
+            time_scale,
+            env_seconds("VLLM_LOG_STATS_INTERVAL", 10.0),
+            env_seconds("VLLM_RINGBUFFER_WARNING_INTERVAL", 60.0),
+            env_seconds("VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", 300.0),
+        )
 
     @property
     def stats_interval_s(self) -> float:

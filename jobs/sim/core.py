@@ -36,7 +36,7 @@ from .proc import die_with_parent, reset_child_signals, set_process_title, setup
 from .scheduler import CoreRequest, Scheduler, SchedulerOutput
 
 VLLM_VERSION = "0.33.0"
-DEFAULT_GPU_BLOCKS = 8192          # per GPU, 16 tokens each (131,072 tokens)
+DEFAULT_GPU_BLOCKS = 8192  # per GPU, 16 tokens each (131,072 tokens)
 
 
 class EngineCore:
@@ -53,15 +53,16 @@ class EngineCore:
         self.scheduler = Scheduler(config, self.num_gpu_blocks)
         self.rng = random.Random(f"soakmatrix-sim-steps:{config.seed}")
         self.hang_model = load_or_empty(config.hang_model)
-        self.clock = HangClock(arm(self.hang_model, config.flags, config.gpu_type, config.seed,
-                                   config.time_scale, config.build))
+        self.clock = HangClock(
+            arm(self.hang_model, config.flags, config.gpu_type, config.seed, config.time_scale, config.build)
+        )
         self.executor = Executor(config, clocks)
         device = config.torch_device
-        if device and device.startswith("cuda"):   # after the workers' fork: CUDA is touched from now
+        if device and device.startswith("cuda"):  # after the workers' fork: CUDA is touched from now
             from .torch_device import CudaTransferEvent
 
             self.scheduler.transfer_event = CudaTransferEvent(device)
-            self.scheduler.transfer_event.synchronize()   # CUDA's set-up now, not in the first step
+            self.scheduler.transfer_event.synchronize()  # CUDA's set-up now, not in the first step
         self.hung: ArmedHang | None = None
         self.recorder = HangRecorder(config.hang_record)
 
@@ -76,23 +77,50 @@ class EngineCore:
         c = self.config
         f = c.flags
         spec = self.spec_text()
-        vlog(logging.INFO, "core.py:93",
-             "Initializing a V1 LLM engine (v%s) with config: model=%r, speculative_config=%s, tokenizer=%r, "
-             "dtype=torch.bfloat16, max_seq_len=%d, tensor_parallel_size=%d, pipeline_parallel_size=1, "
-             "data_parallel_size=1, quantization=None, enforce_eager=%s, kv_cache_dtype=%s, device_config=cuda, "
-             "seed=%d, served_model_name=%s, enable_prefix_caching=%s, enable_chunked_prefill=%s, "
-             "async_scheduling=%s, compilation_config={\"cudagraph_mode\": %r}",
-             VLLM_VERSION, c.model, spec, c.model, c.max_model_len, f["tp"], f["enforce_eager"],
-             f["kv_cache_dtype"], c.seed, c.model_name, f["prefix_caching"], f["chunked_prefill"],
-             f["async_scheduling"], f["cudagraph_mode"])
+        vlog(
+            logging.INFO,
+            "core.py:93",
+            "Initializing a V1 LLM engine (v%s) with config: model=%r, speculative_config=%s, tokenizer=%r, "
+            "dtype=torch.bfloat16, max_seq_len=%d, tensor_parallel_size=%d, pipeline_parallel_size=1, "
+            "data_parallel_size=1, quantization=None, enforce_eager=%s, kv_cache_dtype=%s, device_config=cuda, "
+            "seed=%d, served_model_name=%s, enable_prefix_caching=%s, enable_chunked_prefill=%s, "
+            'async_scheduling=%s, compilation_config={"cudagraph_mode": %r}',
+            VLLM_VERSION,
+            c.model,
+            spec,
+            c.model,
+            c.max_model_len,
+            f["tp"],
+            f["enforce_eager"],
+            f["kv_cache_dtype"],
+            c.seed,
+            c.model_name,
+            f["prefix_caching"],
+            f["chunked_prefill"],
+            f["async_scheduling"],
+            f["cudagraph_mode"],
+        )
         vlog(logging.INFO, "gpu_model_runner.py:2957", "Model loading took 1.21 GiB memory and 0.42 seconds")
         tokens = self.num_gpu_blocks * BLOCK_SIZE
         vlog(logging.INFO, "kv_cache_utils.py:1087", "GPU KV cache size: %s tokens", f"{tokens:,}")
-        vlog(logging.INFO, "kv_cache_utils.py:1091", "Maximum concurrency for %s tokens per request: %.2fx",
-             f"{c.max_model_len:,}", tokens / c.max_model_len)
+        vlog(
+            logging.INFO,
+            "kv_cache_utils.py:1091",
+            "Maximum concurrency for %s tokens per request: %.2fx",
+            f"{c.max_model_len:,}",
+            tokens / c.max_model_len,
+        )
         for a in self.clock.armed:
-            vlog(logging.DEBUG, "sim_hangs.py:1", "armed hang %s (%s): effective MTTF %.1f s, fires after %.3f s "
-                 "of load (time scale %g)", a.hang.id, a.hang.style, a.mttf_s, a.fires_after_s, c.time_scale)
+            vlog(
+                logging.DEBUG,
+                "sim_hangs.py:1",
+                "armed hang %s (%s): effective MTTF %.1f s, fires after %.3f s of load (time scale %g)",
+                a.hang.id,
+                a.hang.style,
+                a.mttf_s,
+                a.fires_after_s,
+                c.time_scale,
+            )
         vlog(logging.INFO, "core.py:220", "init engine (profile, create kv cache, warmup model) took 0.51 seconds")
 
     # -- messages from the API server
@@ -101,8 +129,9 @@ class EngineCore:
         if kind == "add":
             _, req_id, prompt, max_tokens, req_seed = msg
             salt = f"{self.config.seed}:{req_seed}:{zlib.crc32(repr(prompt).encode())}"
-            self.scheduler.add(CoreRequest(req_id, prompt, max_tokens, random.Random("tok:" + salt),
-                                           random.Random("spec:" + salt)))
+            self.scheduler.add(
+                CoreRequest(req_id, prompt, max_tokens, random.Random("tok:" + salt), random.Random("spec:" + salt))
+            )
         elif kind == "abort":
             self.scheduler.abort(msg[1])
         elif kind == "shutdown":
@@ -152,35 +181,59 @@ class EngineCore:
         except BaseException as exc:
             if not isinstance(exc, SystemExit):
                 c = self.config
-                vlog(logging.ERROR, "dump_input.py:69",
-                     "Dumping input data for V1 LLM engine (v%s) with config: model=%r, tensor_parallel_size=%d, "
-                     "speculative_config=%s, enforce_eager=%s, seed=%d", VLLM_VERSION, c.model, c.flags["tp"],
-                     self.spec_text(), c.flags["enforce_eager"], c.seed)
-                vlog(logging.ERROR, "dump_input.py:76", "Dumping scheduler output for model execution: %s",
-                     sched.describe())
+                vlog(
+                    logging.ERROR,
+                    "dump_input.py:69",
+                    "Dumping input data for V1 LLM engine (v%s) with config: model=%r, tensor_parallel_size=%d, "
+                    "speculative_config=%s, enforce_eager=%s, seed=%d",
+                    VLLM_VERSION,
+                    c.model,
+                    c.flags["tp"],
+                    self.spec_text(),
+                    c.flags["enforce_eager"],
+                    c.seed,
+                )
+                vlog(
+                    logging.ERROR,
+                    "dump_input.py:76",
+                    "Dumping scheduler output for model execution: %s",
+                    sched.describe(),
+                )
                 vlog(logging.ERROR, "dump_input.py:79", "Dumping scheduler stats: %s", self.scheduler.stats_text())
             raise
 
     def _step(self) -> None:
-        sched = self.scheduler.schedule()          # silent_stall never returns from here
+        sched = self.scheduler.schedule()  # silent_stall never returns from here
         step_s = step_time_s(self.config, sched, self.rng) * self.config.step_time_scale
         with self.log_error_detail(sched):
-            self.executor.execute_model(step_s)     # crash raises here
-            self.executor.sample_tokens(step_s)     # shm_broadcast: warnings, then TimeoutError
+            self.executor.execute_model(step_s)  # crash raises here
+            self.executor.sample_tokens(step_s)  # shm_broadcast: warnings, then TimeoutError
         spec = None
         if self.scheduler.spec_k:
             k = self.scheduler.spec_k
             spec = {"drafts": 0, "draft_tokens": 0, "accepted": 0, "accepted_pos": [0] * k}
         outputs, prompt_tokens, gen_tokens = self.scheduler.update_from_output(sched, spec)  # event_sync_stall
         s = self.scheduler
-        self.outbox.put(("out", {
-            "outputs": outputs,
-            "running": len(s.running), "waiting": len(s.waiting), "kv": s.kv_usage(),
-            "prompt_tokens": prompt_tokens, "gen_tokens": gen_tokens, "iter_tokens": sched.total_tokens,
-            "preempted": s.stat_preempted, "prefix_requests": s.stat_prefix_requests,
-            "prefix_queries": s.stat_prefix_queries, "prefix_hits": s.stat_prefix_hits, "spec": spec,
-            "step_s": step_s,
-        }))
+        self.outbox.put(
+            (
+                "out",
+                {
+                    "outputs": outputs,
+                    "running": len(s.running),
+                    "waiting": len(s.waiting),
+                    "kv": s.kv_usage(),
+                    "prompt_tokens": prompt_tokens,
+                    "gen_tokens": gen_tokens,
+                    "iter_tokens": sched.total_tokens,
+                    "preempted": s.stat_preempted,
+                    "prefix_requests": s.stat_prefix_requests,
+                    "prefix_queries": s.stat_prefix_queries,
+                    "prefix_hits": s.stat_prefix_hits,
+                    "spec": spec,
+                    "step_s": step_s,
+                },
+            )
+        )
 
     # -- hangs
     def _signature_of(self, style: str) -> str:
@@ -196,11 +249,18 @@ class EngineCore:
         self.hung = armed
         style = armed.hang.style
         record = {
-            "hang_id": armed.hang.id, "style": style, "signature": self._signature_of(style),
-            "began_at": time.time(), "engine_time_s": round(self.clock.exposure_s, 6),
-            "running": running, "waiting": len(self.scheduler.waiting),
-            "mttf_s": armed.mttf_s, "fires_after_s": armed.fires_after_s, "accrued_s": round(armed.accrued_s, 6),
-            "time_scale": self.config.time_scale, "pid": os.getpid(),
+            "hang_id": armed.hang.id,
+            "style": style,
+            "signature": self._signature_of(style),
+            "began_at": time.time(),
+            "engine_time_s": round(self.clock.exposure_s, 6),
+            "running": running,
+            "waiting": len(self.scheduler.waiting),
+            "mttf_s": armed.mttf_s,
+            "fires_after_s": armed.fires_after_s,
+            "accrued_s": round(armed.accrued_s, 6),
+            "time_scale": self.config.time_scale,
+            "pid": os.getpid(),
         }
         if style == "silent_stall":
             self.scheduler.stalled = True
@@ -212,8 +272,14 @@ class EngineCore:
             self.executor.crash_next = True
         # the record after the hang is planted, and off this thread: see hang_record.py
         self.recorder.write(record)
-        vlog(logging.DEBUG, "sim_core.py:1", "soakmatrix sim: hang %s (%s) began: %s",
-             armed.hang.id, style, json.dumps(record, sort_keys=True))
+        vlog(
+            logging.DEBUG,
+            "sim_core.py:1",
+            "soakmatrix sim: hang %s (%s) began: %s",
+            armed.hang.id,
+            style,
+            json.dumps(record, sort_keys=True),
+        )
 
 
 def run_engine_core(config: SimConfig, inbox: Any, outbox: Any, parent_pid: int) -> None:

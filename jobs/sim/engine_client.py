@@ -46,16 +46,16 @@ class RequestState:
         self.natural_stop = natural_stop
 
 
-def _core_entry(config: SimConfig, inbox: Any, outbox: Any, close: tuple[socket.socket, ...],
-                parent_pid: int) -> None:
-    for sock in close:      # the API server's listening socket is not the engine core's to hold
+def _core_entry(config: SimConfig, inbox: Any, outbox: Any, close: tuple[socket.socket, ...], parent_pid: int) -> None:
+    for sock in close:  # the API server's listening socket is not the engine core's to hold
         sock.close()
     run_engine_core(config, inbox, outbox, parent_pid)
 
 
 class EngineClient:
-    def __init__(self, config: SimConfig, metrics: Metrics, stats: StatLogger,
-                 close_in_core: tuple[socket.socket, ...] = ()) -> None:
+    def __init__(
+        self, config: SimConfig, metrics: Metrics, stats: StatLogger, close_in_core: tuple[socket.socket, ...] = ()
+    ) -> None:
         import multiprocessing as mp
 
         self.config = config
@@ -64,8 +64,12 @@ class EngineClient:
         ctx = mp.get_context("fork")
         self.inbox = ctx.Queue()
         self.outbox = ctx.Queue()
-        self.proc = ctx.Process(target=_core_entry, args=(config, self.inbox, self.outbox, close_in_core, os.getpid()),
-                                name="EngineCore_DP0", daemon=False)
+        self.proc = ctx.Process(
+            target=_core_entry,
+            args=(config, self.inbox, self.outbox, close_in_core, os.getpid()),
+            name="EngineCore_DP0",
+            daemon=False,
+        )
         self.requests: dict[str, RequestState] = {}
         self.dead: str | None = None
         self.shutting_down = False
@@ -88,8 +92,12 @@ class EngineClient:
                 return True
             if msg[0] == "dead":
                 break
-        vlog(logging.ERROR, "core_client.py:564", "Engine core initialization failed. See root cause above. "
-             "Failed core proc(s): {'EngineCore_DP0': %s}", self.proc.exitcode)
+        vlog(
+            logging.ERROR,
+            "core_client.py:564",
+            "Engine core initialization failed. See root cause above. Failed core proc(s): {'EngineCore_DP0': %s}",
+            self.proc.exitcode,
+        )
         self.shutdown()
         return False
 
@@ -107,7 +115,7 @@ class EngineClient:
                 return
             try:
                 self.loop.call_soon_threadsafe(self._on_message, msg)
-            except RuntimeError:   # loop closed
+            except RuntimeError:  # loop closed
                 return
 
     def _watch_core(self) -> None:
@@ -130,8 +138,11 @@ class EngineClient:
     def _core_gone(self) -> None:
         if self.shutting_down or self.dead is not None:
             return
-        vlog(logging.ERROR, "core_client.py:564",
-             "Engine core proc EngineCore_DP0 died unexpectedly, shutting down client.")
+        vlog(
+            logging.ERROR,
+            "core_client.py:564",
+            "Engine core proc EngineCore_DP0 died unexpectedly, shutting down client.",
+        )
         self._mark_dead(f"engine core exited with code {self.proc.exitcode}")
 
     def _on_message(self, msg: tuple) -> None:

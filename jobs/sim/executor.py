@@ -47,7 +47,7 @@ def step_time_s(config: SimConfig, sched: SchedulerOutput, rng: random.Random) -
         t_decode *= 1.5
     t_prefill = sum(0.00025 * i.tokens + 1.5e-8 * i.tokens * (i.req.num_computed + i.tokens) for i in prefill)
     tp = int(f.get("tp") or 1)
-    t = (t_decode + t_prefill) / tp ** 0.8 + (0.0005 * math.log2(tp) if tp > 1 else 0.0)
+    t = (t_decode + t_prefill) / tp**0.8 + (0.0005 * math.log2(tp) if tp > 1 else 0.0)
     return max(0.001, t * (1.0 + max(-0.1, min(0.1, rng.gauss(0.0, 0.04)))))
 
 
@@ -70,7 +70,7 @@ def execute_model(step: dict[str, Any], rank: int, runner: Any = None) -> None:
         time.sleep(step["step_s"])
 
 
-READY = "READY"                 # a worker's first message: named, logging, in its loop
+READY = "READY"  # a worker's first message: named, logging, in its loop
 WORKER_READY_TIMEOUT_S = 120.0  # generous: two busy cores fork TP workers slowly
 
 
@@ -91,15 +91,22 @@ def worker_busy_loop(inbox: Any, outbox: Any, rank: int, runner: Any = None) -> 
             return
 
 
-def worker_main(inbox: Any, outbox: Any, rank: int, config: SimConfig, parent_pid: int,
-                store: str | None = None) -> None:
+def worker_main(
+    inbox: Any, outbox: Any, rank: int, config: SimConfig, parent_pid: int, store: str | None = None
+) -> None:
     set_process_title(f"VLLM::Worker_TP{rank}")
     die_with_parent(parent_pid)
     reset_child_signals()
     setup_process_logging(f"Worker_TP{rank}")
-    vlog(logging.INFO, "parallel_state.py:1325",
-         "rank %d in world size %d is assigned as DP rank 0, PP rank 0, TP rank %d, EP rank %d",
-         rank, config.flags["tp"], rank, rank)
+    vlog(
+        logging.INFO,
+        "parallel_state.py:1325",
+        "rank %d in world size %d is assigned as DP rank 0, PP rank 0, TP rank %d, EP rank %d",
+        rank,
+        config.flags["tp"],
+        rank,
+        rank,
+    )
     # torch imported, the device and the workers' group set up before READY, as vLLM's workers load
     # their model first: the engine is up only once every runner can step
     make_runner = device_runner(config, rank, store)
@@ -147,16 +154,21 @@ class Executor:
             writers.append(in_w)
             readers.append(out_r)
             if self.tp == 1:
-                make_runner = device_runner(config, rank, None)   # TP 1: torch in the engine core itself
+                make_runner = device_runner(config, rank, None)  # TP 1: torch in the engine core itself
                 runner = make_runner() if make_runner is not None else None
-                t = threading.Thread(target=worker_busy_loop, args=(in_r, out_w, rank, runner), name="model-runner",
-                                     daemon=True)
+                t = threading.Thread(
+                    target=worker_busy_loop, args=(in_r, out_w, rank, runner), name="model-runner", daemon=True
+                )
                 t.start()
                 self.threads.append(t)
             else:
                 extra = (store,) if store else ()
-                p = ctx.Process(target=worker_main, args=(in_r, out_w, rank, config, os.getpid(), *extra),
-                                name=f"Worker_TP{rank}", daemon=False)
+                p = ctx.Process(
+                    target=worker_main,
+                    args=(in_r, out_w, rank, config, os.getpid(), *extra),
+                    name=f"Worker_TP{rank}",
+                    daemon=False,
+                )
                 p.start()
                 in_r.close()
                 out_w.close()
@@ -166,15 +178,17 @@ class Executor:
         for rank, (reader, proc) in enumerate(zip(readers, self.procs, strict=False)):
             try:
                 ready = reader.poll(WORKER_READY_TIMEOUT_S) and reader.recv() == READY
-            except (EOFError, OSError):   # its end of the pipe closed: the worker died first
+            except (EOFError, OSError):  # its end of the pipe closed: the worker died first
                 proc.join(timeout=2)
                 self.shutdown()
-                raise RuntimeError(f"Worker_TP{rank} (pid {proc.pid}) exited with code {proc.exitcode} "
-                                   "before it became ready") from None
+                raise RuntimeError(
+                    f"Worker_TP{rank} (pid {proc.pid}) exited with code {proc.exitcode} before it became ready"
+                ) from None
             if not ready:
                 self.shutdown()
-                raise RuntimeError(f"Worker_TP{rank} (pid {proc.pid}) did not become ready "
-                                   f"in {WORKER_READY_TIMEOUT_S:.0f} s")
+                raise RuntimeError(
+                    f"Worker_TP{rank} (pid {proc.pid}) did not become ready in {WORKER_READY_TIMEOUT_S:.0f} s"
+                )
         self.mq = MessageQueue(writers, readers, clocks.ring_warning_s, int(clocks.ring_warning_nominal))
         self.hang_rank: int | None = None
         self.crash_next = False
@@ -184,7 +198,8 @@ class Executor:
             raise RuntimeError(
                 "CUDA error: an illegal memory access was encountered\n"
                 "CUDA kernel errors might be asynchronously reported at some other API call, so the "
-                "stacktrace below might be incorrect.\nFor debugging consider passing CUDA_LAUNCH_BLOCKING=1")
+                "stacktrace below might be incorrect.\nFor debugging consider passing CUDA_LAUNCH_BLOCKING=1"
+            )
         msg = {"step_s": step_s}
         if self.hang_rank is not None:
             msg["hang_rank"] = self.hang_rank
@@ -207,4 +222,3 @@ class Executor:
                 p.kill()
         for p in self.procs:
             p.join(timeout=2)
-

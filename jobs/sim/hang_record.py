@@ -41,7 +41,7 @@ class HangRecorder:
             fh.flush()
             try:
                 os.fsync(fh.fileno())
-            except OSError:   # a pipe, or a filesystem without fsync: the line is written all the same
+            except OSError:  # a pipe, or a filesystem without fsync: the line is written all the same
                 pass
 
     def close(self, timeout_s: float = 10.0) -> None:

@@ -27,12 +27,14 @@ def engine_identity(full_flags: Mapping[str, object], gpu: str | None) -> str:
     return json.dumps({"flags": dict(sorted(full_flags.items())), "gpu": gpu or None}, sort_keys=True, default=str)
 
 
-def draw_time_to_hang(hang: Hang, flags: Mapping[str, object], model_seed: int, seed: int,
-                      time_scale: float = 1.0, gpu: str | None = None) -> float:
+def draw_time_to_hang(
+    hang: Hang, flags: Mapping[str, object], model_seed: int, seed: int, time_scale: float = 1.0, gpu: str | None = None
+) -> float:
     """Wall seconds of qualifying load before `hang` fires (exponential, mean MTTF / time_scale)."""
     full = flagmod.resolve_defaults(flags)
-    return hang_arming.draw_exposure(RNG_NAMESPACE, model_seed, seed, hang.id, hang.effective_mttf_s(full),
-                                     time_scale, engine_identity(full, gpu))
+    return hang_arming.draw_exposure(
+        RNG_NAMESPACE, model_seed, seed, hang.id, hang.effective_mttf_s(full), time_scale, engine_identity(full, gpu)
+    )
 
 
 @dataclass
@@ -46,13 +48,29 @@ class ArmedHang(hang_arming.Arming):
         return self.fires_after_s - self.accrued_s
 
 
-def arm(model: HangModel, flags: Mapping[str, object], gpu: str | None, seed: int,
-        time_scale: float = 1.0, build: tuple[int, str] | None = None) -> list[ArmedHang]:
+def arm(
+    model: HangModel,
+    flags: Mapping[str, object],
+    gpu: str | None,
+    seed: int,
+    time_scale: float = 1.0,
+    build: tuple[int, str] | None = None,
+) -> list[ArmedHang]:
     """The hangs this engine carries; `build` (ordinal, name) for hang models keyed on the build."""
     full = flagmod.resolve_defaults(flags)
-    return [ArmedHang(a.hang, a.mttf_s, a.fires_after_s)
-            for a in hang_arming.arm(model, full, gpu, seed, RNG_NAMESPACE, time_scale=time_scale, build=build,
-                                     identity=engine_identity(full, gpu))]
+    return [
+        ArmedHang(a.hang, a.mttf_s, a.fires_after_s)
+        for a in hang_arming.arm(
+            model,
+            full,
+            gpu,
+            seed,
+            RNG_NAMESPACE,
+            time_scale=time_scale,
+            build=build,
+            identity=engine_identity(full, gpu),
+        )
+    ]
 
 
 class HangClock:
@@ -60,7 +78,7 @@ class HangClock:
 
     def __init__(self, armed: Sequence[ArmedHang]) -> None:
         self.armed = list(armed)
-        self.exposure_s = 0.0   # wall seconds with at least one request running
+        self.exposure_s = 0.0  # wall seconds with at least one request running
         self.fired: ArmedHang | None = None
 
     def advance(self, dt: float, running: int) -> ArmedHang | None:

@@ -44,36 +44,100 @@ class Metrics:
         self.prompt_tokens = c("vllm:prompt_tokens", "Number of prefill tokens processed.")
         self.generation_tokens = c("vllm:generation_tokens", "Number of generation tokens processed.")
         self.preemptions = c("vllm:num_preemptions", "Cumulative number of preemption from the engine.")
-        self.prefix_queries = c("vllm:prefix_cache_queries",
-                                "Prefix cache queries, in terms of number of queried tokens.")
+        self.prefix_queries = c(
+            "vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens."
+        )
         self.prefix_hits = c("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.")
-        self._success = Counter("vllm:request_success", "Count of successfully processed requests.",
-                                labels + ["finished_reason"], registry=r)
+        self._success = Counter(
+            "vllm:request_success",
+            "Count of successfully processed requests.",
+            labels + ["finished_reason"],
+            registry=r,
+        )
         for reason in ("stop", "length", "abort"):
             self._success.labels(finished_reason=reason, **values)
         self._values = values
-        self.iteration_tokens = h("vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.",
-                                  [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384])
-        self.ttft = h("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
-                      [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
-                       7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0])
-        self.itl = h("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
-                     [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
-                      10.0, 20.0, 40.0, 80.0])
-        self.e2e = h("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
-                     [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
-                      120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0])
+        self.iteration_tokens = h(
+            "vllm:iteration_tokens_total",
+            "Histogram of number of tokens per engine_step.",
+            [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384],
+        )
+        self.ttft = h(
+            "vllm:time_to_first_token_seconds",
+            "Histogram of time to first token in seconds.",
+            [
+                0.001,
+                0.005,
+                0.01,
+                0.02,
+                0.04,
+                0.06,
+                0.08,
+                0.1,
+                0.25,
+                0.5,
+                0.75,
+                1.0,
+                2.5,
+                5.0,
+                7.5,
+                10.0,
+                20.0,
+                40.0,
+                80.0,
+                160.0,
+                640.0,
+                2560.0,
+            ],
+        )
+        self.itl = h(
+            "vllm:inter_token_latency_seconds",
+            "Histogram of inter-token latency in seconds.",
+            [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0],
+        )
+        self.e2e = h(
+            "vllm:e2e_request_latency_seconds",
+            "Histogram of e2e request latency in seconds.",
+            [
+                0.3,
+                0.5,
+                0.8,
+                1.0,
+                1.5,
+                2.0,
+                2.5,
+                5.0,
+                10.0,
+                15.0,
+                20.0,
+                30.0,
+                40.0,
+                50.0,
+                60.0,
+                120.0,
+                240.0,
+                480.0,
+                960.0,
+                1920.0,
+                7680.0,
+            ],
+        )
         token_buckets = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000]
         self.request_prompt = h("vllm:request_prompt_tokens", "Number of prefill tokens processed.", token_buckets)
-        self.request_generation = h("vllm:request_generation_tokens", "Number of generation tokens processed.",
-                                    token_buckets)
+        self.request_generation = h(
+            "vllm:request_generation_tokens", "Number of generation tokens processed.", token_buckets
+        )
         self.spec = spec
         if spec:
             self.spec_drafts = c("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.")
             self.spec_draft_tokens = c("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.")
             self.spec_accepted = c("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.")
-            self._spec_pos = Counter("vllm:spec_decode_num_accepted_tokens_per_pos",
-                                     "Accepted tokens per draft position.", labels + ["position"], registry=r)
+            self._spec_pos = Counter(
+                "vllm:spec_decode_num_accepted_tokens_per_pos",
+                "Accepted tokens per draft position.",
+                labels + ["position"],
+                registry=r,
+            )
 
     def success(self, reason: str) -> None:
         self._success.labels(finished_reason=reason, **self._values).inc()
@@ -90,10 +154,11 @@ class Metrics:
 @dataclass
 class _SpecTotals:
     """Speculative decoding since the last log line."""
+
     drafts: int = 0
     draft_tokens: int = 0
     accepted: int = 0
-    accepted_pos: list[int] = field(default_factory=list)   # acceptances at each draft position
+    accepted_pos: list[int] = field(default_factory=list)  # acceptances at each draft position
 
 
 class StatLogger:
@@ -109,7 +174,7 @@ class StatLogger:
         self.running = 0
         self.waiting = 0
         self.kv = 0.0
-        self.prefix: deque[tuple[int, int, int]] = deque()   # (requests, queries, hits), last 1000 requests
+        self.prefix: deque[tuple[int, int, int]] = deque()  # (requests, queries, hits), last 1000 requests
         self.prefix_totals = [0, 0, 0]
         self.spec = _SpecTotals()
 
@@ -149,8 +214,12 @@ class StatLogger:
         idle = not any((prompt_tp, generation_tp, self.last_prompt_tp, self.last_generation_tp))
         level = logging.DEBUG if idle else logging.INFO
         self.last_prompt_tp, self.last_generation_tp = prompt_tp, generation_tp
-        parts = ["Avg prompt throughput: %.1f tokens/s", "Avg generation throughput: %.1f tokens/s",
-                 "Running: %d reqs", "Waiting: %d reqs"]
+        parts = [
+            "Avg prompt throughput: %.1f tokens/s",
+            "Avg generation throughput: %.1f tokens/s",
+            "Running: %d reqs",
+            "Waiting: %d reqs",
+        ]
         args: list[Any] = [prompt_tp, generation_tp, self.running, self.waiting]
         if self.num_preemptions > 0:
             parts.append("Preemptions: %d")
@@ -161,13 +230,20 @@ class StatLogger:
         s = self.spec
         if s.drafts:
             rates = ", ".join(f"{n / s.drafts:.3f}" for n in s.accepted_pos)
-            vlog(level, "metrics.py:96",
-                 "SpecDecoding metrics: Mean acceptance length: %.2f, Accepted throughput: %.2f tokens/s, "
-                 "Drafted throughput: %.2f tokens/s, Accepted: %d tokens, Drafted: %d tokens, "
-                 "Per-position acceptance rate: %s, Avg Draft acceptance rate: %.1f%%",
-                 1 + s.accepted / s.drafts, s.accepted / elapsed, s.draft_tokens / elapsed,
-                 s.accepted, s.draft_tokens, rates,
-                 100.0 * s.accepted / s.draft_tokens if s.draft_tokens else 0.0)
+            vlog(
+                level,
+                "metrics.py:96",
+                "SpecDecoding metrics: Mean acceptance length: %.2f, Accepted throughput: %.2f tokens/s, "
+                "Drafted throughput: %.2f tokens/s, Accepted: %d tokens, Drafted: %d tokens, "
+                "Per-position acceptance rate: %s, Avg Draft acceptance rate: %.1f%%",
+                1 + s.accepted / s.drafts,
+                s.accepted / elapsed,
+                s.draft_tokens / elapsed,
+                s.accepted,
+                s.draft_tokens,
+                rates,
+                100.0 * s.accepted / s.draft_tokens if s.draft_tokens else 0.0,
+            )
         self.num_prompt = self.num_generation = self.num_preemptions = 0
         self.spec = _SpecTotals()
         self.last_log = now

@@ -97,7 +97,7 @@ def setup_process_logging(process_name: str) -> logging.Logger:
     logger.addHandler(handler)
     logger.setLevel(log_level())
     logger.propagate = False
-    plain = logging.getLogger(LOGGER_NAME + ".plain")     # uvicorn-style `INFO:     ...` lines
+    plain = logging.getLogger(LOGGER_NAME + ".plain")  # uvicorn-style `INFO:     ...` lines
     for h in list(plain.handlers):
         plain.removeHandler(h)
     ph = logging.StreamHandler(sys.stderr)

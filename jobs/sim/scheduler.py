@@ -31,10 +31,10 @@ class CoreRequest:
     token_rng: random.Random
     spec_rng: random.Random
     output: list[int] = field(default_factory=list)
-    num_computed: int = 0           # tokens whose KV is computed
-    target: int = 0                 # tokens to prefill before decoding (prompt, + output after preemption)
+    num_computed: int = 0  # tokens whose KV is computed
+    target: int = 0  # tokens to prefill before decoding (prompt, + output after preemption)
     blocks: int = 0
-    admitted: bool = False          # counted in the prefix-cache stats
+    admitted: bool = False  # counted in the prefix-cache stats
     first_token_sent: bool = False
 
     @property
@@ -65,10 +65,12 @@ class SchedulerOutput:
     def describe(self) -> str:
         new = [i.req.id for i in self.items if i.prefill and i.req.num_computed == 0]
         cached = [i.req.id for i in self.items if i.req.id not in new]
-        return (f"SchedulerOutput(scheduled_new_reqs={new!r}, scheduled_cached_reqs=CachedRequestData("
-                f"req_ids={cached!r}), num_scheduled_tokens={ {i.req.id: i.tokens for i in self.items} !r}, "
-                f"total_num_scheduled_tokens={self.total_tokens}, scheduled_spec_decode_tokens={{}}, "
-                f"num_common_prefix_blocks=[0], finished_req_ids=[], free_encoder_mm_hashes=[])")
+        return (
+            f"SchedulerOutput(scheduled_new_reqs={new!r}, scheduled_cached_reqs=CachedRequestData("
+            f"req_ids={cached!r}), num_scheduled_tokens={ {i.req.id: i.tokens for i in self.items}!r}, "
+            f"total_num_scheduled_tokens={self.total_tokens}, scheduled_spec_decode_tokens={{}}, "
+            f"num_common_prefix_blocks=[0], finished_req_ids=[], free_encoder_mm_hashes=[])"
+        )
 
 
 class TransferEvent(Protocol):
@@ -87,7 +89,7 @@ class _TransferEvent:
         self._never = threading.Event()
 
     def synchronize(self) -> None:
-        while self.stuck:      # seed 000: cuEventSynchronize never returns
+        while self.stuck:  # seed 000: cuEventSynchronize never returns
             self._never.wait(0.5)
 
 
@@ -134,7 +136,7 @@ class Scheduler:
         self.step_counter = 0
         self.transfer_event: TransferEvent = _TransferEvent()
         self.stalled = False
-        self.stall_as_deadlock = bool(config.torch_device)   # the GPU tree's host stall: a true deadlock
+        self.stall_as_deadlock = bool(config.torch_device)  # the GPU tree's host stall: a true deadlock
         self._never = threading.Event()
         self._reset_step_stats()
 
@@ -178,7 +180,7 @@ class Scheduler:
     def _block_hashes(self, tokens: list[int]) -> list[int]:
         hashes, h = [], 0
         for start in range(0, len(tokens) - BLOCK_SIZE + 1, BLOCK_SIZE):
-            h = zlib.crc32(repr((h, tokens[start:start + BLOCK_SIZE])).encode())
+            h = zlib.crc32(repr((h, tokens[start : start + BLOCK_SIZE])).encode())
             hashes.append(h)
         return hashes
 
@@ -190,7 +192,7 @@ class Scheduler:
             if h not in self.prefix:
                 break
             hit += BLOCK_SIZE
-        return min(hit, len(req.prompt) - 1)    # vLLM always computes the last prompt token
+        return min(hit, len(req.prompt) - 1)  # vLLM always computes the last prompt token
 
     def _remember_prefix(self, req: CoreRequest) -> None:
         if not self.prefix_caching:
@@ -235,7 +237,7 @@ class Scheduler:
             while need > self.free_blocks and self.running[-1] is not req:
                 self._preempt_last()
                 preempted = True
-            if need > self.free_blocks:        # only this request is left to give room: it waits
+            if need > self.free_blocks:  # only this request is left to give room: it waits
                 self._preempt_last()
                 preempted = True
                 break
@@ -272,11 +274,12 @@ class Scheduler:
     def _stall(self) -> None:
         if self.stall_as_deadlock:
             lock_order_deadlock()
-        while True:            # silent_stall: the scheduler step never returns
+        while True:  # silent_stall: the scheduler step never returns
             self._never.wait(0.5)
 
-    def update_from_output(self, sched: SchedulerOutput, spec: dict[str, Any] | None
-                           ) -> tuple[list[tuple[str, list[int], str | None]], int, int]:
+    def update_from_output(
+        self, sched: SchedulerOutput, spec: dict[str, Any] | None
+    ) -> tuple[list[tuple[str, list[int], str | None]], int, int]:
         """Advance the scheduled requests; returns outputs, prompt tokens and generated tokens."""
         sampled: list[list[int]] = []
         for item in sched.items:
@@ -293,7 +296,7 @@ class Scheduler:
                 accepted = 0
                 if self.spec_k:
                     for pos in range(min(self.spec_k, item.tokens - 1)):
-                        if req.spec_rng.random() >= 0.8 * (0.75 ** pos):
+                        if req.spec_rng.random() >= 0.8 * (0.75**pos):
                             break
                         accepted += 1
                     if spec is not None:
@@ -327,9 +330,11 @@ class Scheduler:
         return outputs, prompt_tokens, gen_tokens
 
     def stats_text(self) -> str:
-        return (f"SchedulerStats(num_running_reqs={len(self.running)}, num_waiting_reqs={len(self.waiting)}, "
-                f"step_counter={self.step_counter}, current_wave=0, kv_cache_usage={self.kv_usage():.3f}, "
-                f"prefix_cache_stats=PrefixCacheStats(reset=False, requests={self.stat_prefix_requests}, "
-                f"queries={self.stat_prefix_queries}, hits={self.stat_prefix_hits}), "
-                f"spec_decoding_stats={'None' if not self.spec_k else 'SpecDecodingStats(...)'}, "
-                f"num_corrupted_reqs=0)")
+        return (
+            f"SchedulerStats(num_running_reqs={len(self.running)}, num_waiting_reqs={len(self.waiting)}, "
+            f"step_counter={self.step_counter}, current_wave=0, kv_cache_usage={self.kv_usage():.3f}, "
+            f"prefix_cache_stats=PrefixCacheStats(reset=False, requests={self.stat_prefix_requests}, "
+            f"queries={self.stat_prefix_queries}, hits={self.stat_prefix_hits}), "
+            f"spec_decoding_stats={'None' if not self.spec_k else 'SpecDecodingStats(...)'}, "
+            f"num_corrupted_reqs=0)"
+        )

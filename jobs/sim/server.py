@@ -31,8 +31,16 @@ class UvicornAccessLogger(AbstractAccessLogger):
     def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
         peer = request.transport.get_extra_info("peername") if request.transport else None
         where = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else "-"
-        plain_log('%s - "%s %s HTTP/%d.%d" %d %s', where, request.method, request.path_qs,
-                  request.version.major, request.version.minor, response.status, response.reason)
+        plain_log(
+            '%s - "%s %s HTTP/%d.%d" %d %s',
+            where,
+            request.method,
+            request.path_qs,
+            request.version.major,
+            request.version.minor,
+            response.status,
+            response.reason,
+        )
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -49,9 +57,17 @@ def serve(config: SimConfig) -> int:
     """Run the API server (and its engine core) until SIGTERM/SIGINT or engine death; the exit code."""
     setup_process_logging("APIServer")
     vlog(logging.INFO, "api_server.py:1880", "vLLM API server version %s", VLLM_VERSION)
-    vlog(logging.INFO, "utils.py:253", "non-default args: %s",
-         {"model_tag": config.model, "host": config.host, "port": config.port,
-          **{k: v for k, v in config.flags.items() if k in config.explicit}})
+    vlog(
+        logging.INFO,
+        "utils.py:253",
+        "non-default args: %s",
+        {
+            "model_tag": config.model,
+            "host": config.host,
+            "port": config.port,
+            **{k: v for k, v in config.flags.items() if k in config.explicit},
+        },
+    )
     for note in config.notes:
         vlog(logging.WARNING, "sim_args.py:1", "soakmatrix sim-engine: ignoring %s (not modelled)", note)
     try:
@@ -76,9 +92,13 @@ async def _serve_async(config: SimConfig, client: EngineClient, sock: socket.soc
     loop = asyncio.get_running_loop()
     server = SimServer(config, client)
     client.attach(loop)
-    runner = web.AppRunner(server.app(), handle_signals=False, shutdown_timeout=1.0,
-                           access_log_class=UvicornAccessLogger,
-                           access_log=logging.getLogger("soakmatrix.sim.plain") if config.access_log else None)
+    runner = web.AppRunner(
+        server.app(),
+        handle_signals=False,
+        shutdown_timeout=1.0,
+        access_log_class=UvicornAccessLogger,
+        access_log=logging.getLogger("soakmatrix.sim.plain") if config.access_log else None,
+    )
     await runner.setup()
     site = web.SockSite(runner, sock, shutdown_timeout=1.0)
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -21,14 +21,21 @@ from typing import Any
 
 from .proc import vlog
 
-SHM_WARNING = ("No available shared memory broadcast block found in %d seconds. This typically happens "
-               "when some processes are hanging or doing some time-consuming work (e.g. compilation, "
-               "weight/kv cache quantization).")
+SHM_WARNING = (
+    "No available shared memory broadcast block found in %d seconds. This typically happens "
+    "when some processes are hanging or doing some time-consuming work (e.g. compilation, "
+    "weight/kv cache quantization)."
+)
 
 
 class MessageQueue:
-    def __init__(self, writers: Sequence[Connection], readers: Sequence[Connection],
-                 warning_interval_s: float, nominal_warning_interval_s: float) -> None:
+    def __init__(
+        self,
+        writers: Sequence[Connection],
+        readers: Sequence[Connection],
+        warning_interval_s: float,
+        nominal_warning_interval_s: float,
+    ) -> None:
         self.writers = list(writers)
         self.readers = list(readers)
         self.warning_interval_s = warning_interval_s
@@ -38,13 +45,13 @@ class MessageQueue:
         for conn in self.writers:
             conn.send(obj)
 
-    def dequeue(self, expected_s: float, timeout_s: float | None,
-                warning_interval_s: float | None = None) -> list[Any]:
+    def dequeue(self, expected_s: float, timeout_s: float | None, warning_interval_s: float | None = None) -> list[Any]:
         """Every reader's answer to the last broadcast."""
         return self.acquire_read(expected_s, timeout_s, warning_interval_s)
 
-    def acquire_read(self, expected_s: float, timeout_s: float | None,
-                     warning_interval_s: float | None = None) -> list[Any]:
+    def acquire_read(
+        self, expected_s: float, timeout_s: float | None, warning_interval_s: float | None = None
+    ) -> list[Any]:
         answers: list[Any] = [None] * len(self.readers)
         pending = dict(enumerate(self.readers))
         interval = self.warning_interval_s if warning_interval_s is None else warning_interval_s

@@ -12,14 +12,16 @@ import zlib
 from collections.abc import Sequence
 from typing import Any
 
-VOCAB = tuple("""
+VOCAB = tuple(
+    """
 the of and to in is was for on that with as by at from it an be this which or are were has have
 engine token stream batch cache block queue step prefill decode kernel graph worker request model
 tensor layer head weight signal event broadcast ring buffer memory device host node cluster shard
 scheduler sampler draft accept reject verify output input prompt context window latency throughput
 fast slow steady warm cold early late first last next every each some many few all none more less
-""".split())
-VOCAB_SIZE = 50_000          # the id space of prompt tokens
+""".split()
+)
+VOCAB_SIZE = 50_000  # the id space of prompt tokens
 BOS_ID = 1
 EOS_ID = 2
 
@@ -48,7 +50,7 @@ def chat_ids(messages: Any) -> list[int]:
         if not isinstance(m, dict) or "role" not in m:
             raise ValueError("each message needs a role")
         content = m.get("content") or ""
-        if isinstance(content, list):   # OpenAI content parts
+        if isinstance(content, list):  # OpenAI content parts
             content = " ".join(p.get("text", "") for p in content if isinstance(p, dict))
         ids += text_to_ids(f"<|{m['role']}|>") + text_to_ids(str(content))
     return ids + text_to_ids("<|assistant|>")

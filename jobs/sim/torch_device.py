@@ -25,9 +25,9 @@ import datetime
 from dataclasses import dataclass
 from typing import Any
 
-SPIN_CYCLES = 1 << 50          # torch.cuda._sleep: days of one SM spinning at any clock a GPU has
-WEIGHTS = (2048, 2048)         # float32: 16 MiB a model runner holds, so NVML lists the process
-COLLECTIVE_TIMEOUT = datetime.timedelta(days=1)   # gloo's own timeout must not end the lost collective
+SPIN_CYCLES = 1 << 50  # torch.cuda._sleep: days of one SM spinning at any clock a GPU has
+WEIGHTS = (2048, 2048)  # float32: 16 MiB a model runner holds, so NVML lists the process
+COLLECTIVE_TIMEOUT = datetime.timedelta(days=1)  # gloo's own timeout must not end the lost collective
 
 
 def _torch() -> Any:
@@ -43,7 +43,7 @@ class DeviceRunner:
     device: str
     rank: int = 0
     world: int = 1
-    store: str | None = None     # where gloo's ranks meet (TP > 1): an init_method such as tcp://127.0.0.1:PORT
+    store: str | None = None  # where gloo's ranks meet (TP > 1): an init_method such as tcp://127.0.0.1:PORT
 
     def __post_init__(self) -> None:
         torch = _torch()
@@ -54,8 +54,9 @@ class DeviceRunner:
         if self.world > 1 and self.store:
             import torch.distributed as dist
 
-            dist.init_process_group("gloo", init_method=self.store, rank=self.rank,
-                                    world_size=self.world, timeout=COLLECTIVE_TIMEOUT)
+            dist.init_process_group(
+                "gloo", init_method=self.store, rank=self.rank, world_size=self.world, timeout=COLLECTIVE_TIMEOUT
+            )
             self.group = dist.group.WORLD
 
     @property
@@ -89,7 +90,7 @@ class CudaTransferEvent:
         torch = _torch()
         with torch.cuda.device(torch.device(self.device)):
             if self.stuck:
-                torch.cuda._sleep(SPIN_CYCLES)     # the kernel that never finishes
+                torch.cuda._sleep(SPIN_CYCLES)  # the kernel that never finishes
             event = torch.cuda.Event()
             event.record()
             event.synchronize()

@@ -71,9 +71,9 @@ class HttpLimits:
 @dataclass(frozen=True)
 class Outcome:
     path: str
-    kind: str                     # answered | unreachable | unanswered | bad
-    reason: str                   # answered | refused | reset | closed | unresolved | deadline | cap | redirects | protocol
-    detail: str                   # for a person: "connection refused", "no answer within 5.0 s", ...
+    kind: str  # answered | unreachable | unanswered | bad
+    reason: str  # answered | refused | reset | closed | unresolved | deadline | cap | redirects | protocol
+    detail: str  # for a person: "connection refused", "no answer within 5.0 s", ...
     at: float
     status: int | None = None
     content_type: str = ""
@@ -141,7 +141,7 @@ class _Guard:
 def _shutdown(sock: socket.socket | None) -> None:
     if sock is None:
         return
-    try:   # the plain socket's shutdown: an SSLSocket's own would drop its state under a reader
+    try:  # the plain socket's shutdown: an SSLSocket's own would drop its state under a reader
         socket.socket.shutdown(sock, socket.SHUT_RDWR)
     except OSError:
         pass
@@ -151,9 +151,19 @@ class Exchange:
     """One request on its own connection: status and headers, then the body in bounded pieces.
     `abort()` (any thread) ends it at once."""
 
-    def __init__(self, url: str, deadline_s: float, max_bytes: int, *, method: str = "GET", body: bytes | None = None,
-                 headers: dict[str, str] | None = None, connect_s: float = 3.0, max_redirects: int = 3,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        url: str,
+        deadline_s: float,
+        max_bytes: int,
+        *,
+        method: str = "GET",
+        body: bytes | None = None,
+        headers: dict[str, str] | None = None,
+        connect_s: float = 3.0,
+        max_redirects: int = 3,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.path = urllib.parse.urlsplit(url).path or "/"
         self.deadline_s, self.max_bytes, self.clock = deadline_s, max_bytes, clock
         self.guard = _Guard(deadline_s)
@@ -171,8 +181,9 @@ class Exchange:
 
     # ------------------------------------------------------------------ opening, with redirects
 
-    def _open(self, url: str, method: str, body: bytes | None, headers: dict[str, str], connect_s: float,
-              max_redirects: int) -> None:
+    def _open(
+        self, url: str, method: str, body: bytes | None, headers: dict[str, str], connect_s: float, max_redirects: int
+    ) -> None:
         seen = [url]
         while True:
             resp = self._request(url, method, body, headers, connect_s)
@@ -182,12 +193,17 @@ class Exchange:
                 self.content_type = (resp.getheader("Content-Type") or "").split(";")[0].strip().lower()
                 declared = resp.getheader("Content-Length")
                 if declared and declared.isdigit() and int(declared) > self.max_bytes:
-                    raise self._failed("unanswered", "cap", f"answered {resp.status} declaring {int(declared)} bytes, "
-                                                     f"over the {_size(self.max_bytes)} cap")
+                    raise self._failed(
+                        "unanswered",
+                        "cap",
+                        f"answered {resp.status} declaring {int(declared)} bytes, over the {_size(self.max_bytes)} cap",
+                    )
                 return
             if len(seen) > max_redirects:
                 hops = " -> ".join(urllib.parse.urlsplit(u).path or "/" for u in seen[-3:])
-                raise self._failed("bad", "redirects", f"redirect loop: more than {max_redirects} redirects ({hops} -> ...)")
+                raise self._failed(
+                    "bad", "redirects", f"redirect loop: more than {max_redirects} redirects ({hops} -> ...)"
+                )
             url = urllib.parse.urljoin(url, location)
             if urllib.parse.urlsplit(url).scheme not in ("http", "https"):
                 raise self._failed("bad", "redirects", f"redirected to a non-HTTP location {redacted(url)!r}")
@@ -197,8 +213,9 @@ class Exchange:
             if self._conn is not None:
                 self._conn.close()
 
-    def _request(self, url: str, method: str, body: bytes | None, headers: dict[str, str],
-                 connect_s: float) -> http.client.HTTPResponse:
+    def _request(
+        self, url: str, method: str, body: bytes | None, headers: dict[str, str], connect_s: float
+    ) -> http.client.HTTPResponse:
         u = urllib.parse.urlsplit(url)
         port = u.port or (443 if u.scheme == "https" else 80)
         cls = http.client.HTTPSConnection if u.scheme == "https" else http.client.HTTPConnection
@@ -207,7 +224,7 @@ class Exchange:
             raise self._deadline("connect")
         self._conn = conn = cls(u.hostname or "127.0.0.1", port, timeout=max(0.01, min(connect_s, left)))
         headers = dict(headers)
-        if u.username is not None:   # user:password@ in the URL: HTTP basic auth, as curl does
+        if u.username is not None:  # user:password@ in the URL: HTTP basic auth, as curl does
             creds = f"{urllib.parse.unquote(u.username)}:{urllib.parse.unquote(u.password or '')}"
             headers.setdefault("Authorization", "Basic " + base64.b64encode(creds.encode()).decode())
         phase = "connect"
@@ -223,7 +240,7 @@ class Exchange:
             raise
         except BaseException as exc:  # noqa: BLE001 - every failure, KeyboardInterrupt included, is classified
             raise self._classify(exc, phase) from None
-        if self.guard.fired:   # headers cut short by the deadline read as if they had ended
+        if self.guard.fired:  # headers cut short by the deadline read as if they had ended
             raise self._deadline("answer")
         return resp
 
@@ -237,7 +254,7 @@ class Exchange:
             if self.guard.left() <= 0:
                 raise self._deadline("body")
             try:
-                data = resp.read1(min(size, self.max_bytes - self.nbytes + 1))   # never past the cap
+                data = resp.read1(min(size, self.max_bytes - self.nbytes + 1))  # never past the cap
             except RequestFailed:
                 raise
             except BaseException as exc:  # noqa: BLE001 - every failure, KeyboardInterrupt included, is classified
@@ -248,8 +265,11 @@ class Exchange:
                 return
             self.nbytes += len(data)
             if self.nbytes > self.max_bytes:
-                raise self._failed("unanswered", "cap", f"answered {self.status} with a body over the "
-                                                 f"{_size(self.max_bytes)} cap (still sending)")
+                raise self._failed(
+                    "unanswered",
+                    "cap",
+                    f"answered {self.status} with a body over the {_size(self.max_bytes)} cap (still sending)",
+                )
             yield data
 
     def read(self) -> bytes:
@@ -271,8 +291,16 @@ class Exchange:
     def outcome(self) -> Outcome:
         """An answer read in full."""
         ctype = f" {self.content_type}" if self.content_type else ""
-        return Outcome(self.path, "answered", "answered", f"answered {self.status}{ctype}", self.clock(), self.status,
-                       self.content_type, self.nbytes)
+        return Outcome(
+            self.path,
+            "answered",
+            "answered",
+            f"answered {self.status}{ctype}",
+            self.clock(),
+            self.status,
+            self.content_type,
+            self.nbytes,
+        )
 
     def bad(self, detail: str) -> Outcome:
         """A prompt answer that is not what was asked (a stream that is not server-sent events of JSON)."""
@@ -307,8 +335,9 @@ class Exchange:
             return self._failed("unanswered", "deadline", f"no connection within {s}")
         if phase == "answer" or self.status is None:
             return self._failed("unanswered", "deadline", f"connection accepted, no answer within {s}")
-        return self._failed("unanswered", "deadline", f"answered {self.status}, body unfinished after {s} "
-                                          f"({self.nbytes} bytes)")
+        return self._failed(
+            "unanswered", "deadline", f"answered {self.status}, body unfinished after {s} ({self.nbytes} bytes)"
+        )
 
     def _classify(self, exc: BaseException, phase: str) -> RequestFailed:
         if self.guard.fired or isinstance(exc, (socket.timeout, TimeoutError)):
@@ -326,7 +355,9 @@ class Exchange:
         if isinstance(exc, OSError) and exc.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH):
             return self._failed("unreachable", "no_route", exc.strerror or "no route to host")
         if isinstance(exc, http.client.IncompleteRead):
-            return self._failed("unanswered", "cut_short", f"answered {self.status}, body cut short ({self.nbytes} bytes)")
+            return self._failed(
+                "unanswered", "cut_short", f"answered {self.status}, body cut short ({self.nbytes} bytes)"
+            )
         if isinstance(exc, (http.client.HTTPException, ValueError)):
             return self._failed("bad", "protocol", f"not an HTTP answer ({type(exc).__name__}: {str(exc)[:80]})")
         if isinstance(exc, (OSError, EOFError)):
@@ -334,12 +365,29 @@ class Exchange:
         raise exc
 
 
-def fetch(url: str, deadline_s: float, max_bytes: int, *, limits: HttpLimits = HttpLimits(), method: str = "GET",
-          body: bytes | None = None, headers: dict[str, str] | None = None,
-          clock: Callable[[], float] = time.time) -> tuple[Response, Outcome]:
+def fetch(
+    url: str,
+    deadline_s: float,
+    max_bytes: int,
+    *,
+    limits: HttpLimits = HttpLimits(),
+    method: str = "GET",
+    body: bytes | None = None,
+    headers: dict[str, str] | None = None,
+    clock: Callable[[], float] = time.time,
+) -> tuple[Response, Outcome]:
     """One request read in full, within `deadline_s` and `max_bytes`; raises `RequestFailed`."""
-    with Exchange(url, deadline_s, max_bytes, method=method, body=body, headers=headers,
-                  connect_s=limits.connect_s, max_redirects=limits.max_redirects, clock=clock) as ex:
+    with Exchange(
+        url,
+        deadline_s,
+        max_bytes,
+        method=method,
+        body=body,
+        headers=headers,
+        connect_s=limits.connect_s,
+        max_redirects=limits.max_redirects,
+        clock=clock,
+    ) as ex:
         data = ex.read()
         return Response(ex.status or 0, ex.content_type, data, url), ex.outcome()
 
@@ -350,6 +398,7 @@ def _size(n: int) -> str:
 
 # ------------------------------------------------------------------ what the requests saw
 
+
 @dataclass
 class Reachability:
     """The latest outcome of every path, and when the server last answered anything in full.
@@ -357,14 +406,14 @@ class Reachability:
 
     answered_at: float
     latest: dict[str, Outcome] = field(default_factory=dict)
-    unanswered: Outcome | None = None     # the latest unanswered request since the last answer
-    _unreachable: Outcome | None = None   # since the last `take()`
+    unanswered: Outcome | None = None  # the latest unanswered request since the last answer
+    _unreachable: Outcome | None = None  # since the last `take()`
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def record(self, outcome: Outcome) -> None:
         with self._lock:
             self.latest[outcome.path] = outcome
-            if outcome.kind in ("answered", "bad"):   # a prompt answer, even a wrong one, is no silence
+            if outcome.kind in ("answered", "bad"):  # a prompt answer, even a wrong one, is no silence
                 self.answered_at = max(self.answered_at, outcome.at)
                 self.unanswered = None
             elif outcome.kind == "unanswered":

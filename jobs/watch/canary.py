@@ -22,13 +22,20 @@ from soakmatrix.jobs.sse import DONE, data_payload
 from .bounded_http import Exchange, HttpLimits, Outcome, RequestFailed, fetch
 
 PROMPT = "Reply with one word: ok"
-PROMPT_TOKENS = 8   # about; the stall threshold's prefill allowance for it is negligible
+PROMPT_TOKENS = 8  # about; the stall threshold's prefill allowance for it is negligible
 
 
 class Canary:
-    def __init__(self, base_url: str, *, model: str | None = None, max_tokens: int = 4,
-                 limits: HttpLimits = HttpLimits(), clock: Callable[[], float] = time.time,
-                 on_outcome: Callable[[Outcome], None] | None = None) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        model: str | None = None,
+        max_tokens: int = 4,
+        limits: HttpLimits = HttpLimits(),
+        clock: Callable[[], float] = time.time,
+        on_outcome: Callable[[Outcome], None] | None = None,
+    ) -> None:
         self.base_url = base_url.rstrip("/")
         self.model, self.max_tokens, self.limits, self.clock = model, max_tokens, limits, clock
         self.on_outcome = on_outcome or (lambda outcome: None)
@@ -41,10 +48,10 @@ class Canary:
         self._last_error: str | None = None
         self._exchange: Exchange | None = None
         self._aborted = False
-        self._generation = 0   # a canary given up on may still end after its successor started
+        self._generation = 0  # a canary given up on may still end after its successor started
         self.sent = 0
         self.completed = 0
-        self.last_latency_s: float | None = None     # time to first token of the latest canary
+        self.last_latency_s: float | None = None  # time to first token of the latest canary
         self.on_done: Callable[[float | None, str | None], None] | None = None
 
     # ------------------------------------------------------------------ control
@@ -81,18 +88,27 @@ class Canary:
         with self._lock:
             waiting = self._open_since is not None and self._first_token_at is None
             return StreamState(
-                at=self.clock(), open_streams=1 if self._open_since is not None else 0,
+                at=self.clock(),
+                open_streams=1 if self._open_since is not None else 0,
                 last_token_at=self._last_token_at,
                 oldest_waiting_first_token_since=self._open_since if waiting else None,
-                waiting_first_token_prompt_len=PROMPT_TOKENS if waiting else 0, tokens=self._tokens,
-                consecutive_failures=self._failures, last_error=self._last_error)
+                waiting_first_token_prompt_len=PROMPT_TOKENS if waiting else 0,
+                tokens=self._tokens,
+                consecutive_failures=self._failures,
+                last_error=self._last_error,
+            )
 
     # ------------------------------------------------------------------ the request
 
     def discover_model(self) -> str:
         try:
-            resp, outcome = fetch(f"{self.base_url}/v1/models", self.limits.models_s, self.limits.models_bytes,
-                                  limits=self.limits, clock=self.clock)
+            resp, outcome = fetch(
+                f"{self.base_url}/v1/models",
+                self.limits.models_s,
+                self.limits.models_bytes,
+                limits=self.limits,
+                clock=self.clock,
+            )
         except RequestFailed as exc:
             self.on_outcome(exc.outcome)
             raise
@@ -104,8 +120,9 @@ class Canary:
             models = data.get("data") or []
             model = models[0]["id"] if models else None
         except (ValueError, AttributeError, KeyError, IndexError, TypeError):
-            raise ValueError(f"/v1/models answered {resp.content_type or 'something'} that is not a model "
-                             "list") from None
+            raise ValueError(
+                f"/v1/models answered {resp.content_type or 'something'} that is not a model list"
+            ) from None
         if not model:
             raise ValueError("/v1/models lists no model")
         self.model = str(model)
@@ -120,15 +137,28 @@ class Canary:
         exchange = None
         try:
             model = self.model or self.discover_model()
-            body = {"model": model, "prompt": PROMPT, "max_tokens": self.max_tokens, "stream": True,
-                    "temperature": 0, "ignore_eos": True}
+            body = {
+                "model": model,
+                "prompt": PROMPT,
+                "max_tokens": self.max_tokens,
+                "stream": True,
+                "temperature": 0,
+                "ignore_eos": True,
+            }
             with self._lock:
                 if not self._current(generation):
                     return
-            exchange = Exchange(f"{self.base_url}/v1/completions", self.limits.canary_s, self.limits.canary_bytes,
-                                method="POST", body=json.dumps(body).encode(),
-                                headers={"Content-Type": "application/json"}, connect_s=self.limits.connect_s,
-                                max_redirects=self.limits.max_redirects, clock=self.clock)
+            exchange = Exchange(
+                f"{self.base_url}/v1/completions",
+                self.limits.canary_s,
+                self.limits.canary_bytes,
+                method="POST",
+                body=json.dumps(body).encode(),
+                headers={"Content-Type": "application/json"},
+                connect_s=self.limits.connect_s,
+                max_redirects=self.limits.max_redirects,
+                clock=self.clock,
+            )
             with self._lock:
                 aborted = not self._current(generation)
                 if not aborted:
@@ -136,7 +166,7 @@ class Canary:
             if aborted:
                 return
             if exchange.status != 200:
-                exchange.read()   # bounded: an error's body is small, or a failure
+                exchange.read()  # bounded: an error's body is small, or a failure
                 self.on_outcome(exchange.outcome())
                 error, server_fault = f"HTTP {exchange.status}", (exchange.status or 0) >= 500
                 return
@@ -163,8 +193,13 @@ class Canary:
             o = exc.outcome
             if self._current(generation):
                 self.on_outcome(o)
-            error = "refused" if o.reason == "refused" else "timeout" if o.reason == "deadline" else \
-                f"{o.path}: {o.detail}"[:200]
+            error = (
+                "refused"
+                if o.reason == "refused"
+                else "timeout"
+                if o.reason == "deadline"
+                else f"{o.path}: {o.detail}"[:200]
+            )
         except (OSError, ValueError, KeyError) as exc:
             error = f"{type(exc).__name__}: {exc}"[:200]
         finally:

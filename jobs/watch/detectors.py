@@ -67,27 +67,39 @@ class CanaryStreamDetector:
         if self._open_since is None:
             self._open_since = s.oldest_waiting_first_token_since or s.at
         # a canary that has not had its first token is timed from its own start, not its predecessor's
-        since = max(self._open_since, s.oldest_waiting_first_token_since or 0.0, s.last_token_at or 0.0,
-                    self._server_progress_at or 0.0)
+        since = max(
+            self._open_since,
+            s.oldest_waiting_first_token_since or 0.0,
+            s.last_token_at or 0.0,
+            self._server_progress_at or 0.0,
+        )
         silent = s.at - since
         limit = self.threshold.value(s.waiting_first_token_prompt_len)
         if silent <= limit:
             return None
         got = f"after {s.tokens} tokens" if s.tokens else "before its first token"
         return HangVerdict(
-            detector=self.name, kind="hang", at=obs.now, since=since,
-            message=(f"canary request silent {got} for {silent:.1f} s and the server's progress counters "
-                     f"did not move (threshold {limit:.1f} s)"),
-            details={"silent_s": silent, "threshold_s": limit, "canary_tokens": s.tokens})
+            detector=self.name,
+            kind="hang",
+            at=obs.now,
+            since=since,
+            message=(
+                f"canary request silent {got} for {silent:.1f} s and the server's progress counters "
+                f"did not move (threshold {limit:.1f} s)"
+            ),
+            details={"silent_s": silent, "threshold_s": limit, "canary_tokens": s.tokens},
+        )
 
 
 register("passive_progress")(PassiveProgressDetector)
 register("canary")(CanaryStreamDetector)
 
 
-def build_watch_detectors(names: Sequence[str] = WATCH_DETECTORS,
-                          options: Mapping[str, Mapping[str, Any]] | None = None,
-                          threshold: Mapping[str, Any] | None = None) -> list[Detector]:
+def build_watch_detectors(
+    names: Sequence[str] = WATCH_DETECTORS,
+    options: Mapping[str, Mapping[str, Any]] | None = None,
+    threshold: Mapping[str, Any] | None = None,
+) -> list[Detector]:
     """Fresh detectors for one watch episode; the two stall detectors share one learned threshold.
     The errors detector counts the canary's failures: three in a row is a dead engine."""
     shared = StallThreshold(**{**PASSIVE_THRESHOLD, **dict(threshold or {})})

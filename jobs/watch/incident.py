@@ -36,19 +36,21 @@ from soakmatrix.matrix.contracts.result import CellResult
 from .target import NO_PID, Target, proc_snapshot
 
 PTRACE_DENIED = re.compile(r"ermission|not permitted|ptrace", re.I)
-PTRACE_HELP = ("py-spy could not attach (ptrace not permitted): run the watch as root or as the server's user "
-               "with kernel.yama.ptrace_scope=0, or in Kubernetes give the sidecar the SYS_PTRACE capability and "
-               "shareProcessNamespace: true; the evidence falls back to /proc (proc-snapshot.json), "
-               "/metrics and the log")
+PTRACE_HELP = (
+    "py-spy could not attach (ptrace not permitted): run the watch as root or as the server's user "
+    "with kernel.yama.ptrace_scope=0, or in Kubernetes give the sidecar the SYS_PTRACE capability and "
+    "shareProcessNamespace: true; the evidence falls back to /proc (proc-snapshot.json), "
+    "/metrics and the log"
+)
 
 
 @dataclass(frozen=True)
 class IncidentOptions:
     out_dir: Path
     pyspy_timeout_s: float = 10.0
-    budget_s: float = 30.0            # all of the evidence, so a restart hook is not held up long
+    budget_s: float = 30.0  # all of the evidence, so a restart hook is not held up long
     tail_lines: int = 200
-    on_hang: str | None = None        # a shell command
+    on_hang: str | None = None  # a shell command
     on_hang_timeout_s: float = 600.0
 
 
@@ -85,18 +87,28 @@ def new_folder(out_dir: Path, verdict: HangVerdict) -> Path:
     return folder
 
 
-def keep_evidence(verdict: HangVerdict, target: Target, log_lines: Sequence[str], options: IncidentOptions,
-                  *, capture_fn: Callable[..., Evidence] = capture) -> tuple[Path, Evidence, list[str]]:
+def keep_evidence(
+    verdict: HangVerdict,
+    target: Target,
+    log_lines: Sequence[str],
+    options: IncidentOptions,
+    *,
+    capture_fn: Callable[..., Evidence] = capture,
+) -> tuple[Path, Evidence, list[str]]:
     folder = new_folder(options.out_dir, verdict)
     notes: list[str] = []
     pid = target.resolve()
     if pid is None:
         notes.append(f"no server process found: {target.problem}; no stacks (give --pid)")
     log_path = folder / "log-tail.txt"
-    log_path.write_text("\n".join(log_lines[-options.tail_lines:]) + "\n")
-    ev = capture_fn(_Subject(pid, target.base_url, log_path, log_lines), folder,
-                    pyspy_timeout_s=options.pyspy_timeout_s, budget_s=options.budget_s,
-                    tail_lines=options.tail_lines)
+    log_path.write_text("\n".join(log_lines[-options.tail_lines :]) + "\n")
+    ev = capture_fn(
+        _Subject(pid, target.base_url, log_path, log_lines),
+        folder,
+        pyspy_timeout_s=options.pyspy_timeout_s,
+        budget_s=options.budget_s,
+        tail_lines=options.tail_lines,
+    )
     ev.artifacts["log_tail"] = ev.artifacts.pop("server_log", str(log_path))
     if pid is not None and any(PTRACE_DENIED.search(n) for n in ev.notes):
         notes.append(PTRACE_HELP)
@@ -118,8 +130,17 @@ def watch_cell(target: Target, model: str, gpu: str = "") -> tuple[str, str]:
     return hashlib.sha256(f"watch|{target.display_url}|{model}".encode()).hexdigest()[:12], name
 
 
-def build_result(verdict: HangVerdict, cls: Classification, ev: Evidence, target: Target, *, model: str,
-                 watch_started: float, running: float | None, folder: Path) -> CellResult:
+def build_result(
+    verdict: HangVerdict,
+    cls: Classification,
+    ev: Evidence,
+    target: Target,
+    *,
+    model: str,
+    watch_started: float,
+    running: float | None,
+    folder: Path,
+) -> CellResult:
     gpu = _gpu_name(ev)
     cell_id, cell_name = watch_cell(target, model, gpu)
     kind = cls.outcome or verdict.kind
@@ -127,19 +148,37 @@ def build_result(verdict: HangVerdict, cls: Classification, ev: Evidence, target
     sig = f" [{cls.signature}]" if cls.signature else ""
     busy = f" with {running:.0f} requests running" if running else ""
     result = CellResult(
-        cell_id=cell_id, cell_name=cell_name, outcome=Outcome.HANG if kind == "hang" else Outcome.CRASH,
-        model=model, gpu_type=gpu, workload="watch", signature=cls.signature, fingerprint=cls.fingerprint,
-        detector=verdict.detector, engine="watch", node=socket.gethostname(),
+        cell_id=cell_id,
+        cell_name=cell_name,
+        outcome=Outcome.HANG if kind == "hang" else Outcome.CRASH,
+        model=model,
+        gpu_type=gpu,
+        workload="watch",
+        signature=cls.signature,
+        fingerprint=cls.fingerprint,
+        detector=verdict.detector,
+        engine="watch",
+        node=socket.gethostname(),
         message=f"{'hang' if kind == 'hang' else 'failure'}{busy}, found by {verdict.detector}{sig}: {verdict.message}",
         time_to_hang_s=round(max(0.0, began - watch_started), 2),
         detected_after_s=round(verdict.detected_after_s, 2) if verdict.detected_after_s is not None else None,
-        exposure_s=round(max(0.0, began - watch_started), 2), started_at=watch_started, ended_at=verdict.at,
-        stuck_frames=list(cls.stuck_frames), log_tail=ev.log_tail[-50:], artifacts={**ev.artifacts,
-                                                                                   "evidence_dir": str(folder)})
+        exposure_s=round(max(0.0, began - watch_started), 2),
+        started_at=watch_started,
+        ended_at=verdict.at,
+        stuck_frames=list(cls.stuck_frames),
+        log_tail=ev.log_tail[-50:],
+        artifacts={**ev.artifacts, "evidence_dir": str(folder)},
+    )
     result.url, result.pid, result.causes = target.display_url, target.pid, list(cls.causes)
     result.evidence_s = round(ev.seconds, 2)
-    result.verdict = {"detector": verdict.detector, "kind": verdict.kind, "at": verdict.at, "since": verdict.since,
-                      "message": verdict.message, "hint": verdict.hint}
+    result.verdict = {
+        "detector": verdict.detector,
+        "kind": verdict.kind,
+        "at": verdict.at,
+        "since": verdict.since,
+        "message": verdict.message,
+        "hint": verdict.hint,
+    }
     record_culprit(result, cls, ev)
     return result
 
@@ -155,15 +194,24 @@ def _gpu_name(ev: Evidence) -> str:
         return ""
 
 
-def handle(verdict: HangVerdict, target: Target, log_lines: Sequence[str], options: IncidentOptions, *,
-           model: str, watch_started: float, running: float | None = None,
-           capture_fn: Callable[..., Evidence] = capture) -> Incident:
+def handle(
+    verdict: HangVerdict,
+    target: Target,
+    log_lines: Sequence[str],
+    options: IncidentOptions,
+    *,
+    model: str,
+    watch_started: float,
+    running: float | None = None,
+    capture_fn: Callable[..., Evidence] = capture,
+) -> Incident:
     """Evidence, classification, result (written to the folder's result.json), then the hook."""
     folder, ev, notes = keep_evidence(verdict, target, log_lines, options, capture_fn=capture_fn)
     clues = clues_from_texts(ev.stack_texts, log_lines, verdict_kind=verdict.kind, hint=verdict.hint)
     cls = classify(clues)
-    result = build_result(verdict, cls, ev, target, model=model, watch_started=watch_started, running=running,
-                          folder=folder)
+    result = build_result(
+        verdict, cls, ev, target, model=model, watch_started=watch_started, running=running, folder=folder
+    )
     incident = Incident(folder, verdict, cls, result, ev, notes=[*notes, *ev.notes])
     if options.on_hang:
         result.artifacts["on_hang_log"] = str(folder / "on-hang.log")
@@ -173,21 +221,34 @@ def handle(verdict: HangVerdict, target: Target, log_lines: Sequence[str], optio
 
 
 def hook_env(result: CellResult, folder: Path) -> dict[str, str]:
-    return {"SOAKMATRIX_EVIDENCE_DIR": str(folder), "SOAKMATRIX_SIGNATURE": result.signature or "",
-            "SOAKMATRIX_FINGERPRINT": result.fingerprint or "", "SOAKMATRIX_OUTCOME": result.outcome.value,
-            "SOAKMATRIX_DETECTOR": result.detector or "", "SOAKMATRIX_MESSAGE": result.message[:2000],
-            "SOAKMATRIX_URL": result.url, "SOAKMATRIX_PID": str(result.pid or "")}
+    return {
+        "SOAKMATRIX_EVIDENCE_DIR": str(folder),
+        "SOAKMATRIX_SIGNATURE": result.signature or "",
+        "SOAKMATRIX_FINGERPRINT": result.fingerprint or "",
+        "SOAKMATRIX_OUTCOME": result.outcome.value,
+        "SOAKMATRIX_DETECTOR": result.detector or "",
+        "SOAKMATRIX_MESSAGE": result.message[:2000],
+        "SOAKMATRIX_URL": result.url,
+        "SOAKMATRIX_PID": str(result.pid or ""),
+    }
 
 
 def run_hook(command: str, env: dict[str, str], folder: Path, timeout_s: float) -> threading.Thread:
     """Run the user's shell command in its own session; its output and exit go to on-hang.log."""
+
     def run() -> None:
         log = folder / "on-hang.log"
         with open(log, "ab") as out:
             t0 = time.monotonic()
             try:
-                proc = subprocess.Popen(command, shell=True, env={**os.environ, **env}, stdout=out,
-                                        stderr=subprocess.STDOUT, start_new_session=True)
+                proc = subprocess.Popen(
+                    command,
+                    shell=True,
+                    env={**os.environ, **env},
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
             except OSError as exc:
                 out.write(f"\n[soakmatrix watch] could not start the hook: {exc}\n".encode())
                 return

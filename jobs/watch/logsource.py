@@ -58,7 +58,7 @@ class FileLog(_Recent):
                 data = f.read(self._follow.offset - start)
         except OSError:
             return
-        lines = data.split(b"\n")[(1 if start else 0):-1]   # not a line cut in half by the seek
+        lines = data.split(b"\n")[(1 if start else 0) : -1]  # not a line cut in half by the seek
         self.recent.extend(line.decode("utf-8", "replace") for line in lines)
 
     def new_lines(self) -> list[str]:
@@ -67,7 +67,7 @@ class FileLog(_Recent):
         except OSError:
             return []
         if (self._inode is not None and st.st_ino != self._inode) or st.st_size < self._follow.offset:
-            self._follow = LogFollower(self.path, from_start=True)   # rotated or truncated
+            self._follow = LogFollower(self.path, from_start=True)  # rotated or truncated
         self._inode = st.st_ino
         return self._keep(self._follow.new_lines())
 

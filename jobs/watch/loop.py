@@ -36,22 +36,22 @@ FATAL_LINE = re.compile(r"EngineCore encountered a fatal error|died unexpectedly
 
 @dataclass(frozen=True)
 class LoopConfig:
-    canary_every_s: float = 5.0      # probe when the latest proof of progress is older (0: never)
-    stale_after_s: float = 5.0       # no /metrics sample for this long: the gauges cannot be trusted
-    confirm_dead_s: float = 10.0     # a bare EngineDeadError line needs a 5xx within this long
+    canary_every_s: float = 5.0  # probe when the latest proof of progress is older (0: never)
+    stale_after_s: float = 5.0  # no /metrics sample for this long: the gauges cannot be trusted
+    confirm_dead_s: float = 10.0  # a bare EngineDeadError line needs a 5xx within this long
     # no complete answer for this long, with requests that ran out of time or bytes: a hang (None:
     # the stall detectors' learned threshold, so an unanswering server is held to a silent engine's time)
     unanswered_after_s: float | None = None
-    unanswered_default_s: float = 6.0   # the same, when no detector carries a threshold
+    unanswered_default_s: float = 6.0  # the same, when no detector carries a threshold
 
 
 @dataclass(frozen=True)
 class Observation:
     tick: Tick
-    health: int | None = None        # the latest /health status (None: not yet, or no answer)
-    refused: bool = False            # a connection was refused (or reset) since the last observation
-    answered_at: float | None = None # when the server last answered a request in full (or the watch began)
-    unanswered: str | None = None    # the latest request since then that got no usable answer, in words
+    health: int | None = None  # the latest /health status (None: not yet, or no answer)
+    refused: bool = False  # a connection was refused (or reset) since the last observation
+    answered_at: float | None = None  # when the server last answered a request in full (or the watch began)
+    unanswered: str | None = None  # the latest request since then that got no usable answer, in words
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,7 @@ class Step:
     verdict: HangVerdict | None = None
     send_canary: bool = False
     abort_canary: bool = False
-    note: str | None = None          # a state change or a dismissed verdict, worth a log line
+    note: str | None = None  # a state change or a dismissed verdict, worth a log line
     seconds_since_progress: float | None = None
 
 
@@ -119,8 +119,9 @@ class WatchLoop:
             if verdict.since is None:
                 verdict = replace(verdict, since=self.last_progress_at)
             self.state = "hung"
-            return Step("hung", verdict=verdict, abort_canary=True, note=dismissed,
-                        seconds_since_progress=self._since(now))
+            return Step(
+                "hung", verdict=verdict, abort_canary=True, note=dismissed, seconds_since_progress=self._since(now)
+            )
         return self._step(now, note=note or dismissed, canary_open=_canary_open(t))
 
     # ------------------------------------------------------------------ parts
@@ -142,10 +143,16 @@ class WatchLoop:
         if silent <= limit:
             return None
         return HangVerdict(
-            detector="unanswered", kind="hang", at=now, since=obs.answered_at,
-            message=(f"the server takes connections but answered no request in full for {silent:.1f} s "
-                     f"(threshold {limit:.1f} s); latest: {obs.unanswered}"),
-            details={"silent_s": silent, "threshold_s": limit, "latest": obs.unanswered})
+            detector="unanswered",
+            kind="hang",
+            at=now,
+            since=obs.answered_at,
+            message=(
+                f"the server takes connections but answered no request in full for {silent:.1f} s "
+                f"(threshold {limit:.1f} s); latest: {obs.unanswered}"
+            ),
+            details={"silent_s": silent, "threshold_s": limit, "latest": obs.unanswered},
+        )
 
     def silence_limit(self) -> float:
         if self.config.unanswered_after_s is not None:
@@ -189,7 +196,11 @@ class WatchLoop:
                 self._pending_dead = None
                 return None, "EngineDeadError line not confirmed (no 5xx, no fatal error): dismissed"
         for v in fired:
-            if v.detector == "logs" and v.hint == "engine_dead" and not any(FATAL_LINE.search(line) for line in t.log_lines):
+            if (
+                v.detector == "logs"
+                and v.hint == "engine_dead"
+                and not any(FATAL_LINE.search(line) for line in t.log_lines)
+            ):
                 if self._saw_5xx:
                     return v, None
                 self._pending_dead = self._pending_dead or v
@@ -201,8 +212,9 @@ class WatchLoop:
     def _hung_step(self, t: Tick, now: float) -> Step:
         # keep asking: a canary that gets a token (or counters that move) ends the episode
         due = self._canary_due(now, canary_open=False)
-        return Step("hung", send_canary=due, abort_canary=due and _canary_open(t),
-                    seconds_since_progress=self._since(now))
+        return Step(
+            "hung", send_canary=due, abort_canary=due and _canary_open(t), seconds_since_progress=self._since(now)
+        )
 
     def _step(self, now: float, note: str | None = None, canary_open: bool = False) -> Step:
         stale = self.last_sample_at is None or now - self.last_sample_at > self.config.stale_after_s

@@ -22,21 +22,32 @@ from .loop import STATES
 class WatchMetrics:
     def __init__(self) -> None:
         self.registry = r = CollectorRegistry()
-        self.hangs = Counter("soakmatrix_watch_hangs", "Hangs and crashes found by soakmatrix watch.",
-                             ["signature", "detector"], registry=r)
-        self.since_progress = Gauge("soakmatrix_watch_seconds_since_progress",
-                                    "Seconds since the server's counters moved or the canary got a token.",
-                                    registry=r)
-        self.canary_latency = Histogram("soakmatrix_watch_canary_latency_seconds",
-                                        "Time to the first token of the canary request.",
-                                        buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
-                                        registry=r)
-        self.canary_failures = Counter("soakmatrix_watch_canary_failures", "Canary requests that failed.",
-                                       ["reason"], registry=r)
-        self.state = Enum("soakmatrix_watch_state", "What the watch thinks of the server.", states=list(STATES),
-                          registry=r)
-        self.last_incident = Gauge("soakmatrix_watch_last_incident_timestamp_seconds",
-                                   "Unix time of the latest incident.", registry=r)
+        self.hangs = Counter(
+            "soakmatrix_watch_hangs",
+            "Hangs and crashes found by soakmatrix watch.",
+            ["signature", "detector"],
+            registry=r,
+        )
+        self.since_progress = Gauge(
+            "soakmatrix_watch_seconds_since_progress",
+            "Seconds since the server's counters moved or the canary got a token.",
+            registry=r,
+        )
+        self.canary_latency = Histogram(
+            "soakmatrix_watch_canary_latency_seconds",
+            "Time to the first token of the canary request.",
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+            registry=r,
+        )
+        self.canary_failures = Counter(
+            "soakmatrix_watch_canary_failures", "Canary requests that failed.", ["reason"], registry=r
+        )
+        self.state = Enum(
+            "soakmatrix_watch_state", "What the watch thinks of the server.", states=list(STATES), registry=r
+        )
+        self.last_incident = Gauge(
+            "soakmatrix_watch_last_incident_timestamp_seconds", "Unix time of the latest incident.", registry=r
+        )
 
     def canary_done(self, latency_s: float | None, error: str | None) -> None:
         if error is None:

@@ -38,20 +38,29 @@ from .target import Target
 @dataclass(frozen=True)
 class WatchOptions:
     loop: LoopConfig = LoopConfig()
-    probe: WatchdogConfig = WatchdogConfig(tick_s=0.5, scrape_every_s=1.0, scrape_timeout_s=5.0,
-                                           health_every_s=2.0, health_timeout_s=3.0)
+    probe: WatchdogConfig = WatchdogConfig(
+        tick_s=0.5, scrape_every_s=1.0, scrape_timeout_s=5.0, health_every_s=2.0, health_timeout_s=3.0
+    )
     canary_tokens: int = 4
-    model: str | None = None              # default: the first of /v1/models
-    threshold: dict | None = None         # StallThreshold options of the passive detectors
-    max_incidents: int | None = None      # stop after this many (tests, benchmarks)
-    limits: HttpLimits = HttpLimits()     # deadline and size cap of every request (the probe's timeouts follow)
+    model: str | None = None  # default: the first of /v1/models
+    threshold: dict | None = None  # StallThreshold options of the passive detectors
+    max_incidents: int | None = None  # stop after this many (tests, benchmarks)
+    limits: HttpLimits = HttpLimits()  # deadline and size cap of every request (the probe's timeouts follow)
 
 
 class Watcher:
-    def __init__(self, target: Target, incident_options: IncidentOptions, *, log: Any = None,
-                 options: WatchOptions = WatchOptions(), metrics: WatchMetrics | None = None,
-                 on_incident: Callable[[Incident], None] | None = None,
-                 on_note: Callable[[str], None] | None = None, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        target: Target,
+        incident_options: IncidentOptions,
+        *,
+        log: Any = None,
+        options: WatchOptions = WatchOptions(),
+        metrics: WatchMetrics | None = None,
+        on_incident: Callable[[Incident], None] | None = None,
+        on_note: Callable[[str], None] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.target, self.incident_options, self.options, self.clock = target, incident_options, options, clock
         self.metrics = metrics or WatchMetrics()
         self.on_incident = on_incident or (lambda incident: None)
@@ -62,8 +71,14 @@ class Watcher:
         self.reach = Reachability(answered_at=clock())
         ceiling = float((options.threshold or {}).get("ceiling_s", PASSIVE_THRESHOLD["ceiling_s"]))
         canary_limits = replace(limits, canary_s=max(limits.canary_s, 2 * ceiling))
-        self.canary = Canary(target.base_url, model=options.model, max_tokens=options.canary_tokens,
-                             limits=canary_limits, clock=clock, on_outcome=self.reach.record)
+        self.canary = Canary(
+            target.base_url,
+            model=options.model,
+            max_tokens=options.canary_tokens,
+            limits=canary_limits,
+            clock=clock,
+            on_outcome=self.reach.record,
+        )
         self.canary.on_done = self.metrics.canary_done
         self.loop = WatchLoop(lambda: build_watch_detectors(threshold=options.threshold), options.loop)
         probe = replace(options.probe, scrape_timeout_s=limits.metrics_s, health_timeout_s=limits.health_s)
@@ -89,8 +104,9 @@ class Watcher:
 
     def scrape(self, url: str, timeout_s: float) -> str:
         """The evidence's /metrics snapshot: bounded like the scrape, not reported (not detection)."""
-        resp, _ = fetch(url, self.limits.evidence_metrics_s, self.limits.metrics_bytes, limits=self.limits,
-                        clock=self.clock)
+        resp, _ = fetch(
+            url, self.limits.evidence_metrics_s, self.limits.metrics_bytes, limits=self.limits, clock=self.clock
+        )
         if resp.status != 200:
             raise ValueError(f"/metrics answered HTTP {resp.status}")
         return resp.body.decode("utf-8", "replace")
@@ -98,7 +114,7 @@ class Watcher:
     def run(self, stop: threading.Event | None = None, until: float | None = None) -> list[Incident]:
         """Watch until `stop` is set, `until` (time.monotonic()) passes or max_incidents are found."""
         stop = stop or threading.Event()
-        self.reach.answered_at = self.clock()   # silence is counted from the start of the watch
+        self.reach.answered_at = self.clock()  # silence is counted from the start of the watch
         self.dog.start()
         try:
             while not stop.is_set() and (until is None or time.monotonic() < until):
@@ -115,11 +131,17 @@ class Watcher:
     def tick(self) -> Step:
         tick = self.dog.observe_once()
         health = self.dog.health[-1][1] if self.dog.health else None
-        del self.dog.health[:-10]   # a watch runs for months: keep the latest probes only
+        del self.dog.health[:-10]  # a watch runs for months: keep the latest probes only
         answered_at, unanswered, unreachable = self.reach.take()
-        step = self.loop.step(Observation(tick, health=health, refused=unreachable is not None,
-                                          answered_at=answered_at,
-                                          unanswered=f"{unanswered.path}: {unanswered.detail}" if unanswered else None))
+        step = self.loop.step(
+            Observation(
+                tick,
+                health=health,
+                refused=unreachable is not None,
+                answered_at=answered_at,
+                unanswered=f"{unanswered.path}: {unanswered.detail}" if unanswered else None,
+            )
+        )
         self._note_problems()
         if step.abort_canary:
             self.canary.abort()
@@ -131,10 +153,12 @@ class Watcher:
             pid = self.target.pid if self.target.pid is not None else self.target.given_pid
             if step.state == "down" and pid is not None:
                 gone = not psutil.pid_exists(pid)
-                self.note(f"pid {pid} {'is gone: the server exited' if gone else 'still runs'}"
-                          f"{' (its log tells a stop from a crash)' if gone else ' and refuses connections'}")
+                self.note(
+                    f"pid {pid} {'is gone: the server exited' if gone else 'still runs'}"
+                    f"{' (its log tells a stop from a crash)' if gone else ' and refuses connections'}"
+                )
             if step.state != "down" and (self.state in ("starting", "down") or self.target.pid is None):
-                self.target.resolve()   # after a restart the server has new pids
+                self.target.resolve()  # after a restart the server has new pids
             self.state = step.state
         self.metrics.observe(step.state, step.seconds_since_progress)
         if step.verdict is not None:
@@ -157,18 +181,28 @@ class Watcher:
         self.note(f"{verdict.kind.upper()} detected by {verdict.detector}: {verdict.message}")
         lines = list(self.log.recent) if self.log is not None and hasattr(self.log, "recent") else []
         if self.log is not None:
-            lines += self.log.new_lines()   # the lines written since the last tick belong to it too
+            lines += self.log.new_lines()  # the lines written since the last tick belong to it too
         # a server that answers nothing would only hold the evidence up by another deadline
         model = self.canary.model or ("" if verdict.detector == "unanswered" else self._model())
-        incident = handle(verdict, self.target, lines, self.incident_options, model=model,
-                          watch_started=self.started_at, running=running, capture_fn=self.capture)
+        incident = handle(
+            verdict,
+            self.target,
+            lines,
+            self.incident_options,
+            model=model,
+            watch_started=self.started_at,
+            running=running,
+            capture_fn=self.capture,
+        )
         for n in incident.notes:
             self.note(f"evidence: {n}")
         self.metrics.incident(incident.result.signature, verdict.detector, verdict.at)
         self.incidents.append(incident)
-        self.note(f"incident kept in {incident.folder}: {incident.result.outcome.value} "
-                  f"signature {incident.result.signature} fingerprint {incident.result.fingerprint} "
-                  f"(evidence {incident.evidence.seconds:.1f} s)")
+        self.note(
+            f"incident kept in {incident.folder}: {incident.result.outcome.value} "
+            f"signature {incident.result.signature} fingerprint {incident.result.fingerprint} "
+            f"(evidence {incident.evidence.seconds:.1f} s)"
+        )
         self.on_incident(incident)
 
     def _model(self) -> str:

@@ -17,7 +17,7 @@ import psutil
 from soakmatrix.jobs.teardown import tree
 from soakmatrix.matrix.contracts.redact import redact_text
 
-NO_PID = 2**31 - 1   # never a live pid: evidence capture finds no tree for it
+NO_PID = 2**31 - 1  # never a live pid: evidence capture finds no tree for it
 
 
 class Target:
@@ -26,12 +26,12 @@ class Target:
         if u.scheme not in ("http", "https") or not u.hostname:
             raise ValueError(f"not an http(s) URL: {url!r}")
         self.base_url = url.rstrip("/")
-        self.display_url = redact_text(self.base_url)   # what is printed, stored or handed to a hook
+        self.display_url = redact_text(self.base_url)  # what is printed, stored or handed to a hook
         self.host = u.hostname
         self.port = u.port or (443 if u.scheme == "https" else 80)
         self.given_pid = pid
         self.pid: int | None = pid
-        self.problem: str | None = None   # why no pid could be found
+        self.problem: str | None = None  # why no pid could be found
 
     def resolve(self) -> int | None:
         """The server's root pid now: the given one while it lives, else the port's listener."""
@@ -89,8 +89,14 @@ def proc_snapshot(pid: int) -> dict[str, Any]:
     try:
         p = psutil.Process(pid)
         with p.oneshot():
-            out.update(name=p.name(), status=p.status(), cmdline=p.cmdline()[:8], num_threads=p.num_threads(),
-                       cpu_times=p.cpu_times()._asdict(), memory_rss=p.memory_info().rss)
+            out.update(
+                name=p.name(),
+                status=p.status(),
+                cmdline=p.cmdline()[:8],
+                num_threads=p.num_threads(),
+                cpu_times=p.cpu_times()._asdict(),
+                memory_rss=p.memory_info().rss,
+            )
         threads = []
         for t in p.threads():
             entry: dict[str, Any] = {"tid": t.id, "user_s": t.user_time, "system_s": t.system_time}
@@ -115,7 +121,7 @@ def _proc_fields(base: Path) -> dict[str, Any]:
         fields["state"] = status.get("State", "").strip()
     except OSError:
         pass
-    try:   # the kernel stack: root only
+    try:  # the kernel stack: root only
         fields["kernel_stack"] = (base / "stack").read_text().splitlines()[:20]
     except OSError:
         pass

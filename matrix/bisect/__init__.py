@@ -37,14 +37,27 @@ from .model import (
     default_cap,
     default_gpu_count,
 )
-from .posterior import exposure_until, p_as_fast
 from .pipeline import bisect_flags
 from .policy import Policy
+from .posterior import exposure_until, p_as_fast
 
-bisect = bisect_flags     # the name the tests and older callers use: the same function
+bisect = bisect_flags  # the name the tests and older callers use: the same function
 
 __all__ = [
-    "MAX_ELEMENTS", "Policy", "BisectResult", "ConfigStats", "Element", "FeasibleFn", "FlagVerdict",
-    "GpuCountFn", "Settings", "ValueProbe", "bisect", "bisect_flags", "default_cap", "default_gpu_count", "exposure_until",
+    "MAX_ELEMENTS",
+    "Policy",
+    "BisectResult",
+    "ConfigStats",
+    "Element",
+    "FeasibleFn",
+    "FlagVerdict",
+    "GpuCountFn",
+    "Settings",
+    "ValueProbe",
+    "bisect",
+    "bisect_flags",
+    "default_cap",
+    "default_gpu_count",
+    "exposure_until",
     "p_as_fast",
 ]

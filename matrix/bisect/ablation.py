@@ -119,7 +119,7 @@ def ablation_search(search: Search) -> int | None:
         todo = todo[:width]
         batch = []
         for i, (j, need) in enumerate(todo):
-            n_copies = len(range(i, width, len(todo)))       # the width dealt out round-robin
+            n_copies = len(range(i, width, len(todo)))  # the width dealt out round-robin
             target = search.full & ~(1 << j)
             if not search.runnable[target]:
                 target = keep & ~(1 << j)
@@ -168,8 +168,13 @@ def _ablate_each(search: Search) -> int | None:
                 # split out of a group whose removal did not hang, so likelier a culprit than a flag
                 # taken at random; a culprit's soak counts toward its necessity soak, and the longer
                 # it is, the more often that soak is its last (one start-up fewer)
-                batch.append((target, max(min(soak * p.single_stage_mttfs / p.ablation_stage_mttfs, longest),
-                                     s.startup_s), "search"))
+                batch.append(
+                    (
+                        target,
+                        max(min(soak * p.single_stage_mttfs / p.ablation_stage_mttfs, longest), s.startup_s),
+                        "search",
+                    )
+                )
             else:
                 batch.append((target, soak, "search"))
             groups.append(group)
@@ -188,7 +193,7 @@ def _parts(flags: list[int], count: int) -> list[list[int]]:
     out, at = [], 0
     for i in range(count):
         n = size + (1 if i < extra else 0)
-        out.append(flags[at:at + n])
+        out.append(flags[at : at + n])
         at += n
     return out
 
@@ -201,15 +206,24 @@ def _certify(search: Search, keep: int, H: float, E: float) -> None:
         # the set alone may hang only rule_out_factor x slower (the modifiers left out of it)
         soak = stats.soak_for_detection(search.s.rule_out_factor * mttf, 1 - search.alpha / 2)
     else:
-        soak = min(stats.soak_for_detection(mttf, 1 - search.alpha / 2),
-                   stats.soak_for_detection(search.post.cap, 1 - search.alpha / 2))
+        soak = min(
+            stats.soak_for_detection(mttf, 1 - search.alpha / 2),
+            stats.soak_for_detection(search.post.cap, 1 - search.alpha / 2),
+        )
     soak = max(soak, 2.0 * search.stats_of(keep).longest_s)
     search.stats_of(keep).role = "certification"
     search.run([(keep, max(soak, search.s.startup_s), "certification")])
 
 
-def _unrefuted(search: Search, flags: int, keep: int, H: float, E: float, goal: float,
-               factor: tuple[float, float, Reference] | None = None) -> tuple[int, list[tuple[int, float]]]:
+def _unrefuted(
+    search: Search,
+    flags: int,
+    keep: int,
+    H: float,
+    E: float,
+    goal: float,
+    factor: tuple[float, float, Reference] | None = None,
+) -> tuple[int, list[tuple[int, float]]]:
     """Of `flags` (all in `keep`): those whose absence was seen to hang (to drop), and the
     others whose absence has not yet rejected "as fast as the configs with `keep`" at `goal`
     (and, with `factor` = (F, alpha, reference), "F x slower than the reference rate" at alpha / k,
@@ -250,8 +264,9 @@ def _unrefuted(search: Search, flags: int, keep: int, H: float, E: float, goal: 
     return dropped, sorted(todo, key=lambda t: t[1])
 
 
-def _another_reference_hang_pays(search: Search, keep: int, H: float, E: float, goal: float,
-                                 factor: tuple[float, float, Reference]) -> bool:
+def _another_reference_hang_pays(
+    search: Search, keep: int, H: float, E: float, goal: float, factor: tuple[float, float, Reference]
+) -> bool:
     """Whether one more hang of the failing cell, in the rule-out's reference rate, would shorten
     the necessity soaks still to run by more than it costs (an MTTF of load and a start-up): with
     two or three necessary flags the reference rate is worth more hangs than with one."""
@@ -281,7 +296,9 @@ def _reference(search: Search, hangs: int) -> bool:
         return False
     mttf = cell.exposure_s / max(cell.hangs, 1)
     need = hangs - cell.hangs
-    search.run([(search.full, max(4.0 * mttf, search.s.startup_s), "calibration")] * max(1, min(search.s.parallel, need)))
+    search.run(
+        [(search.full, max(4.0 * mttf, search.s.startup_s), "calibration")] * max(1, min(search.s.parallel, need))
+    )
     return True
 
 

@@ -34,10 +34,10 @@ from scipy.optimize import minimize_scalar
 
 @dataclass(frozen=True)
 class Bound:
-    gpu_hours: float         # the least expected GPU-hours
-    hang_mttfs: float        # Y: load on configs that hang, in MTTFs (about that many hangs)
-    refute_mttfs: float      # X: load without each flag of the set, in MTTFs, per flag
-    evidence: float          # d(c, q): the log-likelihood ratio each flag of the set must reach
+    gpu_hours: float  # the least expected GPU-hours
+    hang_mttfs: float  # Y: load on configs that hang, in MTTFs (about that many hangs)
+    refute_mttfs: float  # X: load without each flag of the set, in MTTFs, per flag
+    evidence: float  # d(c, q): the log-likelihood ratio each flag of the set must reach
 
 
 def binary_divergence(p: float, q: float) -> float:
@@ -72,5 +72,9 @@ def lower_bound(n: int, k: int, mttf_s: float, startup_s: float, confidence: flo
 
     best = minimize_scalar(cost, bounds=(0.05, 500.0), method="bounded", options={"xatol": 1e-6})
     y = float(best.x)
-    return Bound(gpu_hours=gpus * float(best.fun) * mttf_s / 3600.0, hang_mttfs=y,
-                 refute_mttfs=refute_load(y, evidence), evidence=evidence)
+    return Bound(
+        gpu_hours=gpus * float(best.fun) * mttf_s / 3600.0,
+        hang_mttfs=y,
+        refute_mttfs=refute_load(y, evidence),
+        evidence=evidence,
+    )

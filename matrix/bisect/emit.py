@@ -13,8 +13,9 @@ from soakmatrix.matrix.spec import Matrix
 from .model import BisectResult
 
 
-def write_regression_test(path: str | Path, result: BisectResult, pc: PlannedCell, matrix: Matrix, backend: str,
-                          hang_model: str | None) -> Path:
+def write_regression_test(
+    path: str | Path, result: BisectResult, pc: PlannedCell, matrix: Matrix, backend: str, hang_model: str | None
+) -> Path:
     """Write the regression test to `path` (whole or not at all), creating its folder."""
     from soakmatrix.reports.files import write_atomic
 
@@ -22,8 +23,7 @@ def write_regression_test(path: str | Path, result: BisectResult, pc: PlannedCel
     return write_atomic(Path(path), lambda fh: fh.write(source))
 
 
-def regression_test(result: BisectResult, pc: PlannedCell, matrix: Matrix, backend: str,
-                    hang_model: str | None) -> str:
+def regression_test(result: BisectResult, pc: PlannedCell, matrix: Matrix, backend: str, hang_model: str | None) -> str:
     """A pytest file (the `fixtures/` soak marker) soaking the minimal set for the certified duration."""
     workload = matrix.workloads[pc.cell.workload]
     wl = {"name": workload.name, "kind": workload.kind, **dict(workload.params)}

@@ -13,8 +13,9 @@ the load before it still counts, as in a probe); config and infrastructure error
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 from soakmatrix.matrix.contracts.durations import format_duration
 
@@ -26,11 +27,11 @@ LOADED = ("passed", "hang", "crash")
 @dataclass(frozen=True)
 class HistoryExposure:
     signature: str
-    hangs: int                  # results that ended with the target signature
-    exposure_s: float           # load over every result with load
-    results: int                # results that carried load
-    runs: tuple[str, ...]       # their run ids, oldest first
-    source: str = ""            # where else the load was measured (e.g. the build bisection's probes); "": the store
+    hangs: int  # results that ended with the target signature
+    exposure_s: float  # load over every result with load
+    results: int  # results that carried load
+    runs: tuple[str, ...]  # their run ids, oldest first
+    source: str = ""  # where else the load was measured (e.g. the build bisection's probes); "": the store
 
 
 def history_exposure(observations: Iterable[Any], cell_id: str, signature: str | None) -> HistoryExposure | None:
@@ -48,7 +49,7 @@ def history_exposure(observations: Iterable[Any], cell_id: str, signature: str |
         if outcome != "passed" and o.time_to_hang_s is not None:
             load = min(load, o.time_to_hang_s) if load else float(o.time_to_hang_s)
         if load <= 0:
-            continue    # no load on record (a hang without its time to hang says nothing of the rate)
+            continue  # no load on record (a hang without its time to hang says nothing of the rate)
         hung = outcome != "passed" and o.signature == signature
         hangs += hung
         exposure += load
@@ -88,25 +89,36 @@ def describe(history: HistoryExposure, saved_gpu_hours: float, wanted_hangs: int
     """The report's sentence on what came from history and what it saved."""
     newest = ", ".join(reversed(history.runs[-3:]))
     runs = f"{len(history.runs)} run(s)" + (f" (newest {newest})" if history.runs else "")
-    where = (f"{history.results} probe(s) of {history.source}" if history.source
-             else f"{history.results} result(s) of this cell in {runs} of the store")
-    text = (f"history: {history.hangs} hang(s) of {history.signature} in {format_duration(history.exposure_s)} of "
-            f"load from {where} entered as free exposure of the failing cell")
+    where = (
+        f"{history.results} probe(s) of {history.source}"
+        if history.source
+        else f"{history.results} result(s) of this cell in {runs} of the store"
+    )
+    text = (
+        f"history: {history.hangs} hang(s) of {history.signature} in {format_duration(history.exposure_s)} of "
+        f"load from {where} entered as free exposure of the failing cell"
+    )
     if history.hangs:
         left = max(wanted_hangs - history.hangs, 0)
-        text += (f"; they spared ~{saved_gpu_hours:.1f} GPU-hours of soaking the failing cell "
-                 f"({min(history.hangs, wanted_hangs)} of the {wanted_hangs} hang(s) it is soaked for at least, at its MTTF, "
-                 f"start-up included"
-                 + (f"; {left} more were soaked for)" if left else ")"))
+        text += (
+            f"; they spared ~{saved_gpu_hours:.1f} GPU-hours of soaking the failing cell "
+            f"({min(history.hangs, wanted_hangs)} of the {wanted_hangs} hang(s) it is soaked for at least, at its MTTF, "
+            f"start-up included" + (f"; {left} more were soaked for)" if left else ")")
+        )
     else:
         text += "; no hang of the target among them: the calibration still soaks for every hang"
     return text
 
 
 def to_json(history: HistoryExposure, saved_gpu_hours: float) -> dict[str, Any]:
-    doc = {"signature": history.signature, "hangs": history.hangs, "exposure_s": round(history.exposure_s, 3),
-           "results": history.results, "runs": list(history.runs),
-           "saved_gpu_hours_estimate": round(saved_gpu_hours, 3)}
+    doc = {
+        "signature": history.signature,
+        "hangs": history.hangs,
+        "exposure_s": round(history.exposure_s, 3),
+        "results": history.results,
+        "runs": list(history.runs),
+        "saved_gpu_hours_estimate": round(saved_gpu_hours, 3),
+    }
     if history.source:
         doc["source"] = history.source
     return doc

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from .oracle import Probe, ProbeResult
 from .oracle_chunked import ChunkedOracle
@@ -37,8 +38,9 @@ class JournalError(Exception):
 @dataclass(frozen=True)
 class Codec:
     """How one kind of oracle's probes and answers are written and read back."""
-    probe: Callable[[Any], dict]                # a probe as JSON: what a replay must ask again
-    result: Callable[[Any], dict]               # an answer as JSON
+
+    probe: Callable[[Any], dict]  # a probe as JSON: what a replay must ask again
+    result: Callable[[Any], dict]  # an answer as JSON
     load: Callable[[Any, Mapping[str, Any]], Any]  # (the probe asked, the recorded answer) -> the answer
 
 
@@ -52,14 +54,26 @@ def _flag_probe(probe: Probe) -> dict:
 
 
 def _flag_result(result: ProbeResult) -> dict:
-    return {"outcome": str(getattr(result.outcome, "value", result.outcome)), "signature": result.signature,
-            "exposure_s": result.exposure_s, "gpu_hours": result.gpu_hours, "message": result.message,
-            "extra": dict(result.extra)}
+    return {
+        "outcome": str(getattr(result.outcome, "value", result.outcome)),
+        "signature": result.signature,
+        "exposure_s": result.exposure_s,
+        "gpu_hours": result.gpu_hours,
+        "message": result.message,
+        "extra": dict(result.extra),
+    }
 
 
 def _flag_load(probe: Probe, doc: Mapping[str, Any]) -> ProbeResult:
-    return ProbeResult(probe, doc["outcome"], doc["signature"], float(doc["exposure_s"]), float(doc["gpu_hours"]),
-                       doc.get("message", ""), doc.get("extra", {}))
+    return ProbeResult(
+        probe,
+        doc["outcome"],
+        doc["signature"],
+        float(doc["exposure_s"]),
+        float(doc["gpu_hours"]),
+        doc.get("message", ""),
+        doc.get("extra", {}),
+    )
 
 
 FLAG_CODEC = Codec(_flag_probe, _flag_result, _flag_load)
@@ -67,9 +81,9 @@ FLAG_CODEC = Codec(_flag_probe, _flag_result, _flag_load)
 
 @dataclass(frozen=True)
 class Batch:
-    line: int                    # its line in the file (1-based; the header is line 1)
-    probes: list                 # the probes asked, as JSON
-    results: list                # the answers, as JSON
+    line: int  # its line in the file (1-based; the header is line 1)
+    probes: list  # the probes asked, as JSON
+    results: list  # the answers, as JSON
 
 
 class ProbeJournal:
@@ -84,8 +98,10 @@ class ProbeJournal:
         self._torn_at: int | None = None
         recorded = self._read() if self.path.exists() else None
         if recorded is not None and not resume and recorded[1]:
-            raise JournalError(f"{self.path} holds {_count(recorded[1])} answered probe(s) of an earlier bisection: "
-                               "--resume continues it; another --out starts a new one")
+            raise JournalError(
+                f"{self.path} holds {_count(recorded[1])} answered probe(s) of an earlier bisection: "
+                "--resume continues it; another --out starts a new one"
+            )
         if resume and recorded is not None:
             self._check_header(recorded[0])
             self.batches = recorded[1]
@@ -134,24 +150,31 @@ class ProbeJournal:
         if not docs or not isinstance(docs[0], dict) or docs[0].get("format") != FORMAT:
             raise JournalError(f"{self.path}:1: not a soakmatrix bisect journal; another --out starts a new one")
         if docs[0].get("version") != VERSION:
-            raise JournalError(f"{self.path}:1: version: journal version {docs[0].get('version')!r}, this soakmatrix "
-                               f"reads {VERSION}")
+            raise JournalError(
+                f"{self.path}:1: version: journal version {docs[0].get('version')!r}, this soakmatrix reads {VERSION}"
+            )
         batches = []
         for number, doc in enumerate(docs[1:], 2):
-            if not (isinstance(doc, dict) and isinstance(doc.get("probes"), list)
-                    and isinstance(doc.get("results"), list) and len(doc["probes"]) == len(doc["results"])):
+            if not (
+                isinstance(doc, dict)
+                and isinstance(doc.get("probes"), list)
+                and isinstance(doc.get("results"), list)
+                and len(doc["probes"]) == len(doc["results"])
+            ):
                 raise JournalError(f"{self.path}:{number}: probes and results expected, one answer per probe")
             batches.append(Batch(number, doc["probes"], doc["results"]))
         if docs and not text.endswith("\n") and self._torn_at is None:
-            self._torn_at = len(text.encode("utf-8"))     # a whole last line whose newline was not written
+            self._torn_at = len(text.encode("utf-8"))  # a whole last line whose newline was not written
         return docs[0], batches
 
     def _check_header(self, recorded: Mapping[str, Any]) -> None:
         for key in sorted(set(recorded) | set(self.header)):
             if recorded.get(key) != self.header.get(key):
-                raise JournalError(f"{self.path}:1: {key}: the journal's bisection had {recorded.get(key)!r}, this one "
-                                   f"has {self.header.get(key)!r}; resume with the same cell and options, or start "
-                                   "a new one with another --out")
+                raise JournalError(
+                    f"{self.path}:1: {key}: the journal's bisection had {recorded.get(key)!r}, this one "
+                    f"has {self.header.get(key)!r}; resume with the same cell and options, or start "
+                    "a new one with another --out"
+                )
 
     def __enter__(self) -> ProbeJournal:
         return self
@@ -172,7 +195,7 @@ class JournalingOracle:
 
     def __init__(self, inner: Any, journal: ProbeJournal, codec: Codec = FLAG_CODEC):
         self.inner, self.journal, self.codec = inner, journal, codec
-        self.replayed = 0            # batches answered from the journal
+        self.replayed = 0  # batches answered from the journal
         self.replayed_probes = 0
         self._live = False
 
@@ -181,9 +204,11 @@ class JournalingOracle:
         if not self._live and self.replayed < len(self.journal.batches):
             batch = self.journal.batches[self.replayed]
             if batch.probes != asked:
-                raise JournalError(f"{self.journal.path}:{batch.line}: the resumed bisection asks {_said(asked)} where "
-                                   f"the journal recorded {_said(batch.probes)} (other code, or a history store that "
-                                   "changed since); start a new one with another --out")
+                raise JournalError(
+                    f"{self.journal.path}:{batch.line}: the resumed bisection asks {_said(asked)} where "
+                    f"the journal recorded {_said(batch.probes)} (other code, or a history store that "
+                    "changed since); start a new one with another --out"
+                )
             self.replayed += 1
             self.replayed_probes += len(probes)
             return [self.codec.load(p, r) for p, r in zip(probes, batch.results)]
@@ -201,8 +226,9 @@ def _said(probes: list) -> str:
     return "; ".join(p.get("label") or json.dumps(p, sort_keys=True) for p in probes) or "nothing"
 
 
-def journaled(oracle: Any, journal: ProbeJournal | None, max_soak_s: float | None, codec: Codec = FLAG_CODEC,
-              pieces: Any = None) -> Any:
+def journaled(
+    oracle: Any, journal: ProbeJournal | None, max_soak_s: float | None, codec: Codec = FLAG_CODEC, pieces: Any = None
+) -> Any:
     """The oracle a CLI bisection asks: the journal (if any) around `oracle`, and around that the
     cut of long probes into pieces of `max_soak_s` (if any), so that every piece is an answered probe
     of its own in the journal."""

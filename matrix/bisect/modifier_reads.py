@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from scipy import stats as st
 
-from .modifier_stats import comparisons, compare, p_as_strong, point_probability, strata_by_config
+from .modifier_stats import compare, comparisons, p_as_strong, point_probability, strata_by_config
 
 if TYPE_CHECKING:
     from .search import Search
@@ -152,7 +152,7 @@ def flags_to_soak(search: Search, minimal_mask: int, longest_s: float) -> list[i
             continue
         cs = search.configs.get(target)
         if cs is None:
-            out.append(j)      # dropped with a group (ablation), not yet soaked alone
+            out.append(j)  # dropped with a group (ablation), not yet soaked alone
             continue
         if called_early(c, cs.hangs, clear, p.innocent_hangs):
             continue

@@ -33,10 +33,10 @@ RATIO_GRID = np.exp(np.linspace(math.log(1e-3), math.log(1e3), 481))
 class Comparison:
     """Rate with the flag / rate without it, in configs that differ in that flag alone."""
 
-    ratio: float                 # Mantel-Haenszel; inf when no hang without it, nan when no data
+    ratio: float  # Mantel-Haenszel; inf when no hang without it, nan when no data
     low: float
     high: float
-    p_value: float               # two-sided exact, stratified
+    p_value: float  # two-sided exact, stratified
     hangs_with: int
     hangs_without: int
     exposure_with: float
@@ -67,7 +67,7 @@ def _sum_pmf(ns: list[int], ps: np.ndarray) -> np.ndarray:
     pmf = np.ones((ps.shape[0], 1))
     for s, n in enumerate(ns):
         k = np.arange(n + 1)
-        part = st.binom.pmf(k[None, :], n, ps[:, s:s + 1])
+        part = st.binom.pmf(k[None, :], n, ps[:, s : s + 1])
         pmf = np.array([np.convolve(a, b) for a, b in zip(pmf, part)])
     return pmf
 
@@ -91,8 +91,8 @@ def compare(rows: list[tuple[int, float, int, float]], confidence: float, interv
     eb_s = np.array([r[3] for r in used])
     ps = grid[:, None] * ea_s[None, :] / (grid[:, None] * ea_s[None, :] + eb_s[None, :])
     pmf = _sum_pmf(ns, ps)
-    upper = pmf[:, ha:].sum(axis=1)          # P(X >= observed | ratio)
-    lower = pmf[:, :ha + 1].sum(axis=1)      # P(X <= observed | ratio)
+    upper = pmf[:, ha:].sum(axis=1)  # P(X >= observed | ratio)
+    lower = pmf[:, : ha + 1].sum(axis=1)  # P(X <= observed | ratio)
     p_value = float(min(1.0, 2.0 * min(upper[0], lower[0])))
     if not interval:
         return Comparison(ratio, math.nan, math.nan, p_value, ha, hb, ea, eb)
@@ -115,7 +115,7 @@ def p_as_strong(rows: list[tuple[int, float, int, float]], factor: float) -> flo
         return 1.0
     ps = np.array([[factor * r[1] / (factor * r[1] + r[3]) for r in used]])
     pmf = _sum_pmf([r[0] + r[2] for r in used], ps)[0]
-    return float(pmf[:sum(r[0] for r in used) + 1].sum())
+    return float(pmf[: sum(r[0] for r in used) + 1].sum())
 
 
 def holm(p_values: list[float], alpha: float) -> list[bool]:

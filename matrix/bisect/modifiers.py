@@ -34,8 +34,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .modifier_reads import (cleared_flags, flags_to_soak, looks_fast, looks_slow, rules_out, slower_tail, until_called,
-                             until_slow)
+from .modifier_reads import (
+    cleared_flags,
+    flags_to_soak,
+    looks_fast,
+    looks_slow,
+    rules_out,
+    slower_tail,
+    until_called,
+    until_slow,
+)
 from .modifier_stats import comparisons
 
 if TYPE_CHECKING:
@@ -71,8 +79,10 @@ def measure(search: Search, minimal_mask: int, longest_s: float) -> None:
             cs = search.stats_of(target)
             mttf = cell.exposure_s / max(cell.hangs, 1)
             run_on = (until_called(search, minimal_mask, j, longest_s) - cs.exposure_s) / copies
-            soak = min(max(p.soak_mttfs * mttf, cs.exposure_s / max(cs.hangs, 1), run_on, search.s.startup_s),
-                       max((longest_s - cs.exposure_s) / copies, search.s.startup_s))
+            soak = min(
+                max(p.soak_mttfs * mttf, cs.exposure_s / max(cs.hangs, 1), run_on, search.s.startup_s),
+                max((longest_s - cs.exposure_s) / copies, search.s.startup_s),
+            )
             batch += [(target, soak, "modifiers")] * copies
         search.run(batch)
 
@@ -99,9 +109,12 @@ def _group_check(search: Search, minimal_mask: int, longest_s: float) -> None:
     mttf = cell.exposure_s / max(cell.hangs, 1)
     comps = comparisons(search, minimal_mask, interval=False)
     # a suspect whose removal was never soaked alone was dropped with a group whose removal hung
-    group = [j for j in flags_to_soak(search, minimal_mask, longest_s)
-             if (search.full & ~(1 << j)) not in search.configs
-             or (comps[j].hangs_without > 0 and comps[j].ratio < search.policy.group_ratio)]
+    group = [
+        j
+        for j in flags_to_soak(search, minimal_mask, longest_s)
+        if (search.full & ~(1 << j)) not in search.configs
+        or (comps[j].hangs_without > 0 and comps[j].ratio < search.policy.group_ratio)
+    ]
     if not group:
         return
     # flags an earlier group cleared (before the set shrank) join a later one: a flag the necessity
@@ -123,8 +136,12 @@ def _group_check(search: Search, minimal_mask: int, longest_s: float) -> None:
         # with --parallel N, N copies of the group's removal at once (their exposure pools; the
         # rule-out is looked at after each round, so fewer looks, the same level)
         copies = max(1, search.s.parallel)
-        while (not rules_out(search, cs) and not looks_slow(search, cs) and cs.exposure_s < until
-               and not search.over_budget()):
+        while (
+            not rules_out(search, cs)
+            and not looks_slow(search, cs)
+            and cs.exposure_s < until
+            and not search.over_budget()
+        ):
             piece = max(search.policy.soak_mttfs * mttf, (until_slow(search, cs) - cs.exposure_s) / copies)
             soak = max(min(piece, (until - cs.exposure_s) / copies), search.s.startup_s)
             search.run([(target, soak, "modifiers")] * copies)
@@ -164,8 +181,12 @@ def _locate(search: Search, minimal_mask: int, group: list[int], target: int, mt
             return False
         cs = search.stats_of(added)
         until = cs.exposure_s + p.group_mttfs * mttf
-        while (not looks_fast(search, cs, p.locate_level) and not looks_slow(search, cs, p.locate_level)
-               and cs.exposure_s < until and not search.over_budget()):
+        while (
+            not looks_fast(search, cs, p.locate_level)
+            and not looks_slow(search, cs, p.locate_level)
+            and cs.exposure_s < until
+            and not search.over_budget()
+        ):
             _soak_on(search, added, cs, until, mttf, p.locate_level)
         fast = looks_fast(search, cs, p.locate_level) and not looks_slow(search, cs, p.locate_level)
         candidates = first if fast else second
@@ -176,8 +197,9 @@ def _locate(search: Search, minimal_mask: int, group: list[int], target: int, mt
         return False
     cs = search.stats_of(joint)
     until = cs.exposure_s + p.group_mttfs * mttf
-    while (not rules_out(search, cs) and not looks_slow(search, cs) and cs.exposure_s < until
-           and not search.over_budget()):
+    while (
+        not rules_out(search, cs) and not looks_slow(search, cs) and cs.exposure_s < until and not search.over_budget()
+    ):
         _soak_on(search, joint, cs, until, mttf, p.group_slow_level)
     return rules_out(search, cs)
 

@@ -9,24 +9,25 @@ clock or a process; `oracle_virtual` and `oracle_soak` are the two implementatio
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Protocol, Sequence
+from typing import Any, Protocol
 
 
 @dataclass(frozen=True)
 class Probe:
-    flags: Mapping[str, Any]     # the full flag dict of the config (baseline + elements + context)
-    soak_s: float                # stop after this much load without a hang
-    label: str = ""              # readable: which elements are on
+    flags: Mapping[str, Any]  # the full flag dict of the config (baseline + elements + context)
+    soak_s: float  # stop after this much load without a hang
+    label: str = ""  # readable: which elements are on
 
 
 @dataclass(frozen=True)
 class ProbeResult:
     probe: Probe
-    outcome: str                 # passed | hang | crash | config_error | infra_error (matrix.outcomes)
-    signature: str | None        # the hang's signature, None when it passed
-    exposure_s: float            # seconds under load, up to the hang if there was one
-    gpu_hours: float             # TP x (start-up + exposure)
+    outcome: str  # passed | hang | crash | config_error | infra_error (matrix.outcomes)
+    signature: str | None  # the hang's signature, None when it passed
+    exposure_s: float  # seconds under load, up to the hang if there was one
+    gpu_hours: float  # TP x (start-up + exposure)
     message: str = ""
     extra: Mapping[str, Any] = field(default_factory=dict)
 

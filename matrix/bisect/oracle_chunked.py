@@ -23,20 +23,22 @@ posterior: the error costs GPU-hours, not the evidence.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from .oracle import Probe, ProbeResult
 
-DEFAULT_MAX_SOAK_S = 12 * 3600.0   # real probes, unless --max-soak says otherwise
+DEFAULT_MAX_SOAK_S = 12 * 3600.0  # real probes, unless --max-soak says otherwise
 
 
 @dataclass(frozen=True)
 class Pieces:
     """How one kind of probe is cut into pieces and its answers put together."""
-    with_soak: Callable[[Any, float], Any]        # (probe, load) -> the same probe for that load
-    passed: Callable[[Any], bool]                 # did this piece's soak end without a hang?
-    combine: Callable[[Any, list], Any]           # (probe, its pieces' answers) -> its answer
+
+    with_soak: Callable[[Any, float], Any]  # (probe, load) -> the same probe for that load
+    passed: Callable[[Any], bool]  # did this piece's soak end without a hang?
+    combine: Callable[[Any, list], Any]  # (probe, its pieces' answers) -> its answer
 
 
 class ChunkedOracle:
@@ -55,8 +57,9 @@ class ChunkedOracle:
         done: list[Any] = [None] * len(probes)
         todo = list(range(len(probes)))
         while todo:
-            asked = [self.pieces.with_soak(probes[i], min(self._left(probes[i], answers[i]), self.max_soak_s))
-                     for i in todo]
+            asked = [
+                self.pieces.with_soak(probes[i], min(self._left(probes[i], answers[i]), self.max_soak_s)) for i in todo
+            ]
             again = []
             for i, result in zip(todo, self.inner.run(asked)):
                 answers[i].append(result)
@@ -77,13 +80,21 @@ def _combine_flag(probe: Probe, pieces: list[ProbeResult]) -> ProbeResult:
     if len(pieces) == 1 and last.probe == probe:
         return last
     if len(pieces) == 1:
-        return ProbeResult(probe, last.outcome, last.signature, last.exposure_s, last.gpu_hours, last.message,
-                           last.extra)
+        return ProbeResult(
+            probe, last.outcome, last.signature, last.exposure_s, last.gpu_hours, last.message, last.extra
+        )
     extra = {**dict(last.extra), "soaked_in_pieces": len(pieces)}
     if last.outcome == "infra_error":
         extra["passed_exposure_s"] = sum(p.exposure_s for p in pieces[:-1])
-    return ProbeResult(probe, last.outcome, last.signature, sum(p.exposure_s for p in pieces),
-                       sum(p.gpu_hours for p in pieces), f"{last.message} (soaked in {len(pieces)} pieces)", extra)
+    return ProbeResult(
+        probe,
+        last.outcome,
+        last.signature,
+        sum(p.exposure_s for p in pieces),
+        sum(p.gpu_hours for p in pieces),
+        f"{last.message} (soaked in {len(pieces)} pieces)",
+        extra,
+    )
 
 
 FLAG_PIECES = Pieces(

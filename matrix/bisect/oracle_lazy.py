@@ -3,7 +3,8 @@ whose journal holds every answer (a finished run, a recorded one) connects to no
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
 class SoakOnFirstProbe:
@@ -17,7 +18,7 @@ class SoakOnFirstProbe:
         self._oracle: Any = None
         self._cluster: Any = None
 
-    def started(self) -> "SoakOnFirstProbe":
+    def started(self) -> SoakOnFirstProbe:
         if self._oracle is None:
             self._oracle, self._cluster = self._start()
         return self

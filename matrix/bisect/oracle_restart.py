@@ -19,21 +19,28 @@ existed, with the exposure so far and `extra["gave_up"]`.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from .oracle import Probe, ProbeOracle, ProbeResult
 
-MAX_RESTARTS = 400         # ~24 h of soak with a crash every 4 min; beyond, the probe ends as before
-MAX_IDLE_STARTS = 3        # starts in a row that ended before any load: the config cannot run
-IDLE_LOAD_S = 1.0          # a piece with less load than this ended "before any load"
+MAX_RESTARTS = 400  # ~24 h of soak with a crash every 4 min; beyond, the probe ends as before
+MAX_IDLE_STARTS = 3  # starts in a row that ended before any load: the config cannot run
+IDLE_LOAD_S = 1.0  # a piece with less load than this ended "before any load"
 
 
 class RestartingOracle:
     """Wraps any ProbeOracle; `target` returns the target signature (None while unknown)."""
 
-    def __init__(self, inner: ProbeOracle, target: Callable[[], str | None] | str | None = None, *,
-                 max_restarts: int = MAX_RESTARTS, max_idle_starts: int = MAX_IDLE_STARTS,
-                 idle_load_s: float = IDLE_LOAD_S):
+    def __init__(
+        self,
+        inner: ProbeOracle,
+        target: Callable[[], str | None] | str | None = None,
+        *,
+        max_restarts: int = MAX_RESTARTS,
+        max_idle_starts: int = MAX_IDLE_STARTS,
+        idle_load_s: float = IDLE_LOAD_S,
+    ):
         if max_restarts < 0 or max_idle_starts < 1:
             raise ValueError("max_restarts must be >= 0 and max_idle_starts >= 1")
         self.inner = inner
@@ -41,7 +48,7 @@ class RestartingOracle:
         self.max_restarts = max_restarts
         self.max_idle_starts = max_idle_starts
         self.idle_load_s = idle_load_s
-        self.restarts = 0          # over every probe: how many extra server starts other signatures cost
+        self.restarts = 0  # over every probe: how many extra server starts other signatures cost
 
     def run(self, probes: Sequence[Probe]) -> list[ProbeResult]:
         """Every probe to its end; the continuations of a batch run together (in parallel where the
@@ -80,18 +87,33 @@ class RestartingOracle:
                 break
             idle += 1
         if idle >= self.max_idle_starts:
-            return combine(probe, pieces, outcome="config_error", marks={"idle_starts": idle},
-                           message=f"ended with {_name(last)} on {idle} starts in a row before any load: "
-                                   f"this config cannot be soaked")
+            return combine(
+                probe,
+                pieces,
+                outcome="config_error",
+                marks={"idle_starts": idle},
+                message=f"ended with {_name(last)} on {idle} starts in a row before any load: "
+                f"this config cannot be soaked",
+            )
         if len(pieces) > self.max_restarts:
-            return combine(probe, pieces, marks={"gave_up": True},
-                           message=f"{last.message} (gave up after {len(pieces) - 1} restarts: other "
-                                   f"signatures kept ending the soak)")
+            return combine(
+                probe,
+                pieces,
+                marks={"gave_up": True},
+                message=f"{last.message} (gave up after {len(pieces) - 1} restarts: other "
+                f"signatures kept ending the soak)",
+            )
         return None
 
 
-def combine(probe: Probe, pieces: list[ProbeResult], *, outcome: str | None = None, message: str | None = None,
-            marks: dict[str, Any] | None = None) -> ProbeResult:
+def combine(
+    probe: Probe,
+    pieces: list[ProbeResult],
+    *,
+    outcome: str | None = None,
+    message: str | None = None,
+    marks: dict[str, Any] | None = None,
+) -> ProbeResult:
     """One result for the pieces of a probe: the last piece's outcome (or `outcome`), every piece's
     load and GPU-hours, and the other signatures that restarted it; `marks` go into `extra`
     (`gave_up`, `idle_starts`)."""
@@ -107,15 +129,33 @@ def combine(probe: Probe, pieces: list[ProbeResult], *, outcome: str | None = No
         others[_name(last)] = others.get(_name(last), 0) + 1
     final = outcome or last.outcome
     extra: dict[str, Any] = dict(last.extra)
-    extra.update({"restarts": len(pieces) - 1, "other_signatures": dict(sorted(others.items())),
-                  "pieces": [{"outcome": p.outcome, "signature": p.signature, "exposure_s": p.exposure_s,
-                              "message": p.message, **dict(p.extra)} for p in pieces]})
+    extra.update(
+        {
+            "restarts": len(pieces) - 1,
+            "other_signatures": dict(sorted(others.items())),
+            "pieces": [
+                {
+                    "outcome": p.outcome,
+                    "signature": p.signature,
+                    "exposure_s": p.exposure_s,
+                    "message": p.message,
+                    **dict(p.extra),
+                }
+                for p in pieces
+            ],
+        }
+    )
     extra.update(marks or {})
     restarts = f" after {len(pieces) - 1} restart(s) ({', '.join(f'{k} x{n}' for k, n in sorted(others.items()))})"
-    return ProbeResult(probe, final, last.signature if final in ("hang", "crash") else None,
-                       sum(p.exposure_s for p in pieces) if final != "config_error" else 0.0,
-                       sum(p.gpu_hours for p in pieces),
-                       (message or last.message) + (restarts if others and not marks else ""), extra)
+    return ProbeResult(
+        probe,
+        final,
+        last.signature if final in ("hang", "crash") else None,
+        sum(p.exposure_s for p in pieces) if final != "config_error" else 0.0,
+        sum(p.gpu_hours for p in pieces),
+        (message or last.message) + (restarts if others and not marks else ""),
+        extra,
+    )
 
 
 def other_signatures(results: Sequence[ProbeResult], target: str | None) -> dict[str, int]:

@@ -9,9 +9,10 @@ label, infra errors retried elsewhere). With the simulated engine every duration
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from soakmatrix.jobs.soak_spec import SoakSpec
 from soakmatrix.matrix.contracts.result import CellResult
@@ -56,6 +57,7 @@ def new_launcher(factory: Callable[[], Any] | None) -> Any:
     if factory is not None:
         return factory()
     from soakmatrix.matrix.schedule import RayLauncher
+
     return RayLauncher()
 
 
@@ -66,9 +68,15 @@ def probe_result(probe: Probe, result: CellResult, gpu_count: int, startup_s: fl
     if outcome in ("hang", "crash") and result.time_to_hang_s is not None:
         exposure = min(exposure, result.time_to_hang_s) if exposure else result.time_to_hang_s
     gpu_hours = gpu_count * (startup_s + exposure) / 3600.0
-    return ProbeResult(probe, outcome, result.signature if outcome in ("hang", "crash") else None,
-                       exposure, gpu_hours, result.message,
-                       {"cell_id": result.cell_id, "artifacts": dict(result.artifacts), "node": result.node})
+    return ProbeResult(
+        probe,
+        outcome,
+        result.signature if outcome in ("hang", "crash") else None,
+        exposure,
+        gpu_hours,
+        result.message,
+        {"cell_id": result.cell_id, "artifacts": dict(result.artifacts), "node": result.node},
+    )
 
 
 class SoakRounds:
@@ -78,13 +86,22 @@ class SoakRounds:
     engine seed; a stopped loop (Ctrl-C, SIGTERM) raises KeyboardInterrupt, a lost cluster
     ClusterLost: no answers, so the round is not journaled and a resume soaks it again."""
 
-    def __init__(self, matrix: Matrix, profile: Profile, *, backend: str = "sim", out_dir: str | Path = "bisect-out",
-                 launcher_factory: Callable[[], Any] | None = None, seed: int | None = None,
-                 on_result: Callable[[CellResult], None] | None = None, overrides: dict[str, Any] | None = None):
+    def __init__(
+        self,
+        matrix: Matrix,
+        profile: Profile,
+        *,
+        backend: str = "sim",
+        out_dir: str | Path = "bisect-out",
+        launcher_factory: Callable[[], Any] | None = None,
+        seed: int | None = None,
+        on_result: Callable[[CellResult], None] | None = None,
+        overrides: dict[str, Any] | None = None,
+    ):
         self.matrix, self.profile = matrix, profile
         self.backend = backend
         self.out_dir = Path(out_dir)
-        self.overrides = dict(overrides or {})    # more keyword arguments of `soak_spec_for`
+        self.overrides = dict(overrides or {})  # more keyword arguments of `soak_spec_for`
         self._launcher_factory = launcher_factory
         self._launcher = None
         self._on_result = on_result
@@ -125,16 +142,27 @@ class SoakRounds:
         def make_spec(pc: PlannedCell) -> SoakSpec:
             return soak_spec_for(pc, self.matrix, self.backend, round_dir, seed=seeds[pc.id], **self.overrides)
 
-        cap = cap_seconds(max(pc.soak_s for pc in cells), startup_timeout_s(self.profile.startup_s), None,
-                          matrix_time_scale(self.matrix, self.backend))
-        summary = run_cells(cells, make_spec, self.launcher(), _Quiet(self._on_result),
-                            retries=self.profile.retries, cap_s=cap, order=list)
+        cap = cap_seconds(
+            max(pc.soak_s for pc in cells),
+            startup_timeout_s(self.profile.startup_s),
+            None,
+            matrix_time_scale(self.matrix, self.backend),
+        )
+        summary = run_cells(
+            cells,
+            make_spec,
+            self.launcher(),
+            _Quiet(self._on_result),
+            retries=self.profile.retries,
+            cap_s=cap,
+            order=list,
+        )
         if summary.interrupted:
             # Ctrl-C or SIGTERM: the loop stopped the probes; cancelled probes are no answers (the
             # bisection would read them as infrastructure errors and go on soaking)
             raise KeyboardInterrupt
         if summary.lost:
-            raise ClusterLost(summary.lost)   # no answers: the round is not journaled, a resume soaks it again
+            raise ClusterLost(summary.lost)  # no answers: the round is not journaled, a resume soaks it again
         out: list[CellResult | None] = [None] * len(cells)
         for result in summary.results:
             i = by_id.get(result.cell_id)
@@ -146,15 +174,32 @@ class SoakRounds:
 class SoakOracle(SoakRounds):
     """Runs each batch of probes as soak jobs side by side on the connected Ray cluster."""
 
-    def __init__(self, matrix: Matrix, profile: Profile, model: str, gpu: str, workload: str, *,
-                 backend: str = "sim", out_dir: str | Path = "bisect-out",
-                 launcher_factory: Callable[[], Any] | None = None,
-                 on_result: Callable[[CellResult], None] | None = None, seed: int | None = None,
-                 build: Build | None = None):
-        super().__init__(matrix, profile, backend=backend, out_dir=out_dir, launcher_factory=launcher_factory,
-                         seed=seed, on_result=on_result)
+    def __init__(
+        self,
+        matrix: Matrix,
+        profile: Profile,
+        model: str,
+        gpu: str,
+        workload: str,
+        *,
+        backend: str = "sim",
+        out_dir: str | Path = "bisect-out",
+        launcher_factory: Callable[[], Any] | None = None,
+        on_result: Callable[[CellResult], None] | None = None,
+        seed: int | None = None,
+        build: Build | None = None,
+    ):
+        super().__init__(
+            matrix,
+            profile,
+            backend=backend,
+            out_dir=out_dir,
+            launcher_factory=launcher_factory,
+            seed=seed,
+            on_result=on_result,
+        )
         self.model, self.gpu, self.workload = model, gpu, workload
-        self.build = build       # the engine build every probe runs in (its runtime_env); None: the nodes'
+        self.build = build  # the engine build every probe runs in (its runtime_env); None: the nodes'
 
     def _cell(self, probe: Probe) -> PlannedCell:
         combo = {"model": self.model, "gpu": self.gpu, "workload": self.workload, **probe.flags}
@@ -166,9 +211,12 @@ class SoakOracle(SoakRounds):
             return []
         cells = side_by_side([self._cell(p) for p in probes])
         results = self.soak(cells, self.next_round())
-        return [probe_result(probes[i], r, cells[i].gpu_count, self.profile.startup_s) if r is not None
-                else ProbeResult(probes[i], "infra_error", None, 0.0, 0.0, "no result (cancelled)")
-                for i, r in enumerate(results)]
+        return [
+            probe_result(probes[i], r, cells[i].gpu_count, self.profile.startup_s)
+            if r is not None
+            else ProbeResult(probes[i], "infra_error", None, 0.0, 0.0, "no result (cancelled)")
+            for i, r in enumerate(results)
+        ]
 
 
 class _Quiet:

@@ -9,7 +9,8 @@ numpy generator makes every run reproducible.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -20,19 +21,27 @@ from .oracle import Probe, ProbeResult
 
 
 class VirtualOracle:
-    def __init__(self, model: HangModel, gpu: str | None = None, *, startup_s: float = 600.0,
-                 seed: int | None = None, concurrency: int | None = None,
-                 registry: Mapping[str, flagmod.Flag] | None = None,
-                 gpu_count: Callable[[Mapping[str, Any]], int] | None = None, build: BuildId | None = None):
+    def __init__(
+        self,
+        model: HangModel,
+        gpu: str | None = None,
+        *,
+        startup_s: float = 600.0,
+        seed: int | None = None,
+        concurrency: int | None = None,
+        registry: Mapping[str, flagmod.Flag] | None = None,
+        gpu_count: Callable[[Mapping[str, Any]], int] | None = None,
+        build: BuildId | None = None,
+    ):
         self.model = model
-        self.build = build         # the engine build every probe runs (a hang keyed on builds needs it)
+        self.build = build  # the engine build every probe runs (a hang keyed on builds needs it)
         self.gpu = gpu
         self.startup_s = startup_s
         self.rng = np.random.default_rng(model.seed if seed is None else seed)
         self.concurrency = concurrency
         self.registry = registry
         self.gpu_count = gpu_count or (lambda flags: int(flags.get("tp", 1) or 1))
-        self.virtual_s = 0.0       # virtual wall time if probes ran one after another
+        self.virtual_s = 0.0  # virtual wall time if probes ran one after another
 
     def run(self, probes: Sequence[Probe]) -> list[ProbeResult]:
         return [self._one(p) for p in probes]
@@ -54,5 +63,12 @@ class VirtualOracle:
         if first is None:
             return ProbeResult(probe, "passed", None, first_t, gpu_hours, f"no hang in {first_t:.0f}s")
         outcome = "crash" if first.style == "crash" else "hang"
-        return ProbeResult(probe, outcome, STYLE_SIGNATURE[first.style], first_t, gpu_hours,
-                           f"{first.id} after {first_t:.0f}s", {"hang_id": first.id})
+        return ProbeResult(
+            probe,
+            outcome,
+            STYLE_SIGNATURE[first.style],
+            first_t,
+            gpu_hours,
+            f"{first.id} after {first_t:.0f}s",
+            {"hang_id": first.id},
+        )

@@ -14,8 +14,9 @@ before handed on (`Calibration`, `Answer`); every constant it uses is `settings.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -56,13 +57,22 @@ class Answer:
     posterior: float
 
 
-def bisect_flags(failing_flags: Mapping[str, Any], elements: Sequence[Element], oracle: ProbeOracle,
-                 settings: Settings = Settings(), *, signature: str | None = None,
-                 context: Mapping[str, str] | None = None, context_elements: Sequence[Element] = (),
-                 alternatives: Mapping[str, Sequence[Any]] | None = None,
-                 feasible: FeasibleFn | None = None, gpu_count: GpuCountFn = default_gpu_count,
-                 progress: Callable[[str], None] | None = None, signature_source: str = "",
-                 history: HistoryExposure | None = None) -> BisectResult:
+def bisect_flags(
+    failing_flags: Mapping[str, Any],
+    elements: Sequence[Element],
+    oracle: ProbeOracle,
+    settings: Settings = Settings(),
+    *,
+    signature: str | None = None,
+    context: Mapping[str, str] | None = None,
+    context_elements: Sequence[Element] = (),
+    alternatives: Mapping[str, Sequence[Any]] | None = None,
+    feasible: FeasibleFn | None = None,
+    gpu_count: GpuCountFn = default_gpu_count,
+    progress: Callable[[str], None] | None = None,
+    signature_source: str = "",
+    history: HistoryExposure | None = None,
+) -> BisectResult:
     """Find the smallest set of `elements` that, over the baseline, hangs like the failing cell.
 
     `failing_flags` is the failing cell's full flag dict; `elements` the flags that may move to
@@ -86,29 +96,56 @@ def bisect_flags(failing_flags: Mapping[str, Any], elements: Sequence[Element], 
     said_history = _take_history(search, history, gpu_count(failing_flags)) if history is not None else []
     calibration = calibrate(search)
 
-    def result(status: str, minimal_mask: int = 0, p: float = 0.0, notes: list[str] | None = None,
-               values: list[ValueProbe] | None = None, cap: float = math.nan,
-               minimal_est=None, certified=None, verdicts=None) -> BisectResult:
+    def result(
+        status: str,
+        minimal_mask: int = 0,
+        p: float = 0.0,
+        notes: list[str] | None = None,
+        values: list[ValueProbe] | None = None,
+        cap: float = math.nan,
+        minimal_est=None,
+        certified=None,
+        verdicts=None,
+    ) -> BisectResult:
         notes = said_history + (notes or []) + _restart_notes(search, restarting)
         return BisectResult(
-            status=status, signature=search.signature, elements=list(elements), context=dict(context or {}),
-            minimal=[e.name for i, e in enumerate(elements) if minimal_mask >> i & 1], posterior=p,
-            confidence=s.confidence, mttf_cap_s=cap, failing=calibration.failing, minimal_mttf=minimal_est,
-            certified_soak_s=certified, verdicts=verdicts or [], configs=list(search.configs.values()) + search.extra_configs,
-            values=values or [], probes=search.probes, gpu_hours=search.gpu_hours, notes=notes,
-            log=search.log, minimal_flags=search.flags_of(minimal_mask) if status == "found" else {},
+            status=status,
+            signature=search.signature,
+            elements=list(elements),
+            context=dict(context or {}),
+            minimal=[e.name for i, e in enumerate(elements) if minimal_mask >> i & 1],
+            posterior=p,
+            confidence=s.confidence,
+            mttf_cap_s=cap,
+            failing=calibration.failing,
+            minimal_mttf=minimal_est,
+            certified_soak_s=certified,
+            verdicts=verdicts or [],
+            configs=list(search.configs.values()) + search.extra_configs,
+            values=values or [],
+            probes=search.probes,
+            gpu_hours=search.gpu_hours,
+            notes=notes,
+            log=search.log,
+            minimal_flags=search.flags_of(minimal_mask) if status == "found" else {},
             gpu_hours_by_role=dict(search.spent),
             rate_added=[e.name for i, e in enumerate(elements) if (minimal_mask & search.rate_added) >> i & 1],
-            signature_source=signature_source if signature else ("the first hang of the calibration"
-                                                                  if search.signature else ""),
-            other_signatures=other_signatures(search.log, search.signature))
+            signature_source=signature_source
+            if signature
+            else ("the first hang of the calibration" if search.signature else ""),
+            other_signatures=other_signatures(search.log, search.signature),
+        )
 
     if not calibration.reproduced:
         cal = search.stats_of(search.full)
         bound = stats.mttf_lower_bound(cal.exposure_s, s.confidence)
-        return result("not_reproduced", notes=[
-            f"the failing cell did not hang with the expected signature in {cal.exposure_s:.0f}s of load: "
-            f"MTTF > {bound:.0f}s at {s.confidence:.0%}; nothing to bisect"])
+        return result(
+            "not_reproduced",
+            notes=[
+                f"the failing cell did not hang with the expected signature in {cal.exposure_s:.0f}s of load: "
+                f"MTTF > {bound:.0f}s at {s.confidence:.0%}; nothing to bisect"
+            ],
+        )
     answer = search_for_the_set(search, calibration.cap)
     answer = check_cap_and_rate(search, answer)
     soak_for_modifiers(search, answer)
@@ -146,8 +183,9 @@ def search_for_the_set(search: Search, cap: float) -> Answer:
     p_top = float(np.exp(lp[top]))
     status = "found" if (search.n == 0 or search.decided) and search.stats_of(top).hangs > 0 else "inconclusive"
     if status == "inconclusive":
-        search.notes.append(f"stopped by the probe or GPU-hour budget: the best set has posterior {p_top:.3f} "
-                            f"< {search.s.confidence}")
+        search.notes.append(
+            f"stopped by the probe or GPU-hour budget: the best set has posterior {p_top:.3f} < {search.s.confidence}"
+        )
     return Answer(top, status, cap, p_top)
 
 
@@ -190,19 +228,26 @@ def soak_for_modifiers(search: Search, answer: Answer) -> None:
         measure(search, answer.top, measure_length(search))
 
 
-def give_verdicts(search: Search, answer: Answer, result: Callable[..., BisectResult],
-             alternatives: Mapping[str, Sequence[Any]] | None, context: Mapping[str, str],
-             context_elements: Sequence[Element]) -> BisectResult:
+def give_verdicts(
+    search: Search,
+    answer: Answer,
+    result: Callable[..., BisectResult],
+    alternatives: Mapping[str, Sequence[Any]] | None,
+    context: Mapping[str, str],
+    context_elements: Sequence[Element],
+) -> BisectResult:
     """Phase 5: the set's MTTF and certified soak, other values of its flags, a verdict per flag,
     and the result (`result` builds it with what every phase saw)."""
     s, notes, elements = search.s, search.notes, search.elements
     top, status, cap = answer.top, answer.status, answer.cap
     outside = [cs for m, cs in search.configs.items() if cs.hangs and (m & top) != top]
     if outside:
-        notes.append("hangs with this signature were also seen in configs without this set ("
-                     + "; ".join(cs.label for cs in outside)
-                     + "): another trigger (an OR of conditions) or a modifier may exist; this is one minimal set, "
-                       "others may exist")
+        notes.append(
+            "hangs with this signature were also seen in configs without this set ("
+            + "; ".join(cs.label for cs in outside)
+            + "): another trigger (an OR of conditions) or a modifier may exist; this is one minimal set, "
+            "others may exist"
+        )
     H, E = float(search.post.H[top]), float(search.post.E[top])
     minimal_est = stats.mttf_estimate(int(H), E, s.confidence) if E > 0 else None
     certified = None
@@ -217,8 +262,11 @@ def give_verdicts(search: Search, answer: Answer, result: Callable[..., BisectRe
         if said:
             notes.append(said)
     per_flag = flag_verdicts(search, top, context, context_elements, cap if s.mttf_cap_s is not None else None)
-    speedup = math.prod(v.ratio for v in per_flag if v.kind == "modifier" and v.ratio and 1 < v.ratio < math.inf
-                        and not top >> elements.index(v.element) & 1)
+    speedup = math.prod(
+        v.ratio
+        for v in per_flag
+        if v.kind == "modifier" and v.ratio and 1 < v.ratio < math.inf and not top >> elements.index(v.element) & 1
+    )
     if certified and speedup > 1:
         # the regression test runs the set alone, without the modifiers that make the hang come sooner
         certified *= speedup
@@ -239,8 +287,10 @@ def _search(search: Search) -> int:
             search.decided = True
             return answer
         if not search.over_budget():
-            search.notes.append(f"removing one flag at a time could not decide ({search.gave_up}): "
-                                "searched every set of flags instead, with every probe so far")
+            search.notes.append(
+                f"removing one flag at a time could not decide ({search.gave_up}): "
+                "searched every set of flags instead, with every probe so far"
+            )
             search.progress(search.notes[-1])
     posterior_search(search)
     lp = search.post.log_posterior()
@@ -277,14 +327,19 @@ def _restart_notes(search, restarting: RestartingOracle) -> list[str]:
         idle += "idle_starts" in r.extra
     notes = []
     if restarting.restarts:
-        notes.append(f"hangs or crashes of other signatures restarted the server {restarting.restarts} time(s) "
-                     "within probes (their start-ups are in the GPU-hours; the probes' load adds up over restarts)")
+        notes.append(
+            f"hangs or crashes of other signatures restarted the server {restarting.restarts} time(s) "
+            "within probes (their start-ups are in the GPU-hours; the probes' load adds up over restarts)"
+        )
     if gave_up:
-        notes.append(f"{gave_up} probe(s) ended after {restarting.max_restarts} restarts: other signatures kept "
-                     "ending the soak")
+        notes.append(
+            f"{gave_up} probe(s) ended after {restarting.max_restarts} restarts: other signatures kept ending the soak"
+        )
     if idle:
-        notes.append(f"{idle} probe(s) ended with another signature on {restarting.max_idle_starts} starts in a row "
-                     "before any load: that config was taken as one that cannot run")
+        notes.append(
+            f"{idle} probe(s) ended with another signature on {restarting.max_idle_starts} starts in a row "
+            "before any load: that config was taken as one that cannot run"
+        )
     return notes
 
 

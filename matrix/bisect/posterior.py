@@ -12,8 +12,8 @@ which the necessity rule-outs read.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 from scipy import special
@@ -23,14 +23,15 @@ from .model import MAX_ELEMENTS
 from .policy import Policy
 
 
-
 class Posterior:
     """Log-posterior over every subset K of n elements, updated incrementally per observation."""
 
     def __init__(self, n: int, cap_s: float, slow_zero_prior: float, policy: Policy = Policy()):
         if n > MAX_ELEMENTS:
-            raise ValueError(f"{n} elements differ from the baseline; bisection handles at most "
-                             f"{MAX_ELEMENTS}: move more flags to the baseline or fix them in the cell")
+            raise ValueError(
+                f"{n} elements differ from the baseline; bisection handles at most "
+                f"{MAX_ELEMENTS}: move more flags to the baseline or fix them in the cell"
+            )
         self.n = n
         self.cap = cap_s
         self.pi0 = slow_zero_prior
@@ -40,12 +41,15 @@ class Posterior:
         # (so a pair needs no more evidence than a single flag), larger sets x0.1 per extra flag,
         # the baseline itself (the empty set) unlikely
         sizes = self.size.astype(float)
-        self.log_prior = np.where(sizes == 0, math.log(policy.baseline_prior),
-                                  np.maximum(sizes - policy.small_set, 0.0) * math.log(policy.large_set_factor))
+        self.log_prior = np.where(
+            sizes == 0,
+            math.log(policy.baseline_prior),
+            np.maximum(sizes - policy.small_set, 0.0) * math.log(policy.large_set_factor),
+        )
         self.log_prior -= special.logsumexp(self.log_prior)
-        self.H = np.zeros(1 << n)          # target hangs pooled over each K's fast configs
-        self.E = np.zeros(1 << n)          # exposure pooled likewise
-        self.slow_in_fast = np.zeros(1 << n)   # sum of log L_slow over configs that are fast for K
+        self.H = np.zeros(1 << n)  # target hangs pooled over each K's fast configs
+        self.E = np.zeros(1 << n)  # exposure pooled likewise
+        self.slow_in_fast = np.zeros(1 << n)  # sum of log L_slow over configs that are fast for K
         self.slow_total = 0.0
         self.cells: dict[int, tuple[int, float]] = {}
 
@@ -57,12 +61,16 @@ class Posterior:
             return 0.0 if hangs == 0 else -math.inf
         x = exposure / self.cap
         if hangs == 0:
-            uniform = -math.expm1(-x) / x          # mean of exp(-mu E) over mu ~ U(0, 1/cap)
+            uniform = -math.expm1(-x) / x  # mean of exp(-mu E) over mu ~ U(0, 1/cap)
             return math.log(self.pi0 + (1 - self.pi0) * uniform)
         if self.pi0 >= 1.0:
             return -math.inf
-        log_uniform = (math.log(self.cap) + special.gammaln(hangs + 1) + math.log(max(special.gammainc(hangs + 1, x), 1e-300))
-                       - (hangs + 1) * math.log(exposure))
+        log_uniform = (
+            math.log(self.cap)
+            + special.gammaln(hangs + 1)
+            + math.log(max(special.gammainc(hangs + 1, x), 1e-300))
+            - (hangs + 1) * math.log(exposure)
+        )
         return math.log(1 - self.pi0) + log_uniform
 
     def set_cap(self, cap_s: float) -> None:
@@ -129,8 +137,9 @@ def p_as_fast(hangs: int, exposure: float, pool_hangs: float, pool_exposure: flo
 
 def exposure_until(hangs: int, exposure: float, pool_hangs: float, pool_exposure: float, level: float) -> float:
     """The total exposure at which `hangs` hangs would bring p_as_fast down to `level`."""
-    return exposure_at_level(lambda t: p_as_fast(hangs, t, pool_hangs, pool_exposure), exposure,
-                             pool_exposure / max(pool_hangs, 1.0), level)
+    return exposure_at_level(
+        lambda t: p_as_fast(hangs, t, pool_hangs, pool_exposure), exposure, pool_exposure / max(pool_hangs, 1.0), level
+    )
 
 
 def exposure_at_level(p_of: Callable[[float], float], exposure: float, mttf: float, level: float) -> float:

@@ -93,7 +93,7 @@ def choose(search: Search, lp: np.ndarray, delta: float) -> tuple[int, float, bo
     mttf = E / H
     settling = _soak_for(search, p_fast, H, E, delta)
     soak = settling
-    if H < search.policy.stage_hangs:
+    if search.policy.stage_hangs > H:
         # lambda is still vague: refuting a config now would take a soak of many MTTFs that
         # positives (which pool more hangs) will soon shorten; soak a few MTTFs and come back
         soak = np.minimum(settling, max(search.policy.stage_mttfs * mttf, search.s.startup_s))
@@ -116,7 +116,7 @@ def _soak_for(search: Search, p_fast: np.ndarray, H: float, E: float, delta: flo
     soak = E * (factor ** (1.0 / H) - 1.0)
     mttf = E / H
     # a hypothesis at the cap is the slowest that still counts: never soak longer than that needs
-    longest = search.post.cap * np.log(1.0 / delta)     # soak_for_detection(cap, 1 - delta)
+    longest = search.post.cap * np.log(1.0 / delta)  # soak_for_detection(cap, 1 - delta)
     # every probe pays its start-up: a soak much shorter than that buys little
     shortest = max(search.policy.min_soak_mttfs * mttf, search.s.startup_s)
     return np.clip(soak, shortest, np.maximum(longest, shortest))
@@ -131,8 +131,14 @@ def _staged_passes(search: Search, top: int) -> int | None:
     """A config that top says is slow, never hung, and was only ever soaked while the rate was
     vague (staged), or None."""
     for mask, cs in search.configs.items():
-        if top & ~mask and cs.hangs == 0 and cs.exposure_s > 0 and mask not in search.full_soaked \
-                and search.runnable[mask] and cs.role == "search":
+        if (
+            top & ~mask
+            and cs.hangs == 0
+            and cs.exposure_s > 0
+            and mask not in search.full_soaked
+            and search.runnable[mask]
+            and cs.role == "search"
+        ):
             return mask
     return None
 

@@ -20,7 +20,6 @@ from scipy import special
 from soakmatrix.matrix.contracts import stats
 from soakmatrix.matrix.contracts.durations import format_duration
 
-
 if TYPE_CHECKING:
     from .search import Search
 
@@ -46,8 +45,9 @@ class ModifierModel:
 
     def __init__(self, search: Search, mask: int, candidates: list[int], cap: float | None):
         self.search, self.mask, self.candidates, self.cap = search, mask, candidates, cap
-        rows = [(m, cs.hangs, cs.exposure_s) for m, cs in search.configs.items()
-                if (m & mask) == mask and cs.exposure_s > 0]
+        rows = [
+            (m, cs.hangs, cs.exposure_s) for m, cs in search.configs.items() if (m & mask) == mask and cs.exposure_s > 0
+        ]
         self.H = float(sum(h for _, h, _ in rows))
         self.E = float(sum(e for _, _, e in rows))
         factors = search.policy.modifier_factors
@@ -57,7 +57,7 @@ class ModifierModel:
         EA = np.array([sum(e for m, _, e in rows if m >> j & 1) for j in candidates], dtype=float)
         HB, EB = self.H - HA, self.E - EA
         self.HA, self.EA, self.HB, self.EB = HA, EA, HB, EB
-        Eeff = EA[:, None] + EB[:, None] / self.r[None, :]                     # J x R
+        Eeff = EA[:, None] + EB[:, None] / self.r[None, :]  # J x R
         self.Eeff = np.maximum(Eeff, 1e-9)
         log_ml = -HB[:, None] * np.log(self.r)[None, :] - self.H * np.log(self.Eeff)
         log_none = -self.H * math.log(max(self.E, 1e-9))
@@ -71,12 +71,11 @@ class ModifierModel:
         if cap is not None:
             caps = np.full(J, cap)
         else:
-            caps = np.array([search.cap_from(ha, ea) if ha > 0
-                             else search.initial_cap for ha, ea in zip(HA, EA)])
+            caps = np.array([search.cap_from(ha, ea) if ha > 0 else search.initial_cap for ha, ea in zip(HA, EA)])
         self.caps = caps
         # P(lambda < r / cap_j): the hang without j is slower than the cap
         self.p_slow = special.gammainc(max(self.H, 1e-9), self.r[None, :] / caps[:, None] * self.Eeff)
-        self.needed = (self.post * self.p_slow).sum(axis=1)                     # per candidate
+        self.needed = (self.post * self.p_slow).sum(axis=1)  # per candidate
         # the guard's Bayes factor per candidate: "enough" (no slowdown, or x2: two triggers in
         # the failing cell halve the rate without one of them) against the mildest slowdown of the
         # grid that would make it needed; a candidate that no slowdown of the grid makes needed
@@ -111,7 +110,7 @@ class ModifierModel:
         J = len(self.candidates)
         # the answer variable: 0 = the set is enough, 1 + i = candidate i is needed
         lam_none = max(self.H, 0.5) / max(self.E, 1e-9)
-        lam = np.maximum(self.H, 0.5) / self.Eeff                                   # J x R
+        lam = np.maximum(self.H, 0.5) / self.Eeff  # J x R
         mttf = 1.0 / lam_none
         # each (j, r) splits into "j needed" and "the set is enough"
         need = self.post * self.p_slow
@@ -125,7 +124,7 @@ class ModifierModel:
             if not s.runnable[c]:
                 continue
             has = np.array([c >> j & 1 for j in self.candidates], dtype=bool)
-            rate = np.where(has[:, None], lam, lam / self.r[None, :])                 # J x R
+            rate = np.where(has[:, None], lam, lam / self.r[None, :])  # J x R
             for k in s.policy.modifier_soaks:
                 soak = k * mttf
                 p_h_none = -math.expm1(-lam_none * soak)
@@ -141,7 +140,7 @@ class ModifierModel:
                 joint_n[0] += (enough * (1 - p_h)).sum()
                 info = _mutual_information(joint_h, joint_n)
                 mean_load_none = (1 - math.exp(-lam_none * soak)) / lam_none
-                mean_load = (-np.expm1(-rate * soak) / rate)
+                mean_load = -np.expm1(-rate * soak) / rate
                 load = self.p_none * mean_load_none + float((self.post * mean_load).sum())
                 cost = s.cost[c] * (s.s.startup_s + load)
                 score = info / cost
@@ -162,8 +161,9 @@ def _mutual_information(joint_h: np.ndarray, joint_n: np.ndarray) -> float:
     return float(terms.sum())
 
 
-def _settle(search: Search, mask: int, candidates: list[int], cap: float | None,
-            max_probes: int | None = None) -> tuple[ModifierModel, bool]:
+def _settle(
+    search: Search, mask: int, candidates: list[int], cap: float | None, max_probes: int | None = None
+) -> tuple[ModifierModel, bool]:
     """Soak what the modifier model picks until it decides (the set is enough, or a candidate is
     needed). Returns the last model and whether it decided (not: the probe or GPU-hour budget)."""
     max_probes = search.policy.max_modifier_probes if max_probes is None else max_probes
@@ -184,8 +184,9 @@ def _settle(search: Search, mask: int, candidates: list[int], cap: float | None,
     return model, False
 
 
-def rate_check(search: Search, mask: int, cap: float | None, notes: list[str],
-                max_probes: int | None = None) -> tuple[int, float | None]:
+def rate_check(
+    search: Search, mask: int, cap: float | None, notes: list[str], max_probes: int | None = None
+) -> tuple[int, float | None]:
     """A flag outside the set without which the hang is slower than the cap is needed for the hang
     *within the cap*: soak the configs that tell (the set alone, the set plus one flag, the failing
     cell without one flag) until the modifier model is sure either way, and add such a flag.
@@ -202,8 +203,10 @@ def rate_check(search: Search, mask: int, cap: float | None, notes: list[str],
             break
         model, decided = _settle(search, mask, candidates, cap, max_probes)
         if not decided:
-            notes.append(f"the rate check stopped undecided (probe or GPU-hour budget): P(the set is "
-                         f"enough to hang within the cap) = {model.p_enough:.3f}")
+            notes.append(
+                f"the rate check stopped undecided (probe or GPU-hour budget): P(the set is "
+                f"enough to hang within the cap) = {model.p_enough:.3f}"
+            )
             return mask, None
         if model.enough(alpha):
             if cap is None:
@@ -213,16 +216,17 @@ def rate_check(search: Search, mask: int, cap: float | None, notes: list[str],
         j = candidates[i]
         cap_j = float(model.caps[i])
         r = float((model.post[i] * np.array(search.policy.modifier_factors)).sum() / max(model.post[i].sum(), 1e-12))
-        notes.append(f"{search.elements[j].name} is needed to hang within the cap: without it the hang is "
-                     f"~x{r:.0f} slower (MTTF beyond the cap {format_duration(cap_j)}; "
-                     f"P = {model.needed[i]:.3f})")
+        notes.append(
+            f"{search.elements[j].name} is needed to hang within the cap: without it the hang is "
+            f"~x{r:.0f} slower (MTTF beyond the cap {format_duration(cap_j)}; "
+            f"P = {model.needed[i]:.3f})"
+        )
         mask |= 1 << j
         cap_out = cap_j if cap is None else cap
     return mask, cap_out
 
 
-def recheck_members(search: Search, found: int, grown: int, cap: float | None,
-                     notes: list[str]) -> tuple[int, bool]:
+def recheck_members(search: Search, found: int, grown: int, cap: float | None, notes: list[str]) -> tuple[int, bool]:
     """The rate check grew the search's set `found` to `grown`: is each flag of `found` still needed
     with the added flags on? The search read configs without an added flag, which hang slowly
     whatever else is on, so an innocent flag whose absence was seen only there looked necessary.
@@ -238,12 +242,16 @@ def recheck_members(search: Search, found: int, grown: int, cap: float | None,
         rest = grown & ~bit
         model, decided = _settle(search, rest, [i], cap)
         if not decided:
-            notes.append(f"the rate check stopped undecided whether {search.elements[i].name} is still needed "
-                         f"(probe or GPU-hour budget): P(not needed) = {model.p_enough:.3f}")
+            notes.append(
+                f"the rate check stopped undecided whether {search.elements[i].name} is still needed "
+                f"(probe or GPU-hour budget): P(not needed) = {model.p_enough:.3f}"
+            )
             return grown, False
         if model.enough(alpha):
-            notes.append(f"{search.elements[i].name} is not needed once {added} is in the set: baseline + the "
-                         f"set without it hangs as fast (P = {model.p_enough:.3f})")
+            notes.append(
+                f"{search.elements[i].name} is not needed once {added} is in the set: baseline + the "
+                f"set without it hangs as fast (P = {model.p_enough:.3f})"
+            )
             grown = rest
     return grown, True
 
@@ -253,7 +261,12 @@ def soak_the_set_alone(search: Search, mask: int, cap: float) -> None:
     of every other flag's modifier verdict at once. The rate check's guard usually saw more; under
     a generous explicit cap it has nothing to guard and the set alone may have hung only once."""
     cs = search.stats_of(mask)
-    while cs.hangs and cs.hangs < search.policy.modifier_evidence_hangs and search.runnable[mask] and not search.over_budget():
+    while (
+        cs.hangs
+        and cs.hangs < search.policy.modifier_evidence_hangs
+        and search.runnable[mask]
+        and not search.over_budget()
+    ):
         soak = stats.soak_for_detection(min(cs.exposure_s / cs.hangs, cap), search.s.confidence)
         before = cs.hangs
         search.run([(mask, max(soak, search.s.startup_s), "certification")])
@@ -289,9 +302,11 @@ def drop_modifiers(search: Search, mask: int, cap: float, notes: list[str]) -> i
                 search.run([(mask & ~bit, need, "cap check")])
                 h, exposure = _without(search, mask, bit)
             if s.verify_cap and h > 0 and exposure / h <= cap:
-                notes.append(f"{e.name} is not needed for the hang within the cap: without it "
-                             f"{h} hang(s) in {format_duration(exposure)} (MTTF ~{format_duration(exposure / h)} "
-                             f"<= cap {format_duration(cap)})")
+                notes.append(
+                    f"{e.name} is not needed for the hang within the cap: without it "
+                    f"{h} hang(s) in {format_duration(exposure)} (MTTF ~{format_duration(exposure / h)} "
+                    f"<= cap {format_duration(cap)})"
+                )
                 mask &= ~bit
                 changed = True
                 break

@@ -22,6 +22,7 @@ def _dur(seconds: float | None) -> str:
 def mttf_text(hangs: int, exposure_s: float, confidence: float) -> str:
     """`38m (95% CI 21m-1h12m)` after hangs; `> 2h at 95%` without one; never "never"."""
     from soakmatrix.matrix.contracts import stats
+
     if exposure_s <= 0:
         return "-"
     est = stats.mttf_estimate(hangs, exposure_s, confidence)
@@ -30,25 +31,37 @@ def mttf_text(hangs: int, exposure_s: float, confidence: float) -> str:
 
 def render_text(r: BisectResult) -> str:
     c = r.confidence
-    out = [f"bisect: {r.status}" + (f", signature {r.signature}" if r.signature else "")
-           + (f" (from {r.signature_source})" if r.signature and r.signature_source else "")]
+    out = [
+        f"bisect: {r.status}"
+        + (f", signature {r.signature}" if r.signature else "")
+        + (f" (from {r.signature_source})" if r.signature and r.signature_source else "")
+    ]
     if r.failing is not None:
-        out.append(f"failing cell: MTTF {r.failing.describe(_dur)} from {r.failing.hangs} hang(s) "
-                   f"in {_dur(r.failing.exposure_s)}; cap {_dur(r.mttf_cap_s)}")
+        out.append(
+            f"failing cell: MTTF {r.failing.describe(_dur)} from {r.failing.hangs} hang(s) "
+            f"in {_dur(r.failing.exposure_s)}; cap {_dur(r.mttf_cap_s)}"
+        )
     out.append("")
     header = f"{'config':<48} {'role':<13} {'probes':>6} {'hangs':>5} {'exposure':>9}  MTTF"
     out += [header, "-" * len(header)]
-    for cs in sorted(r.configs, key=lambda x: (x.role != "calibration", x.role == "shrink", -bin(max(x.mask, 0)).count("1"))):
+    for cs in sorted(
+        r.configs, key=lambda x: (x.role != "calibration", x.role == "shrink", -bin(max(x.mask, 0)).count("1"))
+    ):
         hangs = f"{cs.hangs}" + (f"+{cs.other_hangs}*" if cs.other_hangs else "")
         label = cs.label if len(cs.label) <= 48 else cs.label[:45] + "..."
-        out.append(f"{label:<48} {cs.role:<13} {cs.probes:>6} {hangs:>5} {_dur(cs.exposure_s):>9}  "
-                   f"{mttf_text(cs.hangs, cs.exposure_s, c)}")
+        out.append(
+            f"{label:<48} {cs.role:<13} {cs.probes:>6} {hangs:>5} {_dur(cs.exposure_s):>9}  "
+            f"{mttf_text(cs.hangs, cs.exposure_s, c)}"
+        )
     if any(cs.other_hangs for cs in r.configs):
-        out.append("  * hangs or crashes of another signature: they restarted the server (the probe went on) "
-                   "but do not count")
+        out.append(
+            "  * hangs or crashes of another signature: they restarted the server (the probe went on) but do not count"
+        )
     if r.other_signatures:
-        out.append("other signatures (restarted probes, not counted): "
-                   + ", ".join(f"{sig} x{n}" for sig, n in r.other_signatures.items()))
+        out.append(
+            "other signatures (restarted probes, not counted): "
+            + ", ".join(f"{sig} x{n}" for sig, n in r.other_signatures.items())
+        )
     out += ["", "verdicts:"]
     for v in r.verdicts:
         e = v.element
@@ -62,7 +75,10 @@ def render_text(r: BisectResult) -> str:
             out.append(f"  {vp.flag}={format_value(vp.value)}: {vp.verdict}")
     out.append("")
     if r.status == "found":
-        flags = ", ".join(f"{n}={format_value(r.minimal_flags.get(n))}" for n in r.minimal) or "(none: the baseline itself hangs)"
+        flags = (
+            ", ".join(f"{n}={format_value(r.minimal_flags.get(n))}" for n in r.minimal)
+            or "(none: the baseline itself hangs)"
+        )
         out.append(f"minimal set: {flags}   (stated confidence {c:g}; {_posterior_reading(r)})")
         if r.minimal_mttf is not None:
             out.append(f"minimal set MTTF (pooled over configs containing it): {r.minimal_mttf.describe(_dur)}")
@@ -72,7 +88,9 @@ def render_text(r: BisectResult) -> str:
         out.append("context (cannot move): " + ", ".join(f"{k} ({why})" for k, why in r.context.items()))
     for note in r.notes:
         out.append(f"note: {note}")
-    spent = ", ".join(f"{role} {hours:.2f}" for role, hours in sorted(r.gpu_hours_by_role.items(), key=lambda kv: -kv[1]))
+    spent = ", ".join(
+        f"{role} {hours:.2f}" for role, hours in sorted(r.gpu_hours_by_role.items(), key=lambda kv: -kv[1])
+    )
     out.append(f"probes: {r.probes}, GPU-hours: {r.gpu_hours:.2f}" + (f" ({spent})" if spent else ""))
     return "\n".join(out) + "\n"
 
@@ -90,18 +108,28 @@ def _posterior_reading(r: BisectResult) -> str:
     if r.posterior >= r.confidence:
         return f"posterior under the one-rate search model {r.posterior:.4f}"
     if r.rate_added:
-        return (f"the one-rate search model's posterior, {r.posterior:.4f}, does not apply: the rate check "
-                f"found that {', '.join(r.rate_added)} changes the rate")
-    return (f"the one-rate search model's posterior is {r.posterior:.4f}; the set was decided by the "
-            f"ablation's tests, each at its share of the stated confidence")
+        return (
+            f"the one-rate search model's posterior, {r.posterior:.4f}, does not apply: the rate check "
+            f"found that {', '.join(r.rate_added)} changes the rate"
+        )
+    return (
+        f"the one-rate search model's posterior is {r.posterior:.4f}; the set was decided by the "
+        f"ablation's tests, each at its share of the stated confidence"
+    )
 
 
 def to_json(r: BisectResult) -> dict[str, Any]:
     def est(e):
         if e is None:
             return None
-        return {"hangs": e.hangs, "exposure_s": _num(e.exposure_s), "mttf_s": _num(e.point_s),
-                "low_s": _num(e.low_s), "high_s": _num(e.high_s), "confidence": e.confidence}
+        return {
+            "hangs": e.hangs,
+            "exposure_s": _num(e.exposure_s),
+            "mttf_s": _num(e.point_s),
+            "low_s": _num(e.low_s),
+            "high_s": _num(e.high_s),
+            "confidence": e.confidence,
+        }
 
     return {
         "status": r.status,
@@ -118,15 +146,36 @@ def to_json(r: BisectResult) -> dict[str, Any]:
         "certified_soak_s": _num(r.certified_soak_s),
         "elements": [{"flag": e.name, "baseline": e.baseline, "failing": e.value} for e in r.elements],
         "context": r.context,
-        "verdicts": [{"flag": v.element.name, "kind": v.kind, "text": v.text, "ratio": _num(v.ratio),
-                      "ratio_low": _num(v.ratio_low), "ratio_high": _num(v.ratio_high),
-                      "p_value": _num(v.p_value)} for v in r.verdicts],
-        "configs": [{"label": cs.label, "role": cs.role, "flags": cs.flags, "probes": cs.probes, "hangs": cs.hangs,
-                     "other_hangs": cs.other_hangs, "exposure_s": _num(cs.exposure_s),
-                     "gpu_hours": _num(cs.gpu_hours), "mttf": mttf_text(cs.hangs, cs.exposure_s, r.confidence)}
-                    for cs in r.configs],
-        "values": [{"flag": v.flag, "value": v.value, "hangs": v.hangs, "exposure_s": _num(v.exposure_s),
-                    "verdict": v.verdict} for v in r.values],
+        "verdicts": [
+            {
+                "flag": v.element.name,
+                "kind": v.kind,
+                "text": v.text,
+                "ratio": _num(v.ratio),
+                "ratio_low": _num(v.ratio_low),
+                "ratio_high": _num(v.ratio_high),
+                "p_value": _num(v.p_value),
+            }
+            for v in r.verdicts
+        ],
+        "configs": [
+            {
+                "label": cs.label,
+                "role": cs.role,
+                "flags": cs.flags,
+                "probes": cs.probes,
+                "hangs": cs.hangs,
+                "other_hangs": cs.other_hangs,
+                "exposure_s": _num(cs.exposure_s),
+                "gpu_hours": _num(cs.gpu_hours),
+                "mttf": mttf_text(cs.hangs, cs.exposure_s, r.confidence),
+            }
+            for cs in r.configs
+        ],
+        "values": [
+            {"flag": v.flag, "value": v.value, "hangs": v.hangs, "exposure_s": _num(v.exposure_s), "verdict": v.verdict}
+            for v in r.values
+        ],
         "probes": r.probes,
         "gpu_hours": _num(r.gpu_hours),
         "gpu_hours_by_role": {role: _num(hours) for role, hours in r.gpu_hours_by_role.items()},

@@ -9,7 +9,8 @@ none of them.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -18,15 +19,22 @@ from .oracle import Probe, ProbeOracle, ProbeResult
 from .posterior import Posterior
 
 
-
 class Search:
     """What every stage reads and adds to: the elements, every config's stats, the probe log and
     its spend, and the posterior (from calibration on). `runnable[mask]`: the config can run;
     `cost[mask]`: its GPUs per probe."""
 
-    def __init__(self, failing_flags: Mapping[str, Any], elements: Sequence[Element], oracle: ProbeOracle,
-                 settings: Settings, signature: str | None, feasible: FeasibleFn | None,
-                 gpu_count: GpuCountFn, progress: Callable[[str], None] | None):
+    def __init__(
+        self,
+        failing_flags: Mapping[str, Any],
+        elements: Sequence[Element],
+        oracle: ProbeOracle,
+        settings: Settings,
+        signature: str | None,
+        feasible: FeasibleFn | None,
+        gpu_count: GpuCountFn,
+        progress: Callable[[str], None] | None,
+    ):
         self.failing = dict(failing_flags)
         self.elements = list(elements)
         self.n = len(self.elements)
@@ -45,21 +53,24 @@ class Search:
         self.probes = 0
         self.alpha = 1.0 - settings.confidence
         self.post: Posterior | None = None
-        self.full_soaked: set[int] = set()     # configs soaked at least once without staging
-        self.necessity_soaks: dict[int, int] = {}   # element -> soaks the necessity check asked for
-        self.decided = False                        # the search reached an answer it can vouch for
-        self.spent: dict[str, float] = {}           # GPU-hours by role (calibration, search, ...)
+        self.full_soaked: set[int] = set()  # configs soaked at least once without staging
+        self.necessity_soaks: dict[int, int] = {}  # element -> soaks the necessity check asked for
+        self.decided = False  # the search reached an answer it can vouch for
+        self.spent: dict[str, float] = {}  # GPU-hours by role (calibration, search, ...)
         self.notes: list[str] = []
-        self.gave_up = ""                           # why the ablation handed over to the posterior search
-        self.rate_added = 0                         # flags the rate check added: their absence hangs, slowly
-        self.cleared_groups: set[int] = set()       # group removals that ruled out a modifier among their flags
+        self.gave_up = ""  # why the ablation handed over to the posterior search
+        self.rate_added = 0  # flags the rate check added: their absence hangs, slowly
+        self.cleared_groups: set[int] = set()  # group removals that ruled out a modifier among their flags
         masks = range(1 << self.n)
         if gpu_count is default_gpu_count and not any(e.name == "tp" for e in self.elements):
             self.cost = np.full(1 << self.n, float(gpu_count(self.failing)))
         else:
             self.cost = np.array([gpu_count(self.flags_of(m)) for m in masks], dtype=float)
-        self.runnable = (np.ones(1 << self.n, dtype=bool) if feasible is None
-                         else np.array([self._feasible_mask(m) for m in masks], dtype=bool))
+        self.runnable = (
+            np.ones(1 << self.n, dtype=bool)
+            if feasible is None
+            else np.array([self._feasible_mask(m) for m in masks], dtype=bool)
+        )
 
     # -- configs ----------------------------------------------------------------------------------
 
@@ -128,9 +139,11 @@ class Search:
                 cs.other_hangs += 1
             if self.post is not None:
                 self.post.observe(mask, int(target), result.exposure_s)
-            self.progress(f"probe {self.probes}: {cs.label}: "
-                          f"{'HANG ' + str(result.signature) if result.hung else 'no hang'} after "
-                          f"{result.exposure_s:.0f}s (cumulative {cs.hangs} hangs / {cs.exposure_s:.0f}s)")
+            self.progress(
+                f"probe {self.probes}: {cs.label}: "
+                f"{'HANG ' + str(result.signature) if result.hung else 'no hang'} after "
+                f"{result.exposure_s:.0f}s (cumulative {cs.hangs} hangs / {cs.exposure_s:.0f}s)"
+            )
             out.append((mask, result))
         return out
 
@@ -163,8 +176,9 @@ class Search:
 
     def cap_from(self, hangs: float, exposure: float) -> float:
         """The default cap from a pool of configs that share the failing cell's rate."""
-        return min(self.policy.cap_rise * self.initial_cap,
-                   default_cap(int(hangs), exposure, self.s.cap_factor, self.policy))
+        return min(
+            self.policy.cap_rise * self.initial_cap, default_cap(int(hangs), exposure, self.s.cap_factor, self.policy)
+        )
 
     def track_cap(self, H: float, E: float) -> bool:
         """Move a default cap to the one H hangs in E give, when that differs by over 10 %.

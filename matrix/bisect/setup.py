@@ -7,7 +7,8 @@ value breaks a constraint cannot move and is context instead, with the reason.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from soakmatrix.matrix.constraints import violations
 from soakmatrix.matrix.contracts.yamlsrc import Problem, SpecError
@@ -32,14 +33,20 @@ def find_cell(cells: list[PlannedCell], key: str, matrix: Matrix) -> PlannedCell
     matches = [pc for pc in cells if pc.id.startswith(key)] if len(key) >= 4 else []
     if len(matches) == 1:
         return matches[0]
-    raise LookupError(f"{matrix.file}: no cell {key!r} in the plan"
-                      + (f" ({len(matches)} ids start with it)" if matches else "")
-                      + "; `soakmatrix plan` lists ids and names")
+    raise LookupError(
+        f"{matrix.file}: no cell {key!r} in the plan"
+        + (f" ({len(matches)} ids start with it)" if matches else "")
+        + "; `soakmatrix plan` lists ids and names"
+    )
 
 
 def combo_of(pc: PlannedCell, flags: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    return {"model": pc.cell.model, "gpu": pc.cell.gpu, "workload": pc.cell.workload,
-            **(pc.cell.flag_dict if flags is None else flags)}
+    return {
+        "model": pc.cell.model,
+        "gpu": pc.cell.gpu,
+        "workload": pc.cell.workload,
+        **(pc.cell.flag_dict if flags is None else flags),
+    }
 
 
 def elements_of(pc: PlannedCell, matrix: Matrix) -> tuple[list[Element], list[Element], dict[str, str]]:
@@ -57,14 +64,23 @@ def elements_of(pc: PlannedCell, matrix: Matrix) -> tuple[list[Element], list[El
             others = _other_values(matrix, name, value)
             runnable = [v for v in others if not violations(combo_of(pc, {**flags, name: v}), matrix)]
             if runnable:
-                problems.append(Problem(matrix.file, matrix.line_of("baseline"), f"baseline.{name}",
-                                        f"the cell {pc.name} sets {name}={value!r} but the baseline has no value "
-                                        f"for it, so bisection cannot tell whether it matters: add `{name}: <its "
-                                        f"neutral value>` to baseline (e.g. {runnable[0]!r})"))
+                problems.append(
+                    Problem(
+                        matrix.file,
+                        matrix.line_of("baseline"),
+                        f"baseline.{name}",
+                        f"the cell {pc.name} sets {name}={value!r} but the baseline has no value "
+                        f"for it, so bisection cannot tell whether it matters: add `{name}: <its "
+                        f"neutral value>` to baseline (e.g. {runnable[0]!r})",
+                    )
+                )
             else:
                 fixed.append(Element(name, value, value))
-                why[name] = ("not in baseline, and no other value of it can run with this cell"
-                             if others else "not in baseline, and it has no other value")
+                why[name] = (
+                    "not in baseline, and no other value of it can run with this cell"
+                    if others
+                    else "not in baseline, and it has no other value"
+                )
             continue
         base = matrix.baseline[name]
         if value == base and isinstance(value, bool) == isinstance(base, bool):
@@ -84,8 +100,9 @@ def elements_of(pc: PlannedCell, matrix: Matrix) -> tuple[list[Element], list[El
 def _other_values(matrix: Matrix, name: str, value: Any) -> list[Any]:
     """Values a flag missing from the baseline could move to: its axis values, then vLLM's default."""
     flag = matrix.registry.get(name)
-    candidates = list(matrix.axes.get(name, ())) + ([flag.default] if flag is not None and flag.default is not None
-                                                     else [])
+    candidates = list(matrix.axes.get(name, ())) + (
+        [flag.default] if flag is not None and flag.default is not None else []
+    )
     out: list[Any] = []
     for v in candidates:
         same = v == value and isinstance(v, bool) == isinstance(value, bool)
@@ -106,7 +123,11 @@ def alternatives_of(elements: list[Element], matrix: Matrix) -> dict[str, list[A
             values, v = [], e.value
             while True:
                 v = v // 2 if e.value > e.baseline else v * 2
-                if (e.value > e.baseline and v <= e.baseline) or (e.value < e.baseline and v >= e.baseline) or v in values:
+                if (
+                    (e.value > e.baseline and v <= e.baseline)
+                    or (e.value < e.baseline and v >= e.baseline)
+                    or v in values
+                ):
                     break
                 values.append(v)
             if values:
@@ -121,6 +142,7 @@ def alternatives_of(elements: list[Element], matrix: Matrix) -> dict[str, list[A
 def feasibility(pc: PlannedCell, matrix: Matrix) -> FeasibleFn:
     """Why a flag dict on the failing cell's model, GPU and workload cannot run (the matrix's
     constraints), or None."""
+
     def feasible(flags: Mapping[str, Any]) -> str | None:
         reasons = violations(combo_of(pc, flags), matrix)
         return "; ".join(reasons) if reasons else None
@@ -128,8 +150,9 @@ def feasibility(pc: PlannedCell, matrix: Matrix) -> FeasibleFn:
     return feasible
 
 
-def virtual_oracle(matrix: Matrix, pc: PlannedCell, profile: Profile, hang_model_path: str,
-                   seed: int | None) -> VirtualOracle:
+def virtual_oracle(
+    matrix: Matrix, pc: PlannedCell, profile: Profile, hang_model_path: str, seed: int | None
+) -> VirtualOracle:
     """Virtual time: hangs drawn from the hang model for the failing cell's GPU, workload and build."""
     from soakmatrix.matrix.contracts.hangmodel import load_hang_model
 
@@ -137,14 +160,27 @@ def virtual_oracle(matrix: Matrix, pc: PlannedCell, profile: Profile, hang_model
 
     model = load_hang_model(hang_model_path, registry=matrix.registry)
     concurrency = matrix.workloads[pc.cell.workload].params.get("concurrency")
-    return VirtualOracle(model, pc.cell.gpu, startup_s=profile.startup_s, seed=seed,
-                         concurrency=concurrency if isinstance(concurrency, int) else None,
-                         registry=matrix.registry,
-                         build=(pc.build.ordinal, pc.build.name) if pc.build is not None else None)
+    return VirtualOracle(
+        model,
+        pc.cell.gpu,
+        startup_s=profile.startup_s,
+        seed=seed,
+        concurrency=concurrency if isinstance(concurrency, int) else None,
+        registry=matrix.registry,
+        build=(pc.build.ordinal, pc.build.name) if pc.build is not None else None,
+    )
 
 
-def soak_oracle(matrix: Matrix, pc: PlannedCell, profile: Profile, *, backend: str, ray_address: str | None,
-                out_dir: str, seed: int | None = None) -> tuple[SoakOracle, ClusterHandle]:
+def soak_oracle(
+    matrix: Matrix,
+    pc: PlannedCell,
+    profile: Profile,
+    *,
+    backend: str,
+    ray_address: str | None,
+    out_dir: str,
+    seed: int | None = None,
+) -> tuple[SoakOracle, ClusterHandle]:
     """Soak jobs on Ray: connects (or starts a local cluster); the caller closes the handle."""
     from soakmatrix.matrix.schedule.cluster import address_from, connect
     from soakmatrix.matrix.stop_signals import reinstall_active
@@ -152,16 +188,26 @@ def soak_oracle(matrix: Matrix, pc: PlannedCell, profile: Profile, *, backend: s
     from .oracle_soak import SoakOracle
 
     cluster = connect(address_from(ray_address), backend=backend, gpus=matrix.gpus)
-    reinstall_active()   # ray.init put its own SIGINT/SIGTERM handlers in: ours stop the probes cleanly
-    return SoakOracle(matrix, profile, pc.cell.model, pc.cell.gpu, pc.cell.workload,
-                      backend=backend, out_dir=out_dir, seed=seed, build=pc.build), cluster
+    reinstall_active()  # ray.init put its own SIGINT/SIGTERM handlers in: ours stop the probes cleanly
+    return SoakOracle(
+        matrix,
+        profile,
+        pc.cell.model,
+        pc.cell.gpu,
+        pc.cell.workload,
+        backend=backend,
+        out_dir=out_dir,
+        seed=seed,
+        build=pc.build,
+    ), cluster
 
 
 def recorded_signature(store: Any, cell_id: str) -> tuple[str | None, str]:
     """The signature the history store last recorded for this cell: its newest hang's, else its
     newest crash's (a cell reported as a hang is never bisected for a crash), with where it came from."""
-    hangs = [o for o in store.observations() if o.cell_id == cell_id and o.signature
-             and o.outcome.value in ("hang", "crash")]
+    hangs = [
+        o for o in store.observations() if o.cell_id == cell_id and o.signature and o.outcome.value in ("hang", "crash")
+    ]
     for wanted in ("hang", "crash"):
         found = [o for o in hangs if o.outcome.value == wanted]
         if found:
@@ -185,8 +231,13 @@ def model_signature(matrix: Matrix, pc: PlannedCell, hang_model_path: str) -> tu
     concurrency = matrix.workloads[pc.cell.workload].params.get("concurrency")
     full = flagmod.resolve_defaults(pc.cell.flag_dict, matrix.registry)
     build = (pc.build.ordinal, pc.build.name) if pc.build is not None else None
-    styles = {h.style for h in model.hangs if h.style != "crash" and h.matches(full, pc.cell.gpu, build)
-              and not (isinstance(concurrency, int) and h.min_running > concurrency)}
+    styles = {
+        h.style
+        for h in model.hangs
+        if h.style != "crash"
+        and h.matches(full, pc.cell.gpu, build)
+        and not (isinstance(concurrency, int) and h.min_running > concurrency)
+    }
     if len(styles) == 1:
         return STYLE_SIGNATURE[styles.pop()], "the hang model"
     return None, ""

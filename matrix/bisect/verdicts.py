@@ -9,7 +9,8 @@ context (it could not move from its failing value).
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from soakmatrix.matrix.contracts import stats
 from soakmatrix.matrix.contracts.durations import format_duration
@@ -22,8 +23,9 @@ if TYPE_CHECKING:
     from .search import Search
 
 
-def shrink_values(search: Search, minimal_mask: int, alternatives: Mapping[str, Sequence[Any]],
-                  soak_s: float) -> list[ValueProbe]:
+def shrink_values(
+    search: Search, minimal_mask: int, alternatives: Mapping[str, Sequence[Any]], soak_s: float
+) -> list[ValueProbe]:
     """Soak the minimal set with each alternative value of its flags; an integer flag stops at the
     first value that no longer hangs."""
     out: list[ValueProbe] = []
@@ -43,8 +45,9 @@ def shrink_values(search: Search, minimal_mask: int, alternatives: Mapping[str, 
             search.probes += 1
             search.gpu_hours += result.gpu_hours
             search.spent["shrink"] = search.spent.get("shrink", 0.0) + result.gpu_hours
-            cs = ConfigStats(-1, f"minimal set with {e.name}={value}", flags, role="shrink",
-                             probes=1, gpu_hours=result.gpu_hours)
+            cs = ConfigStats(
+                -1, f"minimal set with {e.name}={value}", flags, role="shrink", probes=1, gpu_hours=result.gpu_hours
+            )
             search.extra_configs.append(cs)
             if result.outcome in ("config_error", "infra_error"):
                 out.append(ValueProbe(e.name, value, 0, 0.0, f"{result.outcome}: {result.message}"))
@@ -57,16 +60,24 @@ def shrink_values(search: Search, minimal_mask: int, alternatives: Mapping[str, 
                 out.append(ValueProbe(e.name, value, 1, result.exposure_s, "hangs"))
             else:
                 bound = stats.mttf_lower_bound(result.exposure_s, search.s.confidence)
-                out.append(ValueProbe(e.name, value, 0, result.exposure_s,
-                                      f"no hang in {format_duration(result.exposure_s)}: MTTF > {format_duration(bound)} "
-                                      f"at {search.s.confidence:.0%}"))
+                out.append(
+                    ValueProbe(
+                        e.name,
+                        value,
+                        0,
+                        result.exposure_s,
+                        f"no hang in {format_duration(result.exposure_s)}: MTTF > {format_duration(bound)} "
+                        f"at {search.s.confidence:.0%}",
+                    )
+                )
                 if isinstance(value, int) and not isinstance(value, bool):
-                    break   # a smaller TP/MTP is not tried once a larger one stopped hanging
+                    break  # a smaller TP/MTP is not tried once a larger one stopped hanging
     return out
 
 
-def smallest_values(search: Search, minimal_mask: int, values: Sequence[ValueProbe],
-                    soak_s: float) -> tuple[dict[str, Any], str]:
+def smallest_values(
+    search: Search, minimal_mask: int, values: Sequence[ValueProbe], soak_s: float
+) -> tuple[dict[str, Any], str]:
     """The smallest integer value of each flag of the set that still hung (TP 4 -> 2), checked together.
 
     One flag shrunk: its own shrink probe (the rest of the set at its failing values, the certified
@@ -76,17 +87,24 @@ def smallest_values(search: Search, minimal_mask: int, values: Sequence[ValuePro
     smallest: dict[str, Any] = {}
     for vp in values:
         failing = next(e.value for e in search.elements if e.name == vp.flag)
-        if vp.verdict == "hangs" and isinstance(vp.value, int) and not isinstance(vp.value, bool) \
-                and isinstance(failing, int) and abs(vp.value) < abs(smallest.get(vp.flag, failing)):
+        if (
+            vp.verdict == "hangs"
+            and isinstance(vp.value, int)
+            and not isinstance(vp.value, bool)
+            and isinstance(failing, int)
+            and abs(vp.value) < abs(smallest.get(vp.flag, failing))
+        ):
             smallest[vp.flag] = vp.value
     if not smallest:
         return {}, ""
     shown = ", ".join(f"{k}={v}" for k, v in smallest.items())
     if len(smallest) == 1:
-        (name, value), = smallest.items()
+        ((name, value),) = smallest.items()
         vp = next(v for v in values if v.flag == name and v.value == value)
-        return smallest, (f"the shrunk set ({shown}) hung after {format_duration(vp.exposure_s)} of its certified "
-                          f"soak of {format_duration(soak_s)}")
+        return smallest, (
+            f"the shrunk set ({shown}) hung after {format_duration(vp.exposure_s)} of its certified "
+            f"soak of {format_duration(soak_s)}"
+        )
     if search.over_budget():
         return {}, f"the shrunk set ({shown}) was not soaked together (budget): the failing values stand"
     flags = search.flags_of(minimal_mask, **smallest)
@@ -96,19 +114,37 @@ def smallest_values(search: Search, minimal_mask: int, values: Sequence[ValuePro
     search.gpu_hours += result.gpu_hours
     search.spent["shrink"] = search.spent.get("shrink", 0.0) + result.gpu_hours
     hung = result.hung_with(search.signature)
-    search.extra_configs.append(ConfigStats(-1, f"minimal set with {shown}", flags, role="shrink", probes=1,
-                                            gpu_hours=result.gpu_hours, hangs=int(hung),
-                                            other_hangs=int(result.hung and not hung),
-                                            exposure_s=result.exposure_s))
+    search.extra_configs.append(
+        ConfigStats(
+            -1,
+            f"minimal set with {shown}",
+            flags,
+            role="shrink",
+            probes=1,
+            gpu_hours=result.gpu_hours,
+            hangs=int(hung),
+            other_hangs=int(result.hung and not hung),
+            exposure_s=result.exposure_s,
+        )
+    )
     if hung:
-        return smallest, (f"the shrunk set ({shown}) hung after {format_duration(result.exposure_s)} of its "
-                          f"certified soak of {format_duration(soak_s)}")
-    return {}, (f"the shrunk set ({shown}) did not hang in its certified soak of {format_duration(soak_s)}: "
-                "the failing values stand")
+        return smallest, (
+            f"the shrunk set ({shown}) hung after {format_duration(result.exposure_s)} of its "
+            f"certified soak of {format_duration(soak_s)}"
+        )
+    return {}, (
+        f"the shrunk set ({shown}) did not hang in its certified soak of {format_duration(soak_s)}: "
+        "the failing values stand"
+    )
 
 
-def flag_verdicts(search: Search, minimal_mask: int, context: Mapping[str, Any],
-                  context_elements: Sequence[Element], cap: float | None = None) -> list[FlagVerdict]:
+def flag_verdicts(
+    search: Search,
+    minimal_mask: int,
+    context: Mapping[str, Any],
+    context_elements: Sequence[Element],
+    cap: float | None = None,
+) -> list[FlagVerdict]:
     """One verdict per element, then one per context flag. Each follows what was seen:
 
     * necessary: no hang without it (in configs holding the rest of the set), with how far that was
@@ -134,8 +170,10 @@ def flag_verdicts(search: Search, minimal_mask: int, context: Mapping[str, Any],
                 rate = sum(cs.hangs for cs in with_) / max(sum(cs.exposure_s for cs in with_), 1e-9)
                 ratio = rate * exp / h
                 within = f"; needed to hang within the cap {format_duration(cap)}" if cap else ""
-                text = (f"modifier x{ratio:.1f} (the hang was seen without it: {h} hang(s) in {format_duration(exp)}, "
-                        f"MTTF ~{format_duration(exp / h)}{within})")
+                text = (
+                    f"modifier x{ratio:.1f} (the hang was seen without it: {h} hang(s) in {format_duration(exp)}, "
+                    f"MTTF ~{format_duration(exp / h)}{within})"
+                )
                 out.append(FlagVerdict(e, "modifier", text, ratio))
                 continue
             bound = stats.mttf_lower_bound(exp, conf)
@@ -147,20 +185,26 @@ def flag_verdicts(search: Search, minimal_mask: int, context: Mapping[str, Any],
             out.append(FlagVerdict(e, "unmeasured", "outside the set; not measured for a modifier (--no-modifiers)"))
             continue
         c, is_modifier = calls[i]
-        interval = (f"x{c.low:.2g}-x{c.high:.2g}" if math.isfinite(c.high) else f"x{c.low:.2g} or more")
+        interval = f"x{c.low:.2g}-x{c.high:.2g}" if math.isfinite(c.high) else f"x{c.low:.2g} or more"
         if is_modifier and math.isfinite(c.ratio) and c.ratio >= 1:
-            text = (f"modifier x{c.ratio:.1f} (without it the hang comes {c.ratio:.1f}x less often, "
-                    f"{conf:.0%} CI {interval}, p={c.p_value:.2g})")
+            text = (
+                f"modifier x{c.ratio:.1f} (without it the hang comes {c.ratio:.1f}x less often, "
+                f"{conf:.0%} CI {interval}, p={c.p_value:.2g})"
+            )
         elif is_modifier and c.ratio < 1:
-            text = (f"modifier x{c.ratio:.2f} (with it the hang comes {1 / max(c.ratio, 1e-9):.1f}x less often, "
-                    f"{conf:.0%} CI {interval}, p={c.p_value:.2g})")
+            text = (
+                f"modifier x{c.ratio:.2f} (with it the hang comes {1 / max(c.ratio, 1e-9):.1f}x less often, "
+                f"{conf:.0%} CI {interval}, p={c.p_value:.2g})"
+            )
         elif is_modifier:
             text = f"modifier (no hang without it in {format_duration(c.exposure_without)}, p={c.p_value:.2g})"
         else:
             compared = f"p={c.p_value:.2g}" if c.hangs_with + c.hangs_without else "not compared"
             if thin_speedup(c, search.policy.speedup_hangs) and c.p_value <= 1.0 - conf:
-                compared += (f"; faster without it, but on {c.hangs_without} hang(s) without it: "
-                             f"too few to call (a call that it comes faster without it needs {search.policy.speedup_hangs})")
+                compared += (
+                    f"; faster without it, but on {c.hangs_without} hang(s) without it: "
+                    f"too few to call (a call that it comes faster without it needs {search.policy.speedup_hangs})"
+                )
             out.append(FlagVerdict(e, "irrelevant", f"irrelevant ({compared})", _finite(c.ratio), c.p_value))
             continue
         if cap and is_modifier:

@@ -14,11 +14,18 @@ from .bound import BuildBound, lower_bound
 from .oracle import HANG, PASSED, UNTESTABLE, BuildOracle, BuildProbe, BuildProbeResult, FlagOracleAdapter
 from .oracle_virtual import VirtualBuildOracle
 from .report import render_text, to_json
-from .result import (BAD_UNTESTABLE, FOUND, INCONCLUSIVE, NOT_A_REGRESSION, NOT_REPRODUCED, RANGE, RATE_CHANGE,
-                     BuildBisectResult)
+from .result import (
+    BAD_UNTESTABLE,
+    FOUND,
+    INCONCLUSIVE,
+    NOT_A_REGRESSION,
+    NOT_REPRODUCED,
+    RANGE,
+    RATE_CHANGE,
+    BuildBisectResult,
+)
 from .run import run_build_bisection
 from .signatures import SignatureAnswer
-from .tuning import Tuning
 from .specs import (
     BuildSpec,
     BuildSpecError,
@@ -29,11 +36,40 @@ from .specs import (
     parse_range,
     resolve_builds,
 )
+from .tuning import Tuning
 
 __all__ = [
-    "BAD_UNTESTABLE", "FOUND", "INCONCLUSIVE", "NOT_A_REGRESSION", "NOT_REPRODUCED", "RANGE", "RATE_CHANGE", "HANG", "PASSED",
-    "UNTESTABLE", "BuildBisectResult", "BuildSettings", "bisect_builds", "BuildBound", "lower_bound",
-    "BuildOracle", "BuildProbe", "BuildProbeResult", "FlagOracleAdapter", "VirtualBuildOracle", "render_text",
-    "to_json", "run_build_bisection", "BuildSpec", "BuildSpecError", "builds_from_range", "git_rev_list",
-    "parse_builds_file", "parse_builds_text", "parse_range", "resolve_builds", "SignatureAnswer", "Tuning",
+    "BAD_UNTESTABLE",
+    "FOUND",
+    "INCONCLUSIVE",
+    "NOT_A_REGRESSION",
+    "NOT_REPRODUCED",
+    "RANGE",
+    "RATE_CHANGE",
+    "HANG",
+    "PASSED",
+    "UNTESTABLE",
+    "BuildBisectResult",
+    "BuildSettings",
+    "bisect_builds",
+    "BuildBound",
+    "lower_bound",
+    "BuildOracle",
+    "BuildProbe",
+    "BuildProbeResult",
+    "FlagOracleAdapter",
+    "VirtualBuildOracle",
+    "render_text",
+    "to_json",
+    "run_build_bisection",
+    "BuildSpec",
+    "BuildSpecError",
+    "builds_from_range",
+    "git_rev_list",
+    "parse_builds_file",
+    "parse_builds_text",
+    "parse_range",
+    "resolve_builds",
+    "SignatureAnswer",
+    "Tuning",
 ]

@@ -33,8 +33,8 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Mapping, Sequence
 
 from soakmatrix.matrix.contracts.stats import mttf_estimate, mttf_lower_bound
 
@@ -51,18 +51,20 @@ from .result import (
     RATE_CHANGE,
     BuildBisectResult,
 )
-from .signatures import DECIDED, OLD, RATE_CHANGE as RATE_CHANGE_VERDICT, REGRESSION, SignatureAnswer, SignatureBook, verdict
+from .signatures import DECIDED, OLD, REGRESSION, SignatureAnswer, SignatureBook, verdict
+from .signatures import RATE_CHANGE as RATE_CHANGE_VERDICT
 from .tuning import Tuning
+
 
 @dataclass(frozen=True)
 class BuildSettings:
     confidence: float = 0.99
-    startup_s: float = 600.0             # expected install + start-up per probe (planning only)
-    gpus: int = 1                        # GPUs per probe (planning only; the oracle reports the cost)
+    startup_s: float = 600.0  # expected install + start-up per probe (planning only)
+    gpus: int = 1  # GPUs per probe (planning only; the oracle reports the cost)
     calibration_hangs: int = 2
     calibration_max_s: float = 24 * 3600.0
-    not_regression_prior: float = 0.05   # prior that the good build hangs too
-    signature: str | None = None         # the target; None: each signature of the bad build answered, a regression heads
+    not_regression_prior: float = 0.05  # prior that the good build hangs too
+    signature: str | None = None  # the target; None: each signature of the bad build answered, a regression heads
     max_probes: int = 500
     # the search stops at posterior 1 - error_share x (1 - confidence): stopping right at the stated
     # confidence measured 0.983-0.993 exact (the posterior's rate is integrated under a 1/lambda
@@ -73,8 +75,8 @@ class BuildSettings:
     # evidence from before the bisection (e.g. the history's soaks): build index -> (target hangs,
     # exposure seconds); it pools into the posterior like any probe but costs nothing here
     known: Mapping[int, tuple[int, float]] = field(default_factory=dict)
-    parallel: int = 1                    # probes soaked at once per round
-    tuning: Tuning = field(default_factory=Tuning)   # the rate-change model's constants (tuning.py)
+    parallel: int = 1  # probes soaked at once per round
+    tuning: Tuning = field(default_factory=Tuning)  # the rate-change model's constants (tuning.py)
 
     def __post_init__(self):
         if self.parallel < 1:
@@ -98,14 +100,14 @@ class _Run:
         self.told = settings.signature
         if self.told is not None:
             self.book.add(self.told, dict(settings.known))
-        else:   # the history's evidence is of the signature it hung with: the first one seen here
+        else:  # the history's evidence is of the signature it hung with: the first one seen here
             self.book.unclaimed = dict(settings.known)
         self.signature = settings.signature
         self.probes = 0
         self.rounds = 0
         self.gpu_hours = 0.0
         self.by_role: dict[str, float] = {}
-        self.progress: dict[str | None, tuple[float, int]] = {}   # signature -> (best top mass, at probe)
+        self.progress: dict[str | None, tuple[float, int]] = {}  # signature -> (best top mass, at probe)
 
     @property
     def post(self) -> ChangePointPosterior:
@@ -126,8 +128,9 @@ class _Run:
         results = self.oracle.run([BuildProbe(i, self.builds[i], soak_s) for i, soak_s, _ in picks])
         self.rounds += 1
         for (index, _, role), result in zip(picks, results):
-            self.book.observe(index, result.outcome, result.signature, result.exposure_s, result.gpu_hours,
-                              crashed=result.crashed)
+            self.book.observe(
+                index, result.outcome, result.signature, result.exposure_s, result.gpu_hours, crashed=result.crashed
+            )
             self.probes += 1
             self.gpu_hours += result.gpu_hours
             self.by_role[role] = self.by_role.get(role, 0.0) + result.gpu_hours
@@ -143,8 +146,9 @@ class _Run:
         return sum(hangs) >= self.s.tuning.untold_calibration_hangs and max(hangs) >= self.s.calibration_hangs
 
     def enough_for_one(self) -> bool:
-        return any(self.book.posteriors[sig].builds[-1].hangs >= self.s.calibration_hangs
-                   for sig in self.book.candidates())
+        return any(
+            self.book.posteriors[sig].builds[-1].hangs >= self.s.calibration_hangs for sig in self.book.candidates()
+        )
 
     def calibrate(self) -> str | None:
         """Soak the bad build to `calibration_hangs` target hangs; a status when that fails."""
@@ -158,8 +162,10 @@ class _Run:
                 # unnamed, the extra hangs are a margin: a signature with its calibration hangs goes on
                 return None if self.told is None and self.enough_for_one() else NOT_REPRODUCED
             have = 0 if self.told is None else self.book.posteriors[self.told].builds[last].hangs
-            copies = min(self.s.parallel, max(1, self.s.calibration_hangs - have if self.told else
-                                              self.s.tuning.untold_calibration_hangs))
+            copies = min(
+                self.s.parallel,
+                max(1, self.s.calibration_hangs - have if self.told else self.s.tuning.untold_calibration_hangs),
+            )
             # side by side, each copy may soak what is left: the whole round stays within twice the cap
             results = self.probe_batch([(last, left, "calibration")] * copies)
             if all(r.outcome == UNTESTABLE for r in results):
@@ -167,9 +173,14 @@ class _Run:
         return None
 
     def answer(self, signature: str) -> SignatureAnswer:
-        return verdict(signature, self.book.posteriors[signature], self.aim, self.s.confidence,
-                       target=signature == self.signature,
-                       crash=signature in self.book.crashes and signature not in self.book.hung)
+        return verdict(
+            signature,
+            self.book.posteriors[signature],
+            self.aim,
+            self.s.confidence,
+            target=signature == self.signature,
+            crash=signature in self.book.crashes and signature not in self.book.hung,
+        )
 
     def serve(self) -> str | None:
         """Unnamed: the signature to serve next, the open candidate likeliest to be a regression; None
@@ -226,11 +237,12 @@ class _Run:
         while len(picks) < self.s.parallel:
             groups, mass = believed.group_probabilities()
             if picks and mass.max() >= self.aim:
-                break           # the believed outcomes already stop: the rest would be spent on nothing
+                break  # the believed outcomes already stop: the rest would be spent on nothing
             mttf = planning_mttf(believed, groups, mass)
             pool_h, _ = believed.group_pools(groups)
-            choice = choose(groups, mass, believed.passes(groups), pool_h, mttf, self.s.startup_s, self.aim,
-                            self.s.gpus)
+            choice = choose(
+                groups, mass, believed.passes(groups), pool_h, mttf, self.s.startup_s, self.aim, self.s.gpus
+            )
             if choice is None:
                 break
             if choice.role == "refute" and not picks and self.s.parallel > 1:
@@ -251,20 +263,38 @@ class _Run:
         if self.signature is None and self.book.candidates():
             self.signature = self.headline()
         post = self.post
-        out = BuildBisectResult(status, self.builds, self.s.confidence, self.signature,
-                                evidence=post.builds, probes=self.probes, gpu_hours=self.gpu_hours,
-                                gpu_hours_by_role=dict(self.by_role), rounds=self.rounds)
-        out.signatures = sorted((self.answer(sig) for sig in self.book.posteriors),
-                                key=lambda a: (not a.target, a.crash, self.book.first_seen.index(a.signature)
-                                               if a.signature in self.book.first_seen else -1))
+        out = BuildBisectResult(
+            status,
+            self.builds,
+            self.s.confidence,
+            self.signature,
+            evidence=post.builds,
+            probes=self.probes,
+            gpu_hours=self.gpu_hours,
+            gpu_hours_by_role=dict(self.by_role),
+            rounds=self.rounds,
+        )
+        out.signatures = sorted(
+            (self.answer(sig) for sig in self.book.posteriors),
+            key=lambda a: (
+                not a.target,
+                a.crash,
+                self.book.first_seen.index(a.signature) if a.signature in self.book.first_seen else -1,
+            ),
+        )
         if status in (NOT_REPRODUCED, BAD_UNTESTABLE):
             self._mttf(out, post, post.lowest_bad())
             bad = post.builds[-1]
-            out.notes.append(f"the bad build {self.builds[-1]} " + (
-                "could not be installed or started" if status == BAD_UNTESTABLE else
-                f"did not hang in {bad.exposure_s / 3600:.1f} h of load: "
-                f"MTTF > {mttf_lower_bound(bad.exposure_s, self.s.confidence) / 3600:.1f} h "
-                f"at {self.s.confidence:.0%}"))
+            out.notes.append(
+                f"the bad build {self.builds[-1]} "
+                + (
+                    "could not be installed or started"
+                    if status == BAD_UNTESTABLE
+                    else f"did not hang in {bad.exposure_s / 3600:.1f} h of load: "
+                    f"MTTF > {mttf_lower_bound(bad.exposure_s, self.s.confidence) / 3600:.1f} h "
+                    f"at {self.s.confidence:.0%}"
+                )
+            )
             return out
         groups, mass = post.group_probabilities()
         order = sorted(range(len(groups)), key=lambda k: -mass[k])
@@ -282,13 +312,18 @@ class _Run:
                 status = RATE_CHANGE if rate_change else FOUND
             else:
                 status = RANGE
-                out.notes.append(f"builds {', '.join(self.builds[i] for i in range(lo, hi) if post.builds[i].is_untestable)}"
-                                 f" could not be tested: the first bad build is one of {self.builds[lo]}..{self.builds[hi]}")
+                out.notes.append(
+                    f"builds {', '.join(self.builds[i] for i in range(lo, hi) if post.builds[i].is_untestable)}"
+                    f" could not be tested: the first bad build is one of {self.builds[lo]}..{self.builds[hi]}"
+                )
                 if lo == 0:
                     out.notes.append("the good build could not be tested: this may not be a regression")
         elif status == INCONCLUSIVE:
-            out.notes.append(f"the budget ran out: likeliest first bad {self.builds[lo]}"
-                             + (f"..{self.builds[hi]}" if hi > lo else "") + f" at {out.posterior:.3f}")
+            out.notes.append(
+                f"the budget ran out: likeliest first bad {self.builds[lo]}"
+                + (f"..{self.builds[hi]}" if hi > lo else "")
+                + f" at {out.posterior:.3f}"
+            )
         out.status = status
         self._mttf(out, post, lo if rate_change else post.lowest_bad())
         if lo >= 1:
@@ -310,10 +345,17 @@ class _Run:
         hangs, exposure = float(post.hangs()[low:].sum()), float(post.exposure()[low:].sum())
         if hangs:
             est = mttf_estimate(int(hangs), exposure, self.s.confidence)
-            out.mttf_s, out.mttf_low_s, out.mttf_high_s, out.target_hangs = est.point_s, est.low_s, est.high_s, int(hangs)
+            out.mttf_s, out.mttf_low_s, out.mttf_high_s, out.target_hangs = (
+                est.point_s,
+                est.low_s,
+                est.high_s,
+                int(hangs),
+            )
 
 
-def bisect_builds(builds: Sequence[str], oracle: BuildOracle, settings: BuildSettings | None = None) -> BuildBisectResult:
+def bisect_builds(
+    builds: Sequence[str], oracle: BuildOracle, settings: BuildSettings | None = None
+) -> BuildBisectResult:
     """Find the first bad build of `builds` (oldest first: index 0 is the good side, the last the
     bad build); see the module docstring."""
     run = _Run(builds, oracle, settings or BuildSettings())

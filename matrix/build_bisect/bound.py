@@ -105,17 +105,17 @@ from soakmatrix.matrix.bisect.bound import binary_divergence, refute_load
 
 @dataclass(frozen=True)
 class BuildBound:
-    gpu_hours: float         # the least expected GPU-hours: the larger of the two floors
-    hang_mttfs: float        # Y: load on bad builds, in MTTFs (about that many hangs), and X: load
-    refute_mttfs: float      # on the last good build, both at the neighbour floor's optimum
-    probes: float            # the least expected number of probes of the neighbour floor
-    evidence: float          # d(c, 1 - c): the log-likelihood ratio against the neighbour below
-    search_bits: float       # I: what Fano's inequality asks of the search
-    evidence_gpu_hours: float = 0.0   # the evidence floor alone: the larger of neighbour and spread
-    search_gpu_hours: float = 0.0     # the search floor alone: I / search_rate
-    bits_per_mttf: float = 0.0        # the search rate r: bits per MTTF of start-up and load
+    gpu_hours: float  # the least expected GPU-hours: the larger of the two floors
+    hang_mttfs: float  # Y: load on bad builds, in MTTFs (about that many hangs), and X: load
+    refute_mttfs: float  # on the last good build, both at the neighbour floor's optimum
+    probes: float  # the least expected number of probes of the neighbour floor
+    evidence: float  # d(c, 1 - c): the log-likelihood ratio against the neighbour below
+    search_bits: float  # I: what Fano's inequality asks of the search
+    evidence_gpu_hours: float = 0.0  # the evidence floor alone: the larger of neighbour and spread
+    search_gpu_hours: float = 0.0  # the search floor alone: I / search_rate
+    bits_per_mttf: float = 0.0  # the search rate r: bits per MTTF of start-up and load
     neighbour_gpu_hours: float = 0.0  # the evidence floor against the neighbour below alone
-    spread_rho: float = 1.0           # the spread floor's refuting rate, a share of the bad builds'
+    spread_rho: float = 1.0  # the spread floor's refuting rate, a share of the bad builds'
 
 
 def search_bits(n: int, confidence: float) -> float:
@@ -163,8 +163,9 @@ def search_rate(sigma: float) -> tuple[float, float, float]:
         p, length = float(np.clip(v[0], 1e-6, 1 - 1e-6)), math.exp(v[1])
         return -float(probe_bits(p, length) / probe_cost(p, length, sigma))
 
-    best = minimize(neg, [float(ps[i, 0]), math.log(float(ls[0, j]))], method="Nelder-Mead",
-                    options={"xatol": 1e-9, "fatol": 1e-12})
+    best = minimize(
+        neg, [float(ps[i, 0]), math.log(float(ls[0, j]))], method="Nelder-Mead", options={"xatol": 1e-9, "fatol": 1e-12}
+    )
     p, length = float(np.clip(best.x[0], 1e-6, 1 - 1e-6)), math.exp(best.x[1])
     return max(-best.fun, float(grid[i, j])), p, length
 
@@ -183,29 +184,30 @@ def _divergences(confidence: float, q: np.ndarray) -> np.ndarray:
 # Grids of the spread floor's inner minimisations. Every value it returns is a lower bound whatever
 # the grids (each interval between two grid points is bounded by its worst corner), so the grids
 # only set how close to the exact minimum it gets.
-_HANG_GRID = np.geomspace(1.0, 400.0, 900)                      # Y, in units of 2c - 1
+_HANG_GRID = np.geomspace(1.0, 400.0, 900)  # Y, in units of 2c - 1
 _DIVERGENCE_GRID = np.linspace(0.0, 30.0, 601)
-_SHARE_GRID = np.geomspace(1e-10, 1.0, 401)                    # u = Q_J / J
+_SHARE_GRID = np.geomspace(1e-10, 1.0, 401)  # u = Q_J / J
 _MU_GRID = np.geomspace(1e-2, 1e5, 71)
 
 
 @dataclass(frozen=True)
 class SpreadFloor:
-    mttfs: float       # the floor, in MTTFs of start-up and load
-    rho: float         # the refuting worlds' rate, as a share of the bad builds'
-    mu: float          # the price of the shared error budget (its Lagrange multiplier)
-    nu: float          # the price of the search's probes (Fano's bits)
+    mttfs: float  # the floor, in MTTFs of start-up and load
+    rho: float  # the refuting worlds' rate, as a share of the bad builds'
+    mu: float  # the price of the shared error budget (its Lagrange multiplier)
+    nu: float  # the price of the search's probes (Fano's bits)
 
 
-def _dual_values(n: int, sigma: float, confidence: float, bits: float, beta: float,
-                 rho: float, nu: float, mus: np.ndarray) -> tuple[float, float]:
+def _dual_values(
+    n: int, sigma: float, confidence: float, bits: float, beta: float, rho: float, nu: float, mus: np.ndarray
+) -> tuple[float, float]:
     """The dual's best value over `mus`, and the mu that gives it."""
     c, rows = confidence, n - 1
     if not (0 < rho <= 1 and 0 <= nu <= sigma):
         raise ValueError(f"need 0 < rho <= 1 and 0 <= nu <= sigma, got rho={rho}, nu={nu}")
     floor_y = 2.0 * c - 1.0
     neighbour = binary_divergence(c, 1.0 - c)
-    gap = rho - 1.0 - math.log(rho)        # KL per MTTF of a bad build's load against rate rho
+    gap = rho - 1.0 - math.log(rho)  # KL per MTTF of a bad build's load against rate rho
     ys = floor_y * _HANG_GRID
     ylo, yhi, d = ys[:-1, None], ys[1:, None], _DIVERGENCE_GRID[None, :]
     # On Y in [ylo, yhi]: the least X that meets both constraints is at most its value at yhi (it
@@ -213,17 +215,19 @@ def _dual_values(n: int, sigma: float, confidence: float, bits: float, beta: flo
     x = np.maximum(np.maximum(yhi * np.expm1(neighbour / yhi), (d - yhi * gap) / rho), 0.0)
     probes = ylo + np.maximum(beta * (x + ylo), floor_y)
     least = np.min(x + ylo + (sigma - nu) * probes, axis=0)
-    least = np.minimum(least, ys[-1] * (1.0 + sigma - nu))       # Y beyond the grid
+    least = np.minimum(least, ys[-1] * (1.0 + sigma - nu))  # Y beyond the grid
     # The last change point has no neighbour above among the worlds (every build good is not one),
     # so nothing asks Y >= 2c - 1 of it: below that, X is at least its value at 2c - 1.
-    x_at_floor = np.maximum(np.maximum(floor_y * math.expm1(neighbour / floor_y),
-                                       (_DIVERGENCE_GRID - floor_y * gap) / rho), 0.0)
+    x_at_floor = np.maximum(
+        np.maximum(floor_y * math.expm1(neighbour / floor_y), (_DIVERGENCE_GRID - floor_y * gap) / rho), 0.0
+    )
     least_last = np.minimum(least, x_at_floor + (sigma - nu) * np.maximum(beta * x_at_floor, floor_y))
     return dual_of_rows(least, least_last, n, confidence, bits, nu, mus)
 
 
-def dual_of_rows(least: np.ndarray, least_last: np.ndarray, n: int, confidence: float, bits: float, nu: float,
-                 mus: np.ndarray) -> tuple[float, float]:
+def dual_of_rows(
+    least: np.ndarray, least_last: np.ndarray, n: int, confidence: float, bits: float, nu: float, mus: np.ndarray
+) -> tuple[float, float]:
     """The dual's best value over `mus`, and its mu, from each change point's least cost per unit of
     evidence asked (`least[i]`: the least cost of a change point below the last one whose evidence
     against the worlds below must reach `_DIVERGENCE_GRID[i]`; `least_last` the same for the last):
@@ -234,11 +238,14 @@ def dual_of_rows(least: np.ndarray, least_last: np.ndarray, n: int, confidence: 
     at = np.clip(np.searchsorted(_DIVERGENCE_GRID, need, side="right") - 1, 0, None)
     # A row's least cost rises with J (more change points below share its budget), so each J may be
     # read at the start of its block: 1..24 one by one, then geometric blocks, the last alone.
-    starts = np.unique(np.concatenate([np.arange(1, min(rows, 24) + 1),
-                                       np.round(np.geomspace(24, max(rows, 24), 48)), [rows]]).astype(int))
+    starts = np.unique(
+        np.concatenate([np.arange(1, min(rows, 24) + 1), np.round(np.geomspace(24, max(rows, 24), 48)), [rows]]).astype(
+            int
+        )
+    )
     starts = starts[starts <= rows]
     weights = np.diff(np.append(starts, rows + 1)).astype(float)
-    envelope = np.where((starts == rows)[:, None], least_last[None, :], least[None, :])   # (rows, d)
+    envelope = np.where((starts == rows)[:, None], least_last[None, :], least[None, :])  # (rows, d)
     # phi(J, u): G(d(c, u)) for every share at or above u
     phi = np.where(np.isinf(need)[None, :], np.inf, envelope[:, at])
     js = starts.astype(float)[:, None, None]
@@ -249,14 +256,15 @@ def dual_of_rows(least: np.ndarray, least_last: np.ndarray, n: int, confidence: 
     inside = np.min(phi[:, 1:, None] + m * js * u[:, :-1, :], axis=1)
     below = np.broadcast_to(phi[:, :1], inside.shape)
     above = envelope[:, :1] + m[:, 0, :] * js[:, 0, :] * _SHARE_GRID[-1]
-    row = np.minimum(np.minimum(inside, below), above)            # (rows, mus)
+    row = np.minimum(np.minimum(inside, below), above)  # (rows, mus)
     value = weights @ row / rows - m[0, 0, :] * (1.0 - c) + nu * bits
     best = int(np.argmax(value))
     return float(value[best]), float(m[0, 0, best])
 
 
-def spread_value(n: int, sigma: float, confidence: float, bits: float, beta: float,
-                 rho: float, nu: float) -> tuple[float, float]:
+def spread_value(
+    n: int, sigma: float, confidence: float, bits: float, beta: float, rho: float, nu: float
+) -> tuple[float, float]:
     """(the dual's value, its mu) at one refuting rate rho and one price nu of the search's probes:
     a lower bound on the mean cost in MTTFs for every rho in (0, 1], nu in [0, sigma], mu >= 0. The
     dual is concave in mu: a coarse grid, then a fine one around its best point."""
@@ -267,7 +275,7 @@ def spread_value(n: int, sigma: float, confidence: float, bits: float, beta: flo
     return (value2, mu2) if value2 > value else (value, mu)
 
 
-@functools.lru_cache(maxsize=256)     # a few seconds each; the benchmark asks for each row's twice
+@functools.lru_cache(maxsize=256)  # a few seconds each; the benchmark asks for each row's twice
 def spread_floor(n: int, sigma: float, confidence: float, bits: float, beta: float = 0.0) -> SpreadFloor:
     """The evidence floor with the error budget spread over the change points below (module
     docstring), in MTTFs: the best of `spread_value` over a grid of rho and nu, then refined."""
@@ -283,15 +291,17 @@ def spread_floor(n: int, sigma: float, confidence: float, bits: float, beta: flo
         nu = float(np.clip(v[1], 0.0, sigma))
         return -spread_value(n, sigma, confidence, bits, beta, rho, nu)[0]
 
-    local = minimize(neg, [math.log(best.rho), best.nu], method="Nelder-Mead",
-                     options={"xatol": 1e-4, "fatol": 1e-6, "maxfev": 40})
+    local = minimize(
+        neg, [math.log(best.rho), best.nu], method="Nelder-Mead", options={"xatol": 1e-4, "fatol": 1e-6, "maxfev": 40}
+    )
     rho, nu = float(np.clip(math.exp(local.x[0]), 1e-3, 1.0)), float(np.clip(local.x[1], 0.0, sigma))
     value, mu = spread_value(n, sigma, confidence, bits, beta, rho, nu)
     return SpreadFloor(value, rho, mu, nu) if value > best.mttfs else best
 
 
-def lower_bound(n: int, mttf_s: float, startup_s: float, confidence: float, gpus: int = 1,
-                background_mttf_s: float | None = None) -> BuildBound:
+def lower_bound(
+    n: int, mttf_s: float, startup_s: float, confidence: float, gpus: int = 1, background_mttf_s: float | None = None
+) -> BuildBound:
     """The least expected GPU-hours to name the first bad build among `n` with probability
     `confidence`, for a procedure that keeps that confidence at every change point and MTTF; with
     `background_mttf_s`, every build also hangs with another signature at that MTTF."""
@@ -322,7 +332,16 @@ def lower_bound(n: int, mttf_s: float, startup_s: float, confidence: float, gpus
     neighbour_hours, search_hours = cost(y) * to_hours, bits / rate * to_hours
     spread = spread_floor(n, sigma, confidence, bits, beta)
     evidence_hours = max(neighbour_hours, spread.mttfs * to_hours)
-    return BuildBound(gpu_hours=max(evidence_hours, search_hours), hang_mttfs=y,
-                      refute_mttfs=refute_load(y, evidence), probes=probes(y), evidence=evidence,
-                      search_bits=bits, evidence_gpu_hours=evidence_hours, search_gpu_hours=search_hours,
-                      bits_per_mttf=rate, neighbour_gpu_hours=neighbour_hours, spread_rho=spread.rho)
+    return BuildBound(
+        gpu_hours=max(evidence_hours, search_hours),
+        hang_mttfs=y,
+        refute_mttfs=refute_load(y, evidence),
+        probes=probes(y),
+        evidence=evidence,
+        search_bits=bits,
+        evidence_gpu_hours=evidence_hours,
+        search_gpu_hours=search_hours,
+        bits_per_mttf=rate,
+        neighbour_gpu_hours=neighbour_hours,
+        spread_rho=spread.rho,
+    )

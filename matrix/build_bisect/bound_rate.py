@@ -75,14 +75,14 @@ def least_divergence(v, x, k: float, min_ratio: float = 4.0):
 
 @dataclass(frozen=True)
 class RateChangeBound:
-    gpu_hours: float          # the larger of the two floors
+    gpu_hours: float  # the larger of the two floors
     evidence_gpu_hours: float
     search_gpu_hours: float
-    on_build_mttfs: float     # V: load on the change point's build at the evidence floor's optimum
-    below_mttfs: float        # X: load on the builds below it
+    on_build_mttfs: float  # V: load on the change point's build at the evidence floor's optimum
+    below_mttfs: float  # X: load on the builds below it
     bits_per_mttf: float
-    spread_gpu_hours: float = 0.0   # the spread floor (bound_rate_spread.py), part of the evidence floor
-    spread_rho: float = 1.0         # its refuting worlds' rate, a share of the rate after the change
+    spread_gpu_hours: float = 0.0  # the spread floor (bound_rate_spread.py), part of the evidence floor
+    spread_rho: float = 1.0  # its refuting worlds' rate, a share of the rate after the change
 
 
 _GRID = np.geomspace(1e-2, 400.0, 700)
@@ -93,7 +93,7 @@ def evidence_floor(k: float, sigma: float, confidence: float, min_ratio: float =
     need = binary_divergence(confidence, 1.0 - confidence)
     v_lo, v_hi = _GRID[:-1, None], _GRID[1:, None]
     x_lo, x_hi = _GRID[None, :-1], _GRID[None, 1:]
-    ok = least_divergence(v_hi, x_hi, k, min_ratio) >= need      # the constraint rises in V and X
+    ok = least_divergence(v_hi, x_hi, k, min_ratio) >= need  # the constraint rises in V and X
     cost = v_lo + x_lo + sigma * (v_lo + x_lo / k)
     cost = np.where(ok, cost, np.inf)
     i, j = np.unravel_index(int(np.argmin(cost)), cost.shape)
@@ -136,8 +136,9 @@ def search_rate(k: float, sigma: float) -> float:
 
 
 @functools.lru_cache(maxsize=64)
-def rate_change_bound(n: int, mttf_s: float, ratio: float, startup_s: float, confidence: float,
-                      min_ratio: float = 4.0) -> RateChangeBound:
+def rate_change_bound(
+    n: int, mttf_s: float, ratio: float, startup_s: float, confidence: float, min_ratio: float = 4.0
+) -> RateChangeBound:
     """The floor for naming a rate change of `ratio` among `n` builds, MTTF `mttf_s` after it."""
     if ratio < min_ratio:
         raise ValueError(f"a rate change of x{ratio} is below the model's x{min_ratio}")
@@ -150,5 +151,6 @@ def rate_change_bound(n: int, mttf_s: float, ratio: float, startup_s: float, con
     rate = search_rate(ratio, sigma)
     search = search_bits(n, confidence) / rate
     to_hours = mttf_s / 3600.0
-    return RateChangeBound(max(evidence, search) * to_hours, evidence * to_hours, search * to_hours, v, x, rate,
-                           spread * to_hours, rho)
+    return RateChangeBound(
+        max(evidence, search) * to_hours, evidence * to_hours, search * to_hours, v, x, rate, spread * to_hours, rho
+    )

@@ -37,15 +37,15 @@ from soakmatrix.matrix.bisect.bound import binary_divergence
 from .bound import _DIVERGENCE_GRID, _MU_GRID, dual_of_rows
 from .bound_rate import divergence, least_divergence
 
-_Y_GRID = np.geomspace(1e-2, 400.0, 700)      # load from the change point on, in MTTFs
-_X_GRID = np.concatenate([[0.0], np.geomspace(1e-3, 4000.0, 1400)])   # load below it
+_Y_GRID = np.geomspace(1e-2, 400.0, 700)  # load from the change point on, in MTTFs
+_X_GRID = np.concatenate([[0.0], np.geomspace(1e-3, 4000.0, 1400)])  # load below it
 
 
 def _least_below(y: np.ndarray, k: float, need: float, min_ratio: float, last: bool) -> np.ndarray:
     """Per Y: a lower bound on the least X with the neighbours' constraint met (the grid point below
     the first that meets it; +inf where none on the grid does)."""
     v, x = y[:, None], _X_GRID[None, :]
-    if last:   # only the neighbour below (the change at J - 1, its rate r at least min_ratio / k):
+    if last:  # only the neighbour below (the change at J - 1, its rate r at least min_ratio / k):
         # convex in r with its minimum at the pooled rate, so at that rate or at the allowed end
         with np.errstate(divide="ignore", invalid="ignore"):
             r = np.maximum((v + x / k) / np.maximum(v + x, 1e-300), min_ratio / k)
@@ -58,7 +58,9 @@ def _least_below(y: np.ndarray, k: float, need: float, min_ratio: float, last: b
     return np.where(first < 0, np.inf, np.where(first == 0, 0.0, below))
 
 
-def _rows(k: float, sigma: float, confidence: float, rho: float, nu: float, min_ratio: float) -> tuple[np.ndarray, np.ndarray]:
+def _rows(
+    k: float, sigma: float, confidence: float, rho: float, nu: float, min_ratio: float
+) -> tuple[np.ndarray, np.ndarray]:
     """Per evidence asked (`bound._DIVERGENCE_GRID`): the least cost of a change point, and of the last."""
     need = binary_divergence(confidence, 1.0 - confidence)
     good, bad = float(divergence(1.0 / k, rho)), float(divergence(1.0, rho))
@@ -66,18 +68,20 @@ def _rows(k: float, sigma: float, confidence: float, rho: float, nu: float, min_
     out = []
     for last in (False, True):
         # on Y in [ylo, yhi]: X at least its value at yhi (the constraints fall with Y), Y at least ylo
-        x = np.maximum(_least_below(_Y_GRID[1:], k, need, min_ratio, last)[:, None],
-                       np.maximum((d - yhi * bad) / good, 0.0))
-        with np.errstate(invalid="ignore"):      # inf x 0 where no X meets it and sigma = nu
+        x = np.maximum(
+            _least_below(_Y_GRID[1:], k, need, min_ratio, last)[:, None], np.maximum((d - yhi * bad) / good, 0.0)
+        )
+        with np.errstate(invalid="ignore"):  # inf x 0 where no X meets it and sigma = nu
             cost = np.where(np.isinf(x), np.inf, x + ylo + (sigma - nu) * (ylo + x / k))
         least = np.min(cost, axis=0)
-        out.append(np.minimum(least, _Y_GRID[-1] * (1.0 + sigma - nu)))    # Y beyond the grid
+        out.append(np.minimum(least, _Y_GRID[-1] * (1.0 + sigma - nu)))  # Y beyond the grid
     return out[0], out[1]
 
 
 @functools.lru_cache(maxsize=64)
-def rate_spread_floor(n: int, k: float, sigma: float, confidence: float, bits: float,
-                      min_ratio: float = 4.0) -> tuple[float, float]:
+def rate_spread_floor(
+    n: int, k: float, sigma: float, confidence: float, bits: float, min_ratio: float = 4.0
+) -> tuple[float, float]:
     """(the floor in MTTFs, the refuting worlds' rate rho): the best of the dual over a grid of rho
     and nu (any of them gives a floor)."""
     best = (0.0, 1.0)
@@ -88,8 +92,9 @@ def rate_spread_floor(n: int, k: float, sigma: float, confidence: float, bits: f
             least, least_last = _rows(k, sigma, confidence, float(rho), float(nu), min_ratio)
             value, mu = dual_of_rows(least, least_last, n, confidence, bits, float(nu), _MU_GRID)
             ratio = _MU_GRID[1] / _MU_GRID[0]
-            fine, _ = dual_of_rows(least, least_last, n, confidence, bits, float(nu),
-                                   np.geomspace(mu / ratio, mu * ratio, 21))
+            fine, _ = dual_of_rows(
+                least, least_last, n, confidence, bits, float(nu), np.geomspace(mu / ratio, mu * ratio, 21)
+            )
             value = max(value, fine)
             if math.isfinite(value) and value > best[0]:
                 best = (value, float(rho))

@@ -14,8 +14,9 @@ nothing. With no target signature named, the newest hang of the cell on the list
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from soakmatrix.matrix.contracts.outcomes import Outcome
 from soakmatrix.matrix.contracts.result import CellResult
@@ -24,11 +25,11 @@ from soakmatrix.reports.regressions import cell_key
 
 @dataclass(frozen=True)
 class HistoryEvidence:
-    source: str                                   # the store's path
-    known: dict[int, tuple[int, float]] = field(default_factory=dict)   # build index -> (target hangs, exposure s)
-    results: int = 0                              # results of the cell on listed builds that count
-    other_hangs: int = 0                          # hangs of other signatures (exposure only)
-    signature: str | None = None                  # the target they were counted against
+    source: str  # the store's path
+    known: dict[int, tuple[int, float]] = field(default_factory=dict)  # build index -> (target hangs, exposure s)
+    results: int = 0  # results of the cell on listed builds that count
+    other_hangs: int = 0  # hangs of other signatures (exposure only)
+    signature: str | None = None  # the target they were counted against
 
     @property
     def target_hangs(self) -> int:
@@ -39,10 +40,14 @@ class HistoryEvidence:
         return sum(e for _, e in self.known.values())
 
     def to_json(self, builds: Sequence[str]) -> dict[str, Any]:
-        return {"store": self.source, "results": self.results, "target_hangs": self.target_hangs,
-                "other_hangs": self.other_hangs, "exposure_s": round(self.exposure_s, 3),
-                "builds": {builds[i]: {"hangs": h, "exposure_s": round(e, 3)}
-                           for i, (h, e) in sorted(self.known.items())}}
+        return {
+            "store": self.source,
+            "results": self.results,
+            "target_hangs": self.target_hangs,
+            "other_hangs": self.other_hangs,
+            "exposure_s": round(self.exposure_s, 3),
+            "builds": {builds[i]: {"hangs": h, "exposure_s": round(e, 3)} for i, (h, e) in sorted(self.known.items())},
+        }
 
 
 def read_results(store: Any) -> list[CellResult]:
@@ -50,11 +55,19 @@ def read_results(store: Any) -> list[CellResult]:
     return [r for run in store.runs() for r in store.results(run.id) if r.build]
 
 
-def cell_results(results: Iterable[CellResult], model: str, gpu: str, flags: dict, workload: str,
-                 builds: Sequence[str]) -> list[CellResult]:
+def cell_results(
+    results: Iterable[CellResult], model: str, gpu: str, flags: dict, workload: str, builds: Sequence[str]
+) -> list[CellResult]:
     """The results of this build-less cell on builds of the list, in the order given."""
-    probe = CellResult(cell_id="", cell_name="", outcome=Outcome.PASSED, model=model, gpu_type=gpu,
-                       workload=workload, flags=dict(flags))
+    probe = CellResult(
+        cell_id="",
+        cell_name="",
+        outcome=Outcome.PASSED,
+        model=model,
+        gpu_type=gpu,
+        workload=workload,
+        flags=dict(flags),
+    )
     key, listed = cell_key(probe), set(builds)
     return [r for r in results if r.build in listed and cell_key(r) == key]
 
@@ -68,8 +81,9 @@ def newest_signature(results: Sequence[CellResult]) -> str | None:
     return None
 
 
-def evidence(results: Sequence[CellResult], builds: Sequence[str], signature: str | None,
-             source: str) -> HistoryEvidence:
+def evidence(
+    results: Sequence[CellResult], builds: Sequence[str], signature: str | None, source: str
+) -> HistoryEvidence:
     """Pool `results` (the cell's, from `cell_results`) per build of `builds`."""
     index = {b: i for i, b in enumerate(builds)}
     known: dict[int, tuple[int, float]] = {}
@@ -77,7 +91,7 @@ def evidence(results: Sequence[CellResult], builds: Sequence[str], signature: st
     for r in results:
         outcome = Outcome(r.outcome)
         if outcome is not Outcome.PASSED and not outcome.is_finding:
-            continue   # config and infra errors: the build did not run, nothing about hangs
+            continue  # config and infra errors: the build did not run, nothing about hangs
         exposure = max(0.0, float(r.exposure_s or 0.0))
         if outcome.is_finding and r.time_to_hang_s is not None:
             exposure = min(exposure, r.time_to_hang_s) if exposure else float(r.time_to_hang_s)

@@ -3,7 +3,8 @@ so that `soakmatrix bisect --builds ... --resume` replays the answered probes an
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from soakmatrix.matrix.bisect.journal import Codec
 
@@ -15,14 +16,28 @@ def _probe(probe: BuildProbe) -> dict:
 
 
 def _result(result: BuildProbeResult) -> dict:
-    return {"outcome": result.outcome, "signature": result.signature, "exposure_s": result.exposure_s,
-            "gpu_hours": result.gpu_hours, "message": result.message, "extra": dict(result.extra),
-            "crashed": result.crashed}
+    return {
+        "outcome": result.outcome,
+        "signature": result.signature,
+        "exposure_s": result.exposure_s,
+        "gpu_hours": result.gpu_hours,
+        "message": result.message,
+        "extra": dict(result.extra),
+        "crashed": result.crashed,
+    }
 
 
 def _load(probe: BuildProbe, doc: Mapping[str, Any]) -> BuildProbeResult:
-    return BuildProbeResult(probe, doc["outcome"], doc["signature"], float(doc["exposure_s"]), float(doc["gpu_hours"]),
-                            doc.get("message", ""), doc.get("extra", {}), crashed=bool(doc.get("crashed", False)))
+    return BuildProbeResult(
+        probe,
+        doc["outcome"],
+        doc["signature"],
+        float(doc["exposure_s"]),
+        float(doc["gpu_hours"]),
+        doc.get("message", ""),
+        doc.get("extra", {}),
+        crashed=bool(doc.get("crashed", False)),
+    )
 
 
 BUILD_CODEC = Codec(_probe, _result, _load)

@@ -17,7 +17,7 @@ the good build) for a build spec. Pure.
 from __future__ import annotations
 
 import re
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from soakmatrix.matrix.spec_types import Build
 
@@ -38,7 +38,7 @@ def section_range(arg: str, section: Mapping[str, Build]) -> list[BuildSpec] | N
     lo, hi = names.index(rng[0]), names.index(rng[1])
     if lo >= hi:
         raise UnknownBuild(f"{arg}: {rng[0]} is not before {rng[1]} in the matrix's builds: ({', '.join(names)})")
-    return [BuildSpec(n, n) for n in names[lo:hi + 1]]
+    return [BuildSpec(n, n) for n in names[lo : hi + 1]]
 
 
 class UnknownBuild(ValueError):
@@ -51,22 +51,31 @@ def to_builds(specs: Sequence[BuildSpec], section: Mapping[str, Build], matrix_f
     for i, spec in enumerate(specs):
         if "|" in spec.name or "," in spec.name:
             # the build's name is the fifth part of a cell's name, whose parts `|` and `,` separate
-            raise UnknownBuild(f"build {spec.name!r} (line {i + 1} of the list): a build name holds no `|` or `,`;"
-                               " name it: `NAME: SPEC`")
+            raise UnknownBuild(
+                f"build {spec.name!r} (line {i + 1} of the list): a build name holds no `|` or `,`;"
+                " name it: `NAME: SPEC`"
+            )
         known = section.get(spec.spec) if spec.name == spec.spec else None
         if known is not None:
             out.append(known)
             continue
-        if spec.kind == "pip" and spec.name == spec.spec and _BARE_WORD.match(spec.spec) \
-                and not _PINNED.search(spec.spec):
+        if (
+            spec.kind == "pip"
+            and spec.name == spec.spec
+            and _BARE_WORD.match(spec.spec)
+            and not _PINNED.search(spec.spec)
+        ):
             names = ", ".join(section) if section else "none: it has no `builds:` section"
-            raise UnknownBuild(f"unknown build {spec.spec!r} (line {i + 1} of the list): not a build of {matrix_file}"
-                               f" (its builds: {names}), nor a pinned requirement such as vllm==0.6.3; "
-                               "a build spec of your own is written `NAME: SPEC`")
+            raise UnknownBuild(
+                f"unknown build {spec.spec!r} (line {i + 1} of the list): not a build of {matrix_file}"
+                f" (its builds: {names}), nor a pinned requirement such as vllm==0.6.3; "
+                "a build spec of your own is written `NAME: SPEC`"
+            )
         value = spec.value.strip()
         if spec.kind == "python" and not value.startswith("/"):
-            raise UnknownBuild(f"build {spec.name!r}: expected an absolute path to the interpreter on the nodes, "
-                               f"got {value!r}")
+            raise UnknownBuild(
+                f"build {spec.name!r}: expected an absolute path to the interpreter on the nodes, got {value!r}"
+            )
         out.append(Build(spec.name, i, spec.kind, value, None))
     return out
 

@@ -20,8 +20,9 @@ them and for `FlagOracleAdapter`.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Protocol, Sequence
+from typing import Any, Protocol
 
 from soakmatrix.matrix.bisect.oracle_chunked import Pieces
 
@@ -33,21 +34,21 @@ OUTCOMES = (HANG, PASSED, UNTESTABLE)
 
 @dataclass(frozen=True)
 class BuildProbe:
-    index: int                   # position in the ordered list (0 = oldest, the good side)
-    build: str                   # the build's name or spec
-    soak_s: float                # stop after this much load without a hang
+    index: int  # position in the ordered list (0 = oldest, the good side)
+    build: str  # the build's name or spec
+    soak_s: float  # stop after this much load without a hang
 
 
 @dataclass(frozen=True)
 class BuildProbeResult:
     probe: BuildProbe
-    outcome: str                 # hang | passed | untestable
-    signature: str | None        # the hang's signature; None unless outcome == "hang"
-    exposure_s: float            # seconds under load, up to the hang if there was one
-    gpu_hours: float             # GPUs x (install + start-up + exposure)
+    outcome: str  # hang | passed | untestable
+    signature: str | None  # the hang's signature; None unless outcome == "hang"
+    exposure_s: float  # seconds under load, up to the hang if there was one
+    gpu_hours: float  # GPUs x (install + start-up + exposure)
     message: str = ""
     extra: Mapping[str, Any] = field(default_factory=dict)
-    crashed: bool = False        # the "hang" was a crash: the target only when named (never by default)
+    crashed: bool = False  # the "hang" was a crash: the target only when named (never by default)
 
     def __post_init__(self):
         if self.outcome not in OUTCOMES:
@@ -68,8 +69,13 @@ class FlagOracleAdapter:
     as a hang with its signature (as in the flag bisection); config and infra errors make the build
     untestable."""
 
-    def __init__(self, oracle: Any, flags: Mapping[str, Any], build_key: str = "build",
-                 probe_factory: Callable[..., Any] | None = None):
+    def __init__(
+        self,
+        oracle: Any,
+        flags: Mapping[str, Any],
+        build_key: str = "build",
+        probe_factory: Callable[..., Any] | None = None,
+    ):
         self.oracle = oracle
         self.flags = dict(flags)
         self.build_key = build_key
@@ -78,8 +84,12 @@ class FlagOracleAdapter:
         self.probe_factory = probe_factory
 
     def run(self, probes: Sequence[BuildProbe]) -> list[BuildProbeResult]:
-        flag_probes = [self.probe_factory(flags={**self.flags, self.build_key: p.build}, soak_s=p.soak_s,
-                                          label=f"{self.build_key}={p.build}") for p in probes]
+        flag_probes = [
+            self.probe_factory(
+                flags={**self.flags, self.build_key: p.build}, soak_s=p.soak_s, label=f"{self.build_key}={p.build}"
+            )
+            for p in probes
+        ]
         return [convert(p, r) for p, r in zip(probes, self.oracle.run(flag_probes))]
 
 
@@ -93,9 +103,16 @@ def convert(probe: BuildProbe, result: Any) -> BuildProbeResult:
         kind, signature = PASSED, None
     else:
         kind, signature = UNTESTABLE, None
-    return BuildProbeResult(probe, kind, signature, float(result.exposure_s), float(result.gpu_hours),
-                            getattr(result, "message", ""), dict(getattr(result, "extra", {}) or {}),
-                            crashed=outcome == "crash")
+    return BuildProbeResult(
+        probe,
+        kind,
+        signature,
+        float(result.exposure_s),
+        float(result.gpu_hours),
+        getattr(result, "message", ""),
+        dict(getattr(result, "extra", {}) or {}),
+        crashed=outcome == "crash",
+    )
 
 
 def _combine_pieces(probe: BuildProbe, pieces: list[BuildProbeResult]) -> BuildProbeResult:
@@ -110,16 +127,33 @@ def _combine_pieces(probe: BuildProbe, pieces: list[BuildProbeResult]) -> BuildP
         # pass of the load that was soaked, and the bisection decides again what to soak next.
         soaked = sum(p.exposure_s for p in pieces[:-1])
         extra = {**dict(last.extra), "soaked_in_pieces": len(pieces) - 1, "interrupted": last.message}
-        return BuildProbeResult(probe, PASSED, None, soaked, gpu_hours,
-                                f"no hang in {soaked:.0f}s over {len(pieces) - 1} pieces; the next piece "
-                                f"could not run ({last.message or 'untestable'}): a pass of {soaked:.0f}s",
-                                extra)
+        return BuildProbeResult(
+            probe,
+            PASSED,
+            None,
+            soaked,
+            gpu_hours,
+            f"no hang in {soaked:.0f}s over {len(pieces) - 1} pieces; the next piece "
+            f"could not run ({last.message or 'untestable'}): a pass of {soaked:.0f}s",
+            extra,
+        )
     extra = {**dict(last.extra), "soaked_in_pieces": len(pieces)} if len(pieces) > 1 else dict(last.extra)
     message = last.message + (f" (soaked in {len(pieces)} pieces)" if len(pieces) > 1 else "")
-    return BuildProbeResult(probe, last.outcome, last.signature, sum(p.exposure_s for p in pieces),
-                            gpu_hours, message, extra, crashed=last.crashed)
+    return BuildProbeResult(
+        probe,
+        last.outcome,
+        last.signature,
+        sum(p.exposure_s for p in pieces),
+        gpu_hours,
+        message,
+        extra,
+        crashed=last.crashed,
+    )
 
 
 # how a long build probe is soaked in pieces (`matrix/bisect/oracle_chunked.ChunkedOracle`)
-BUILD_PIECES = Pieces(with_soak=lambda probe, load: BuildProbe(probe.index, probe.build, load),
-                      passed=lambda result: result.outcome == PASSED, combine=_combine_pieces)
+BUILD_PIECES = Pieces(
+    with_soak=lambda probe, load: BuildProbe(probe.index, probe.build, load),
+    passed=lambda result: result.outcome == PASSED,
+    combine=_combine_pieces,
+)

@@ -11,7 +11,8 @@ build bisection on a planted regression, before any GPU-hour is spent.
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -22,9 +23,19 @@ from .oracle import HANG, PASSED, BuildProbe, BuildProbeResult
 
 
 class HangModelBuildOracle:
-    def __init__(self, model: HangModel, flags: Mapping[str, Any], gpu: str | None, builds: Sequence[str], *,
-                 startup_s: float = 600.0, gpus: int = 1, seed: int | None = None,
-                 registry: Mapping[str, flagmod.Flag] | None = None, ordinals: Sequence[int] | None = None):
+    def __init__(
+        self,
+        model: HangModel,
+        flags: Mapping[str, Any],
+        gpu: str | None,
+        builds: Sequence[str],
+        *,
+        startup_s: float = 600.0,
+        gpus: int = 1,
+        seed: int | None = None,
+        registry: Mapping[str, flagmod.Flag] | None = None,
+        ordinals: Sequence[int] | None = None,
+    ):
         self.model, self.gpu, self.builds = model, gpu, list(builds)
         self.ordinals = list(range(len(self.builds)) if ordinals is None else ordinals)
         self.flags = flagmod.resolve_defaults(flags, registry)
@@ -47,5 +58,13 @@ class HangModelBuildOracle:
         if first is None or first_t >= probe.soak_s:
             return BuildProbeResult(probe, PASSED, None, load, gpu_hours, f"no hang in {load:.0f}s")
         # a crash ends the probe like a hang of another signature: only the target's signature counts
-        return BuildProbeResult(probe, HANG, STYLE_SIGNATURE[first.style], load, gpu_hours,
-                                f"{first.id} after {load:.0f}s", {"hang_id": first.id}, crashed=first.style == "crash")
+        return BuildProbeResult(
+            probe,
+            HANG,
+            STYLE_SIGNATURE[first.style],
+            load,
+            gpu_hours,
+            f"{first.id} after {load:.0f}s",
+            {"hang_id": first.id},
+            crashed=first.style == "crash",
+        )

@@ -18,9 +18,10 @@ probe's (`oracle.convert`).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from soakmatrix.matrix.bisect.oracle import Probe
 from soakmatrix.matrix.bisect.oracle_soak import SoakRounds, probe_result, side_by_side
@@ -36,20 +37,41 @@ from .oracle import HANG, BuildProbe, BuildProbeResult, convert
 class BuildSoakOracle(SoakRounds):
     """Soaks each probe's build of `builds` (indexed as the bisection's list) with the failing cell `pc`."""
 
-    def __init__(self, matrix: Matrix, profile: Profile, pc: PlannedCell, builds: Sequence[Build], *,
-                 backend: str = "sim", out_dir: str | Path = "bisect-out", hang_model: str | None = None,
-                 seed: int | None = None, launcher_factory: Callable[[], Any] | None = None,
-                 progress: Callable[[str], None] | None = None):
+    def __init__(
+        self,
+        matrix: Matrix,
+        profile: Profile,
+        pc: PlannedCell,
+        builds: Sequence[Build],
+        *,
+        backend: str = "sim",
+        out_dir: str | Path = "bisect-out",
+        hang_model: str | None = None,
+        seed: int | None = None,
+        launcher_factory: Callable[[], Any] | None = None,
+        progress: Callable[[str], None] | None = None,
+    ):
         # the simulated engine reads the hang model from its spec: --hang-model replaces the matrix's
-        super().__init__(matrix, profile, backend=backend, out_dir=out_dir, launcher_factory=launcher_factory,
-                         seed=seed, overrides={"hang_model": str(Path(hang_model).resolve())} if hang_model else {})
+        super().__init__(
+            matrix,
+            profile,
+            backend=backend,
+            out_dir=out_dir,
+            launcher_factory=launcher_factory,
+            seed=seed,
+            overrides={"hang_model": str(Path(hang_model).resolve())} if hang_model else {},
+        )
         self.pc = pc
         self.builds = list(builds)
         self._progress = progress
 
     def cell(self, probe: BuildProbe) -> PlannedCell:
-        combo = {"model": self.pc.cell.model, "gpu": self.pc.cell.gpu, "workload": self.pc.cell.workload,
-                 **self.pc.cell.flag_dict}
+        combo = {
+            "model": self.pc.cell.model,
+            "gpu": self.pc.cell.gpu,
+            "workload": self.pc.cell.workload,
+            **self.pc.cell.flag_dict,
+        }
         pc = planned_cell(self.matrix, self.profile, combo, build=self.builds[probe.index])
         return replace(pc, soak_s=probe.soak_s)
 
@@ -60,16 +82,25 @@ class BuildSoakOracle(SoakRounds):
         cells = side_by_side([self.cell(p) for p in probes])
         round_dir = self.next_round()
         for p in probes:
-            self._say(f"probe {self._round}: build {p.build} ({self.builds[p.index].kind}), "
-                      f"soak up to {format_duration(p.soak_s)}")
+            self._say(
+                f"probe {self._round}: build {p.build} ({self.builds[p.index].kind}), "
+                f"soak up to {format_duration(p.soak_s)}"
+            )
         out: list[BuildProbeResult] = []
         for i, result in enumerate(self.soak(cells, round_dir)):
             if result is None:
-                out.append(convert(probes[i], probe_result(Probe(flags={}, soak_s=probes[i].soak_s),
-                                                           _no_result(cells[i]), cells[i].gpu_count, 0.0)))
+                out.append(
+                    convert(
+                        probes[i],
+                        probe_result(
+                            Probe(flags={}, soak_s=probes[i].soak_s), _no_result(cells[i]), cells[i].gpu_count, 0.0
+                        ),
+                    )
+                )
                 continue
-            flag_probe = Probe(flags=dict(cells[i].cell.flag_dict), soak_s=probes[i].soak_s,
-                               label=f"build={probes[i].build}")
+            flag_probe = Probe(
+                flags=dict(cells[i].cell.flag_dict), soak_s=probes[i].soak_s, label=f"build={probes[i].build}"
+            )
             out.append(convert(probes[i], probe_result(flag_probe, result, cells[i].gpu_count, self.profile.startup_s)))
             self._say(f"probe {self._round}: build {probes[i].build}: {_said(out[-1], result)}")
         return out
@@ -92,4 +123,3 @@ def _no_result(pc: PlannedCell) -> CellResult:
     from soakmatrix.matrix.contracts.outcomes import Outcome
 
     return CellResult(cell_id=pc.id, cell_name=pc.name, outcome=Outcome.INFRA_ERROR, message="no result (cancelled)")
-

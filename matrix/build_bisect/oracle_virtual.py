@@ -15,7 +15,7 @@ run reproducible.
 from __future__ import annotations
 
 import math
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -26,11 +26,22 @@ BACKGROUND_SIGNATURE = "nccl_watchdog_timeout"
 
 
 class VirtualBuildOracle:
-    def __init__(self, n_builds: int, change_point: int, mttf_s: float, *, startup_s: float = 600.0,
-                 seed: int | None = None, background_mttf_s: float | None = None,
-                 untestable_fraction: float = 0.0, untestable: Iterable[int] | None = None,
-                 gpus: int = 1, signature: str = TARGET_SIGNATURE,
-                 background_signature: str = BACKGROUND_SIGNATURE, old_mttf_s: float | None = None):
+    def __init__(
+        self,
+        n_builds: int,
+        change_point: int,
+        mttf_s: float,
+        *,
+        startup_s: float = 600.0,
+        seed: int | None = None,
+        background_mttf_s: float | None = None,
+        untestable_fraction: float = 0.0,
+        untestable: Iterable[int] | None = None,
+        gpus: int = 1,
+        signature: str = TARGET_SIGNATURE,
+        background_signature: str = BACKGROUND_SIGNATURE,
+        old_mttf_s: float | None = None,
+    ):
         if not 0 <= change_point < n_builds:
             raise ValueError(f"the change point must be a build index in 0..{n_builds - 1}, got {change_point}")
         self.n = n_builds
@@ -48,7 +59,7 @@ class VirtualBuildOracle:
             count = int(round(untestable_fraction * len(inner)))
             untestable = self.rng.choice(inner, size=count, replace=False) if count else ()
         self.untestable = frozenset(int(i) for i in untestable)
-        self.virtual_s = 0.0       # virtual wall time if probes ran one after another
+        self.virtual_s = 0.0  # virtual wall time if probes ran one after another
         self.probes = 0
 
     def run(self, probes: Sequence[BuildProbe]) -> list[BuildProbeResult]:
@@ -69,7 +80,8 @@ class VirtualBuildOracle:
         other = self.rng.exponential(self.background_mttf_s) if self.background_mttf_s else math.inf
         first = min(target, other)
         if first >= probe.soak_s:
-            return BuildProbeResult(probe, PASSED, None, probe.soak_s, self._hours(probe.soak_s),
-                                    f"no hang in {probe.soak_s:.0f}s")
+            return BuildProbeResult(
+                probe, PASSED, None, probe.soak_s, self._hours(probe.soak_s), f"no hang in {probe.soak_s:.0f}s"
+            )
         signature = self.signature if target <= other else self.background_signature
         return BuildProbeResult(probe, HANG, signature, first, self._hours(first), f"{signature} after {first:.0f}s")

@@ -24,14 +24,14 @@ against load on the good neighbour).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
-LENGTH_GRID = (0.5, 1.0, 2.0, 4.0, 8.0)     # soak lengths tried, in pooled MTTFs
-MAX_SOAK_MTTFS = 60.0                       # the length confidence demands is not tried beyond this
-POOL_SOAK_MTTFS = 10.0                      # a soak to pool one more hang on a bad build stops at its hang
+LENGTH_GRID = (0.5, 1.0, 2.0, 4.0, 8.0)  # soak lengths tried, in pooled MTTFs
+MAX_SOAK_MTTFS = 60.0  # the length confidence demands is not tried beyond this
+POOL_SOAK_MTTFS = 10.0  # a soak to pool one more hang on a bad build stops at its hang
 # A hang's time is read in these bins (fractions of the soak's length) when a probe is scored: a rate
 # is told by when hangs come, not only whether one came within the soak (an old rate 4 x lower and the
 # new one both hang within a long soak, at different times); a clean regression's hang is conclusive
@@ -48,14 +48,15 @@ def min_pooled_hangs(confidence: float) -> int:
     with it, at no more GPU-hours). 6 at a stop of 0.995, 4 at 0.975."""
     return math.ceil(math.log(confidence / (1.0 - confidence)))
 
+
 @dataclass(frozen=True)
 class Choice:
-    index: int              # the build to soak
+    index: int  # the build to soak
     soak_s: float
-    gain_bits: float        # expected drop in the entropy of the change point
-    cost_hours: float       # expected GPU-hours
-    p_bad: float            # P(this build is bad)
-    role: str = "search"    # search | refute (the end game's soak) | pool (a hang on a bad build)
+    gain_bits: float  # expected drop in the entropy of the change point
+    cost_hours: float  # expected GPU-hours
+    p_bad: float  # P(this build is bad)
+    role: str = "search"  # search | refute (the end game's soak) | pool (a hang on a bad build)
 
 
 def _plogp(p: np.ndarray) -> np.ndarray:
@@ -74,8 +75,9 @@ def pass_factor(hangs: np.ndarray, exposure: np.ndarray, length: float) -> np.nd
         return np.where(exposure > 0, (exposure / (exposure + length)) ** hangs, 0.0)
 
 
-def stop_length(mass: np.ndarray, best: int, passes: Passes, confidence: float,
-                extra: tuple[int, float, float] | None = None) -> float | None:
+def stop_length(
+    mass: np.ndarray, best: int, passes: Passes, confidence: float, extra: tuple[int, float, float] | None = None
+) -> float | None:
     """The pass length on the build just below group `best` that brings it to `confidence`; None
     when no pass can (too much mass above it) or it already has. After a pass of L the groups below
     keep their bad-build pass mass, `best` and those above their good-build one (all of it for a
@@ -88,11 +90,11 @@ def stop_length(mass: np.ndarray, best: int, passes: Passes, confidence: float,
     def left(length: float) -> float:
         bad, good = passes(length, extra)
         # a hair beyond the exact length, so the pass lands at the confidence, not a rounding under it
-        allowed = (float(good[best]) * odds - float(good[best + 1:].sum())) * (1.0 - 1e-6)
+        allowed = (float(good[best]) * odds - float(good[best + 1 :].sum())) * (1.0 - 1e-6)
         return float(bad[:best].sum()) - allowed
 
-    if float(mass[best]) * odds - float(mass[best + 1:].sum()) <= 0:
-        return None     # a pass takes no mass off the groups above: no length is enough
+    if float(mass[best]) * odds - float(mass[best + 1 :].sum()) <= 0:
+        return None  # a pass takes no mass off the groups above: no length is enough
     lo, hi = 0.0, max(float(mass.size), 1.0) * 3600.0
     while left(hi) > 0:
         hi *= 2.0
@@ -104,8 +106,16 @@ def stop_length(mass: np.ndarray, best: int, passes: Passes, confidence: float,
     return hi
 
 
-def choose(groups: list[tuple[int, int]], mass: np.ndarray, passes: Passes, pool_hangs: np.ndarray,
-           mttf_s: float, startup_s: float, confidence: float, gpus: int = 1) -> Choice | None:
+def choose(
+    groups: list[tuple[int, int]],
+    mass: np.ndarray,
+    passes: Passes,
+    pool_hangs: np.ndarray,
+    mttf_s: float,
+    startup_s: float,
+    confidence: float,
+    gpus: int = 1,
+) -> Choice | None:
     """The next probe, or None when no probe can tell the groups apart. `passes`: the posterior's
     pass masses per group (`Passes`); `pool_hangs`: the hangs each group's clean regression pools;
     `mttf_s`: the rate after the change point (sets the grid and the cost)."""
@@ -124,9 +134,11 @@ def choose(groups: list[tuple[int, int]], mass: np.ndarray, passes: Passes, pool
                 survival[t] = passes(t)
         # outcomes: a hang in each bin of times, or a pass of the whole length; per group, its mass
         # and that outcome, when the soaked build is bad under it and when it is good
-        outcomes = [(np.maximum(survival[a][0] - survival[b][0], 0.0), np.maximum(survival[a][1] - survival[b][1], 0.0))
-                    for a, b in zip(times[:-1], times[1:])] + [survival[length]]
-        after = np.zeros(len(groups) - 1)    # expected entropy after the probe of group k's last build
+        outcomes = [
+            (np.maximum(survival[a][0] - survival[b][0], 0.0), np.maximum(survival[a][1] - survival[b][1], 0.0))
+            for a, b in zip(times[:-1], times[1:])
+        ] + [survival[length]]
+        after = np.zeros(len(groups) - 1)  # expected entropy after the probe of group k's last build
         for bad, good in outcomes:
             # a probe of group k's last build: groups 0..k call it bad, those above good
             z = np.cumsum(bad)[:-1] + _suffix(good)
@@ -155,17 +167,30 @@ def _suffix(x: np.ndarray) -> np.ndarray:
     return np.cumsum(x[::-1])[::-1][1:]
 
 
-def _end_game(best: Choice, groups: list[tuple[int, int]], mass: np.ndarray, top: int, passes: Passes,
-              pool_hangs: np.ndarray, mttf_s: float, startup_s: float, confidence: float, gpus: int) -> Choice:
+def _end_game(
+    best: Choice,
+    groups: list[tuple[int, int]],
+    mass: np.ndarray,
+    top: int,
+    passes: Passes,
+    pool_hangs: np.ndarray,
+    mttf_s: float,
+    startup_s: float,
+    confidence: float,
+    gpus: int,
+) -> Choice:
     stop = stop_length(mass, top, passes, confidence)
     if stop is None:
         return best
     b = float(mass[:top].sum())
     # one more hang on a bad build pools into every hypothesis at or below the likeliest group
     pooled = stop_length(mass, top, passes, confidence, extra=(groups[top][1], 1.0, mttf_s))
-    if pool_hangs[top] < min_pooled_hangs(confidence) or pooled is not None and (1.0 - b) * (stop - pooled) > startup_s + mttf_s:
-        return Choice(groups[top][1], POOL_SOAK_MTTFS * mttf_s, 0.0, gpus * (startup_s + mttf_s) / 3600.0,
-                      1.0 - b, "pool")
+    if pool_hangs[top] < min_pooled_hangs(confidence) or (
+        pooled is not None and (1.0 - b) * (stop - pooled) > startup_s + mttf_s
+    ):
+        return Choice(
+            groups[top][1], POOL_SOAK_MTTFS * mttf_s, 0.0, gpus * (startup_s + mttf_s) / 3600.0, 1.0 - b, "pool"
+        )
     if stop > MAX_SOAK_MTTFS * mttf_s:
         return best
     load = b * mttf_s * -math.expm1(-stop / mttf_s) + (1.0 - b) * stop

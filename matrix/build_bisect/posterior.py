@@ -35,11 +35,11 @@ from .tuning import Tuning
 @dataclass
 class BuildEvidence:
     probes: int = 0
-    hangs: int = 0               # hangs with the target signature
-    other_hangs: int = 0         # hangs of any other signature (ended a probe, counted apart)
+    hangs: int = 0  # hangs with the target signature
+    other_hangs: int = 0  # hangs of any other signature (ended a probe, counted apart)
     exposure_s: float = 0.0
     gpu_hours: float = 0.0
-    untestable: int = 0          # probes that could not install or start the build
+    untestable: int = 0  # probes that could not install or start the build
 
     @property
     def tested(self) -> bool:
@@ -67,8 +67,11 @@ class ChangePointPosterior:
         self.rho = np.concatenate([[0.0], self.tuning.shares()]) if self.tuning.rate_change_prior > 0 else np.zeros(1)
         rest = len(self.rho) - 1
         with np.errstate(divide="ignore"):
-            self.log_component_prior = np.log(np.concatenate(
-                [[1.0 - self.tuning.rate_change_prior], np.full(rest, self.tuning.rate_change_prior / max(rest, 1))]))
+            self.log_component_prior = np.log(
+                np.concatenate(
+                    [[1.0 - self.tuning.rate_change_prior], np.full(rest, self.tuning.rate_change_prior / max(rest, 1))]
+                )
+            )
 
     # -- evidence ---------------------------------------------------------------------------------
 
@@ -118,8 +121,8 @@ class ChangePointPosterior:
         exposure = suffix_e[:, None] + self.rho[None, :] * before_e[:, None]
         if extra is not None:
             upto, more_h, more_e = extra
-            hangs[:upto + 1] += more_h
-            exposure[:upto + 1] += more_e
+            hangs[: upto + 1] += more_h
+            exposure[: upto + 1] += more_e
         return hangs, exposure
 
     def log_weights(self) -> np.ndarray:
@@ -127,12 +130,13 @@ class ChangePointPosterior:
         h = self.hangs()
         out = self.log_prior[:, None] + self.log_component_prior[None, :]
         if not h.any():
-            return out      # with no target hang anywhere (before calibration) the rate is not identified
+            return out  # with no target hang anywhere (before calibration) the rate is not identified
         hangs, exposure = self.pools()
         before_h = h.sum() - np.cumsum(h[::-1])[::-1]
         with np.errstate(divide="ignore", invalid="ignore"):
-            lik = np.where(hangs > 0, special.gammaln(np.maximum(hangs, 1.0))
-                           - hangs * np.log(np.maximum(exposure, 1e-300)), 0.0)
+            lik = np.where(
+                hangs > 0, special.gammaln(np.maximum(hangs, 1.0)) - hangs * np.log(np.maximum(exposure, 1e-300)), 0.0
+            )
             old = np.where(before_h[:, None] > 0, before_h[:, None] * np.log(self.rho[None, :]), 0.0)
         return out + lik + old
 
@@ -156,8 +160,9 @@ class ChangePointPosterior:
         p = self.component_probabilities()
         return float(p[1:, 1:].sum())
 
-    def group_passes(self, groups: list[tuple[int, int]], length: float,
-                     extra: tuple[int, float, float] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def group_passes(
+        self, groups: list[tuple[int, int]], length: float, extra: tuple[int, float, float] | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Per group: P(J in it, and a soak of `length` passes) when the soaked build is bad under it
         (at or above its first build), and when it is good (below: the old rate, rho x; 1 for the clean
         regression). The rate is integrated out per hypothesis: (E / (E + m L))^H. `extra` as in pools."""
@@ -197,7 +202,7 @@ class ChangePointPosterior:
     def group_probabilities(self) -> tuple[list[tuple[int, int]], np.ndarray]:
         groups = self.groups()
         p = self.probabilities()
-        return groups, np.array([p[a:b + 1].sum() for a, b in groups])
+        return groups, np.array([p[a : b + 1].sum() for a, b in groups])
 
     def group_pools(self, groups: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
         """(hangs, exposure) that each group's hypotheses pool over the builds they call bad (the

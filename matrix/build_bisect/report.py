@@ -31,10 +31,12 @@ def headline(r: BuildBisectResult) -> str:
         return f"first bad build: {r.first_bad_build}{last_good}, posterior {pct}"
     if r.status == RATE_CHANGE and r.first_bad is not None:
         before = "" if r.mttf_before_low_s is None else f"MTTF before at least {_hours(r.mttf_before_low_s)}, "
-        return (f"rate change at {r.first_bad_build}: {before}after {_hours(r.mttf_s)}, posterior {pct}")
+        return f"rate change at {r.first_bad_build}: {before}after {_hours(r.mttf_s)}, posterior {pct}"
     if r.status == RANGE and r.range:
         lo, hi = r.range
-        return f"the first bad build is one of {r.builds[lo]}..{r.builds[hi]} (untestable builds between), posterior {pct}"
+        return (
+            f"the first bad build is one of {r.builds[lo]}..{r.builds[hi]} (untestable builds between), posterior {pct}"
+        )
     if r.status == NOT_A_REGRESSION:
         return f"not a regression: the good build {r.builds[0]} hangs with {r.signature} too, posterior {pct}"
     return HEADLINES.get(r.status, r.status)
@@ -46,13 +48,21 @@ def render_text(r: BuildBisectResult, history: str | None = None) -> str:
     if history:
         lines.append(f"from history: {history}")
     if r.target_hangs:
-        lines.append(f"MTTF on the bad builds: {_hours(r.mttf_s)} ({r.confidence:.0%} CI {_hours(r.mttf_low_s)}-"
-                     f"{_hours(r.mttf_high_s)}, {r.target_hangs} hangs)")
+        lines.append(
+            f"MTTF on the bad builds: {_hours(r.mttf_s)} ({r.confidence:.0%} CI {_hours(r.mttf_low_s)}-"
+            f"{_hours(r.mttf_high_s)}, {r.target_hangs} hangs)"
+        )
     if r.good_mttf_bound_s is not None and r.last_good is not None:
-        lines.append(f"last good build {r.builds[r.last_good]}: MTTF > {_hours(r.good_mttf_bound_s)} at {r.confidence:.0%}")
+        lines.append(
+            f"last good build {r.builds[r.last_good]}: MTTF > {_hours(r.good_mttf_bound_s)} at {r.confidence:.0%}"
+        )
     if r.alternatives:
-        lines.append("next likeliest: " + ", ".join(
-            f"{r.builds[a]}" + (f"..{r.builds[b]}" if b > a else "") + f" {p:.4f}" for a, b, p in r.alternatives))
+        lines.append(
+            "next likeliest: "
+            + ", ".join(
+                f"{r.builds[a]}" + (f"..{r.builds[b]}" if b > a else "") + f" {p:.4f}" for a, b, p in r.alternatives
+            )
+        )
     lines.append("")
     lines.append(f"{'build':<24} {'probes':>6} {'hangs':>6} {'other':>6} {'exposure':>10} {'GPU-h':>7}  verdict")
     for i, (name, b) in enumerate(zip(r.builds, r.evidence)):
@@ -70,8 +80,10 @@ def render_text(r: BuildBisectResult, history: str | None = None) -> str:
             verdict = "passed (history)"
         else:
             verdict = "not probed"
-        lines.append(f"{name[:24]:<24} {b.probes:>6} {b.hangs:>6} {b.other_hangs:>6} {_hours(b.exposure_s):>10} "
-                     f"{b.gpu_hours:>7.2f}  {verdict}")
+        lines.append(
+            f"{name[:24]:<24} {b.probes:>6} {b.hangs:>6} {b.other_hangs:>6} {_hours(b.exposure_s):>10} "
+            f"{b.gpu_hours:>7.2f}  {verdict}"
+        )
     if r.signatures:
         lines.append("")
         lines.append("signatures (each on its own, from the same probes):")
@@ -94,8 +106,10 @@ def signature_line(r: BuildBisectResult, a: SignatureAnswer) -> str:
         return f"{name}: regression, first bad build {at}, posterior {a.posterior:.3f}; {counts}"
     if a.verdict == RATE_CHANGE_VERDICT:
         before = "" if a.mttf_before_low_s is None else f"MTTF before at least {_hours(a.mttf_before_low_s)}, "
-        return (f"{name}: rate change at {at}: {before}after {_hours(a.mttf_after_s)}, posterior {a.posterior:.3f}; "
-                f"{counts}, {a.hangs_before} before")
+        return (
+            f"{name}: rate change at {at}: {before}after {_hours(a.mttf_after_s)}, posterior {a.posterior:.3f}; "
+            f"{counts}, {a.hangs_before} before"
+        )
     if a.verdict == UNDECIDED:
         return f"{name}: undecided, likeliest change point {at} at {a.posterior:.3f}; {counts}"
     return f"{name}: not reproduced"
@@ -103,12 +117,20 @@ def signature_line(r: BuildBisectResult, a: SignatureAnswer) -> str:
 
 def signature_json(r: BuildBisectResult, a: SignatureAnswer) -> dict[str, Any]:
     """One signature's answer with named fields (JSON `signatures`, the store, JUnit)."""
-    return {"signature": a.signature, "verdict": a.verdict, "target": a.target, "crash": a.crash,
-            "first_bad": r.builds[a.first] if a.verdict in (REGRESSION, RATE_CHANGE_VERDICT) else None,
-            "range": None if a.first is None else [r.builds[a.first], r.builds[a.last]],
-            "posterior": round(a.posterior, 6), "hangs": a.hangs, "hangs_on_bad_build": a.hangs_on_bad_build,
-            "hangs_before": a.hangs_before, "mttf_after_s": _num(a.mttf_after_s),
-            "mttf_before_low_s": _num(a.mttf_before_low_s)}
+    return {
+        "signature": a.signature,
+        "verdict": a.verdict,
+        "target": a.target,
+        "crash": a.crash,
+        "first_bad": r.builds[a.first] if a.verdict in (REGRESSION, RATE_CHANGE_VERDICT) else None,
+        "range": None if a.first is None else [r.builds[a.first], r.builds[a.last]],
+        "posterior": round(a.posterior, 6),
+        "hangs": a.hangs,
+        "hangs_on_bad_build": a.hangs_on_bad_build,
+        "hangs_before": a.hangs_before,
+        "mttf_after_s": _num(a.mttf_after_s),
+        "mttf_before_low_s": _num(a.mttf_before_low_s),
+    }
 
 
 def _num(x: float | None) -> float | None:
@@ -127,16 +149,30 @@ def to_json(r: BuildBisectResult, history: dict[str, Any] | None = None) -> dict
         "range": None if r.range is None else [r.builds[r.range[0]], r.builds[r.range[1]]],
         "last_good": None if r.last_good is None else r.builds[r.last_good],
         "untestable": [r.builds[i] for i in r.untestable],
-        "alternatives": [{"first": r.builds[a], "last": r.builds[b], "posterior": round(p, 6)}
-                         for a, b, p in r.alternatives],
-        "mttf": {"hangs": r.target_hangs, "mttf_s": _num(r.mttf_s), "low_s": _num(r.mttf_low_s),
-                 "high_s": _num(r.mttf_high_s)},
+        "alternatives": [
+            {"first": r.builds[a], "last": r.builds[b], "posterior": round(p, 6)} for a, b, p in r.alternatives
+        ],
+        "mttf": {
+            "hangs": r.target_hangs,
+            "mttf_s": _num(r.mttf_s),
+            "low_s": _num(r.mttf_low_s),
+            "high_s": _num(r.mttf_high_s),
+        },
         "good_mttf_bound_s": _num(r.good_mttf_bound_s),
         "mttf_before_low_s": _num(r.mttf_before_low_s),
         "signatures": [signature_json(r, a) for a in r.signatures],
-        "builds": [{"build": name, "probes": b.probes, "hangs": b.hangs, "other_hangs": b.other_hangs,
-                    "exposure_s": round(b.exposure_s, 3), "gpu_hours": round(b.gpu_hours, 4),
-                    "untestable": b.is_untestable} for name, b in zip(r.builds, r.evidence)],
+        "builds": [
+            {
+                "build": name,
+                "probes": b.probes,
+                "hangs": b.hangs,
+                "other_hangs": b.other_hangs,
+                "exposure_s": round(b.exposure_s, 3),
+                "gpu_hours": round(b.gpu_hours, 4),
+                "untestable": b.is_untestable,
+            }
+            for name, b in zip(r.builds, r.evidence)
+        ],
         "probes": r.probes,
         "rounds": r.rounds,
         "gpu_hours": round(r.gpu_hours, 4),

@@ -18,30 +18,29 @@ BAD_UNTESTABLE = "bad_build_untestable"
 RATE_CHANGE = "rate_change"
 
 
-
 @dataclass
 class BuildBisectResult:
     status: str
     builds: list[str]
     confidence: float
     signature: str | None
-    first_bad: int | None = None         # index of the first bad build (found)
+    first_bad: int | None = None  # index of the first bad build (found)
     range: tuple[int, int] | None = None  # (first, last) index of the likeliest group
-    posterior: float = 0.0               # of that group
-    alternatives: list[tuple[int, int, float]] = field(default_factory=list)   # next likeliest groups
-    mttf_s: float = math.nan             # pooled over the builds known bad
+    posterior: float = 0.0  # of that group
+    alternatives: list[tuple[int, int, float]] = field(default_factory=list)  # next likeliest groups
+    mttf_s: float = math.nan  # pooled over the builds known bad
     mttf_low_s: float = math.nan
     mttf_high_s: float = math.nan
     target_hangs: int = 0
-    good_mttf_bound_s: float | None = None   # last good build: MTTF above this at `confidence`
+    good_mttf_bound_s: float | None = None  # last good build: MTTF above this at `confidence`
     evidence: list[BuildEvidence] = field(default_factory=list)
     probes: int = 0
     gpu_hours: float = 0.0
     gpu_hours_by_role: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
-    rounds: int = 0                      # batches of probes soaked at once (wall time, in soaks)
-    signatures: list[SignatureAnswer] = field(default_factory=list)   # every signature seen, target first
-    mttf_before_low_s: float | None = None    # rate_change: below the change point, MTTF at least this
+    rounds: int = 0  # batches of probes soaked at once (wall time, in soaks)
+    signatures: list[SignatureAnswer] = field(default_factory=list)  # every signature seen, target first
+    mttf_before_low_s: float | None = None  # rate_change: below the change point, MTTF at least this
 
     @property
     def first_bad_build(self) -> str | None:

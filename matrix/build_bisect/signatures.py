@@ -38,30 +38,38 @@ DECIDED = (OLD, REGRESSION, RATE_CHANGE)
 @dataclass(frozen=True)
 class SignatureAnswer:
     signature: str
-    verdict: str                  # old | regression | rate_change | undecided | not_reproduced
-    first: int | None             # the likeliest group's first and last build (the change point)
+    verdict: str  # old | regression | rate_change | undecided | not_reproduced
+    first: int | None  # the likeliest group's first and last build (the change point)
     last: int | None
-    posterior: float              # of that group
-    hangs: int                    # of this signature, on every build
-    hangs_on_bad_build: int       # on the newest build
-    hangs_before: int             # on builds below the change point
-    mttf_after_s: float           # pooled from the change point on (nan without a hang there)
-    mttf_before_low_s: float | None   # below the change point: MTTF at least this, at the confidence
-    target: bool = False          # the headline's signature
-    crash: bool = False           # a crash's signature: reported, never the target unless named
+    posterior: float  # of that group
+    hangs: int  # of this signature, on every build
+    hangs_on_bad_build: int  # on the newest build
+    hangs_before: int  # on builds below the change point
+    mttf_after_s: float  # pooled from the change point on (nan without a hang there)
+    mttf_before_low_s: float | None  # below the change point: MTTF at least this, at the confidence
+    target: bool = False  # the headline's signature
+    crash: bool = False  # a crash's signature: reported, never the target unless named
 
 
-def verdict(signature: str, post: ChangePointPosterior, aim: float, confidence: float, *,
-            target: bool = False, crash: bool = False) -> SignatureAnswer:
+def verdict(
+    signature: str,
+    post: ChangePointPosterior,
+    aim: float,
+    confidence: float,
+    *,
+    target: bool = False,
+    crash: bool = False,
+) -> SignatureAnswer:
     """The answer for one signature from its posterior: decided when one group holds `aim`."""
     hangs, exposure = post.hangs(), post.exposure()
     if not hangs.any():
-        return SignatureAnswer(signature, NOT_REPRODUCED_VERDICT, None, None, 0.0, 0, 0, 0, math.nan, None,
-                               target, crash)
+        return SignatureAnswer(
+            signature, NOT_REPRODUCED_VERDICT, None, None, 0.0, 0, 0, 0, math.nan, None, target, crash
+        )
     groups, mass = post.group_probabilities()
     k = int(mass.argmax())
     lo, hi = groups[k]
-    if lo == 0 and (mass[k] >= aim or hangs[0] >= post.tuning.old_hangs and mass[k] >= post.tuning.old_posterior):
+    if lo == 0 and (mass[k] >= aim or (hangs[0] >= post.tuning.old_hangs and mass[k] >= post.tuning.old_posterior)):
         kind = OLD
         lo = hi = 0
     elif mass[k] < aim:
@@ -72,8 +80,20 @@ def verdict(signature: str, post: ChangePointPosterior, aim: float, confidence: 
     after_h, after_e = int(hangs[lo:].sum()), float(exposure[lo:].sum())
     posterior = float(mass[k])
     before_low = mttf_estimate(before_h, before_e, confidence).low_s if lo > 0 and before_e > 0 else None
-    return SignatureAnswer(signature, kind, lo, hi, posterior, int(hangs.sum()), int(hangs[-1]), before_h,
-                           after_e / after_h if after_h else math.nan, before_low, target, crash)
+    return SignatureAnswer(
+        signature,
+        kind,
+        lo,
+        hi,
+        posterior,
+        int(hangs.sum()),
+        int(hangs[-1]),
+        before_h,
+        after_e / after_h if after_h else math.nan,
+        before_low,
+        target,
+        crash,
+    )
 
 
 class SignatureBook:
@@ -84,11 +104,11 @@ class SignatureBook:
         self.n, self.prior, self.tuning = n, not_regression_prior, tuning or Tuning()
         self.log: list[tuple[int, str, str | None, float, float]] = []
         self.posteriors: dict[str, ChangePointPosterior] = {}
-        self.crashes: set[str] = set()          # signatures seen as crashes
-        self.hung: set[str] = set()             # signatures seen as hangs (not crashes)
+        self.crashes: set[str] = set()  # signatures seen as crashes
+        self.hung: set[str] = set()  # signatures seen as hangs (not crashes)
         self.first_seen: list[str] = []
         self.blank = ChangePointPosterior(n, not_regression_prior, self.tuning)
-        self.unclaimed: dict[int, tuple[int, float]] = {}   # known evidence for the first signature seen
+        self.unclaimed: dict[int, tuple[int, float]] = {}  # known evidence for the first signature seen
 
     def add(self, signature: str, known: dict[int, tuple[int, float]] | None = None) -> ChangePointPosterior:
         """The posterior of `signature`, made (with `known` evidence, and every probe so far) if new."""
@@ -102,8 +122,15 @@ class SignatureBook:
             self.posteriors[signature] = post
         return self.posteriors[signature]
 
-    def observe(self, index: int, outcome: str, signature: str | None, exposure_s: float, gpu_hours: float,
-                crashed: bool = False) -> None:
+    def observe(
+        self,
+        index: int,
+        outcome: str,
+        signature: str | None,
+        exposure_s: float,
+        gpu_hours: float,
+        crashed: bool = False,
+    ) -> None:
         """One probe's answer, into every posterior (a new signature's first replays the probes before)."""
         hung = signature if outcome == HANG and signature is not None else None
         if hung is not None:

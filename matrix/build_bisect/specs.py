@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import re
 import subprocess
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
 
 from soakmatrix.matrix.contracts.yamlsrc import SpecError, read_text
 
@@ -70,7 +70,7 @@ def parse_builds_text(text: str, source: str = "builds file") -> list[BuildSpec]
 
 
 def parse_builds_file(path: str | Path) -> list[BuildSpec]:
-    try:   # within the limits of every input file: a FIFO, /dev/zero or a huge file is refused
+    try:  # within the limits of every input file: a FIFO, /dev/zero or a huge file is refused
         text = read_text(path, what="builds file")
     except SpecError as e:
         raise BuildSpecError(f"the builds file: {e}") from e
@@ -83,8 +83,9 @@ def parse_range(arg: str) -> tuple[str, str] | None:
     return (m[1], m[2]) if m else None
 
 
-def builds_from_range(good: str, bad: str, template: str,
-                      rev_list: Callable[[str, str], Sequence[str]]) -> list[BuildSpec]:
+def builds_from_range(
+    good: str, bad: str, template: str, rev_list: Callable[[str, str], Sequence[str]]
+) -> list[BuildSpec]:
     """The good commit, then every commit of `rev_list(good, bad)` (oldest first, ending at bad),
     each turned into a build spec by `template`."""
     if "{sha}" not in template:
@@ -99,31 +100,42 @@ def builds_from_range(good: str, bad: str, template: str,
     return out
 
 
-def resolve_builds(arg: str, template: str | None = None,
-                   rev_list: Callable[[str, str], Sequence[str]] | None = None) -> list[BuildSpec]:
+def resolve_builds(
+    arg: str, template: str | None = None, rev_list: Callable[[str, str], Sequence[str]] | None = None
+) -> list[BuildSpec]:
     """`--builds FILE|GOOD..BAD`: a range when it looks like one and no such file exists."""
     rng = parse_range(arg)
     if rng is None or Path(arg).exists():
         return parse_builds_file(arg)
     if template is None or rev_list is None:
-        raise BuildSpecError(f"{arg} is a commit range: it needs a build template with {{sha}} "
-                             "(e.g. 'vllm @ git+https://github.com/vllm-project/vllm@{sha}') and a checkout")
+        raise BuildSpecError(
+            f"{arg} is a commit range: it needs a build template with {{sha}} "
+            "(e.g. 'vllm @ git+https://github.com/vllm-project/vllm@{sha}') and a checkout"
+        )
     return builds_from_range(*rng, template, rev_list)
 
 
 def git_rev_list(checkout: str | Path) -> Callable[[str, str], list[str]]:
     """`rev_list` over a local git checkout: first-parent commits of GOOD..BAD, oldest first."""
+
     def run(good: str, bad: str) -> list[str]:
         try:
-            done = subprocess.run(["git", "-C", str(checkout), "rev-list", "--reverse", "--first-parent",
-                                   f"{good}..{bad}"], capture_output=True, text=True, check=True, timeout=60)
-            full_bad = subprocess.run(["git", "-C", str(checkout), "rev-parse", bad], capture_output=True,
-                                      text=True, check=True, timeout=60).stdout.strip()
+            done = subprocess.run(
+                ["git", "-C", str(checkout), "rev-list", "--reverse", "--first-parent", f"{good}..{bad}"],
+                capture_output=True,
+                text=True,
+                check=True,
+                timeout=60,
+            )
+            full_bad = subprocess.run(
+                ["git", "-C", str(checkout), "rev-parse", bad], capture_output=True, text=True, check=True, timeout=60
+            ).stdout.strip()
         except (OSError, subprocess.SubprocessError) as e:
             detail = getattr(e, "stderr", "") or str(e)
             raise BuildSpecError(f"git rev-list {good}..{bad} in {checkout} failed: {detail.strip()}") from e
         commits = done.stdout.split()
         return commits[:-1] + [full_bad] if commits else commits
+
     return run
 
 
@@ -134,10 +146,13 @@ def _same_commit(a: str, b: str) -> bool:
 
 def _check(builds: list[BuildSpec], source: str) -> None:
     if len(builds) < 2:
-        raise BuildSpecError(f"{source}: need at least two builds (the good one first, the bad one last), "
-                             f"got {len(builds)}")
+        raise BuildSpecError(
+            f"{source}: need at least two builds (the good one first, the bad one last), got {len(builds)}"
+        )
     seen: dict[str, int] = {}
     for i, b in enumerate(builds):
         if b.name in seen:
-            raise BuildSpecError(f"{source}: build {b.name!r} is listed twice (positions {seen[b.name] + 1} and {i + 1})")
+            raise BuildSpecError(
+                f"{source}: build {b.name!r} is listed twice (positions {seen[b.name] + 1} and {i + 1})"
+            )
         seen[b.name] = i

@@ -52,6 +52,7 @@ class Tuning:
     # there answered 7 of 20 x4 rate changes "not a regression" (n = 16, MTTF 30 min) before the rates
     # either side of the change were told apart; a hang that is really old hangs there again soon.
     old_hangs: int = 3
+
     def __post_init__(self):
         if not 0.0 <= self.rate_change_prior < 1.0:
             raise ValueError(f"rate_change_prior must be in [0, 1), got {self.rate_change_prior}")

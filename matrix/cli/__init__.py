@@ -16,7 +16,7 @@ import importlib
 import os
 import sys
 import traceback
-from typing import Sequence
+from collections.abc import Sequence
 
 from soakmatrix.matrix import extras
 from soakmatrix.matrix.contracts.outcomes import EXIT_INFRA, EXIT_USAGE
@@ -24,7 +24,7 @@ from soakmatrix.matrix.contracts.yamlsrc import SpecError
 from soakmatrix.matrix.lasting_stream import LastingStream, gone_from_the_start, reopen_closed_standard_streams
 from soakmatrix.matrix.stop_signals import EXIT_FOR, Stopped, signal_name
 
-EXIT_BROKEN_PIPE = 141   # 128 + SIGPIPE, as a shell reports a command whose reader went away
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, as a shell reports a command whose reader went away
 
 # command -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -64,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    reopen_closed_standard_streams()   # first: before any file could take descriptor 1 or 2
+    reopen_closed_standard_streams()  # first: before any file could take descriptor 1 or 2
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "--version":
         print(version_line())
@@ -109,9 +109,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _call(name: str, module, args: argparse.Namespace) -> int:
     try:
-        extras.require(*NEEDS.get(name, ()))   # after parsing: `--help` needs no extra
+        extras.require(*NEEDS.get(name, ()))  # after parsing: `--help` needs no extra
         code = int(module.main(args) or 0)
-        sys.stdout.flush()   # a reader gone away shows here, inside the handlers, not at exit
+        sys.stdout.flush()  # a reader gone away shows here, inside the handlers, not at exit
         return code
     except SpecError as exc:
         print(f"soakmatrix {name}: configuration error:\n{exc}", file=sys.stderr)
@@ -133,7 +133,7 @@ def _call(name: str, module, args: argparse.Namespace) -> int:
         return EXIT_BROKEN_PIPE
     except Exception as exc:  # noqa: BLE001 - a bug of ours is no verdict, never exit 1 ("hang found")
         missing = extras.from_import_error(exc, among=NEEDS.get(name, ())) if isinstance(exc, ImportError) else None
-        if missing is not None:   # an optional import no check guarded: still a line, not a traceback
+        if missing is not None:  # an optional import no check guarded: still a line, not a traceback
             print(missing.line(f"soakmatrix {name}"), file=sys.stderr)
             return EXIT_USAGE
         traceback.print_exc()

@@ -7,8 +7,8 @@ import json
 import sys
 from collections import Counter
 
-from soakmatrix.matrix.contracts.durations import format_duration
 from soakmatrix.matrix.arguments import text
+from soakmatrix.matrix.contracts.durations import format_duration
 from soakmatrix.matrix.contracts.redact import redact_argv, redact_env, redact_text
 from soakmatrix.matrix.paths import CONFIG_FILE
 from soakmatrix.matrix.plan import Plan, describe_combo, plan
@@ -30,6 +30,7 @@ def main(args: argparse.Namespace) -> int:
     validate = None
     if not args.no_validate:
         from soakmatrix.matrix.validate import validate_cells
+
         validate = validate_cells
     result = plan(matrix, args.profile, validate=validate)
     if args.no_validate:
@@ -44,10 +45,13 @@ def main(args: argparse.Namespace) -> int:
 
 def render(result: Plan, all_excluded: bool = False) -> str:
     p = result.profile
-    out = [f"matrix {result.matrix.name} ({result.matrix.file}), profile {p.name}: "
-           f"{len(result.cells)} cells ({result.coverage} coverage of {result.product_size} combinations), "
-           f"soak {format_duration(p.soak_s)} + start-up {format_duration(p.startup_s)} each",
-           f"vLLM argv check: {result.validation}", ""]
+    out = [
+        f"matrix {result.matrix.name} ({result.matrix.file}), profile {p.name}: "
+        f"{len(result.cells)} cells ({result.coverage} coverage of {result.product_size} combinations), "
+        f"soak {format_duration(p.soak_s)} + start-up {format_duration(p.startup_s)} each",
+        f"vLLM argv check: {result.validation}",
+        "",
+    ]
     if result.matrix.builds:
         out.append("builds (history order), through Ray's runtime_env:")
         out += [f"  {b.ordinal}  {b.name}  {b.kind}: {redact_text(b.value)}" for b in result.matrix.builds.values()]
@@ -55,8 +59,12 @@ def render(result: Plan, all_excluded: bool = False) -> str:
     for pc in result.cells:
         out.append(f"{pc.id}  {pc.name}")
         if pc.build is not None:
-            out.append(f"    build {pc.build.name} (#{pc.build.ordinal})  {pc.build.kind}: {redact_text(pc.build.value)}")
-        out.append(f"    {pc.cell.gpu} x{pc.gpu_count}  {pc.gpu_hours:.2f} GPU-h  $ {' '.join(_quote(a) for a in redact_argv(pc.command))}")
+            out.append(
+                f"    build {pc.build.name} (#{pc.build.ordinal})  {pc.build.kind}: {redact_text(pc.build.value)}"
+            )
+        out.append(
+            f"    {pc.cell.gpu} x{pc.gpu_count}  {pc.gpu_hours:.2f} GPU-h  $ {' '.join(_quote(a) for a in redact_argv(pc.command))}"
+        )
         if pc.env:
             out.append("    env " + " ".join(f"{k}={v}" for k, v in redact_env(pc.env).items()))
     if result.rejected:
@@ -90,4 +98,5 @@ def _times(count: int) -> str:
 
 def _quote(arg: str) -> str:
     import shlex
+
     return shlex.quote(arg)

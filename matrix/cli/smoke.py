@@ -10,10 +10,12 @@ from __future__ import annotations
 import argparse
 import sys
 
+from soakmatrix.api.matrices import load_matrix, plan
+from soakmatrix.api.running import run
 from soakmatrix.matrix.arguments import positive_number
-from soakmatrix.matrix.paths import CONFIG_OR_STDIN, empty_store_warning
 from soakmatrix.matrix.contracts.outcomes import EXIT_OK
 from soakmatrix.matrix.contracts.yamlsrc import LIMITS, Problem, decode, read_text
+from soakmatrix.matrix.paths import CONFIG_OR_STDIN, empty_store_warning
 from soakmatrix.matrix.run import add_run_options, say_rejected
 from soakmatrix.matrix.run_types import RunOptions
 from soakmatrix.matrix.smoke_selection import (
@@ -24,24 +26,31 @@ from soakmatrix.matrix.smoke_selection import (
     trim_to_budget,
 )
 from soakmatrix.matrix.spec import Matrix, SpecError
-from soakmatrix.api.matrices import load_matrix, plan
-from soakmatrix.api.running import run
 
-HELP = ("The pull-request smoke matrix: the smoke profile's t-way cells that the change touches, "
-        "most informative first, within a GPU-hour budget.")
-OUTLIVES_ITS_READER = True   # hours of work whose results are in files: a closed stderr does not end it
+HELP = (
+    "The pull-request smoke matrix: the smoke profile's t-way cells that the change touches, "
+    "most informative first, within a GPU-hour budget."
+)
+OUTLIVES_ITS_READER = True  # hours of work whose results are in files: a closed stderr does not end it
 
 DEFAULT_PROFILE = "smoke"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     add_run_options(parser, default_profile=f"{DEFAULT_PROFILE!r} if the matrix has it, else the first")
-    parser.add_argument("--changed-files", metavar="FILE|-", type=CONFIG_OR_STDIN,
-                        help="paths changed by the PR, one per line (`git diff --name-only`); - reads stdin")
+    parser.add_argument(
+        "--changed-files",
+        metavar="FILE|-",
+        type=CONFIG_OR_STDIN,
+        help="paths changed by the PR, one per line (`git diff --name-only`); - reads stdin",
+    )
     parser.add_argument("--fail-fast", action="store_true", help="cancel the rest at the first hang or crash")
-    parser.add_argument("--budget", type=positive_number, metavar="GPU_HOURS",
-                        help="GPU-hour budget (above 0 and at most 1,000,000; default: the profile's "
-                             "budget_gpu_hours)")
+    parser.add_argument(
+        "--budget",
+        type=positive_number,
+        metavar="GPU_HOURS",
+        help="GPU-hour budget (above 0 and at most 1,000,000; default: the profile's budget_gpu_hours)",
+    )
 
 
 def profile_name(matrix: Matrix, requested: str | None) -> str | None:
@@ -85,17 +94,29 @@ def main(args: argparse.Namespace) -> int:
                 print(f"smoke: {flag} <- {', '.join(files[:3])}{' ...' if len(files) > 3 else ''}", file=out)
             cells = cells_touching(cells, focus, matrix.baseline)
             if not cells:
-                print(f"smoke: none of the {len(changed)} changed file(s) maps to a flag of the matrix; "
-                      "nothing to soak", file=out)
+                print(
+                    f"smoke: none of the {len(changed)} changed file(s) maps to a flag of the matrix; nothing to soak",
+                    file=out,
+                )
                 return EXIT_OK
     ordered = informative_order(cells, profile.coverage or 2, matrix.baseline, focus)
     budget = args.budget if args.budget is not None else profile.budget_gpu_hours
     trimmed = trim_to_budget(ordered, budget)
     if trimmed.dropped:
-        print(f"smoke: budget {budget:g} GPU-h: running {len(trimmed.kept)} of {len(ordered)} cells "
-              f"({trimmed.gpu_hours:.2f} GPU-h); {len(trimmed.dropped)} least informative dropped", file=out)
+        print(
+            f"smoke: budget {budget:g} GPU-h: running {len(trimmed.kept)} of {len(ordered)} cells "
+            f"({trimmed.gpu_hours:.2f} GPU-h); {len(trimmed.dropped)} least informative dropped",
+            file=out,
+        )
     if not trimmed.kept:
         print("smoke: no cell fits the budget", file=out)
         return EXIT_OK
-    return run(matrix, profile=profile.name, cells=trimmed.kept, options=RunOptions.from_args(args), kind="smoke",
-               fail_fast=args.fail_fast, keep_order=True).exit_code
+    return run(
+        matrix,
+        profile=profile.name,
+        cells=trimmed.kept,
+        options=RunOptions.from_args(args),
+        kind="smoke",
+        fail_fast=args.fail_fast,
+        keep_order=True,
+    ).exit_code

@@ -9,8 +9,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
-_DURATION = re.compile(r"^\s*(?:(\d+(?:\.\d+)?)\s*d)?\s*(?:(\d+(?:\.\d+)?)\s*h)?\s*(?:(\d+(?:\.\d+)?)\s*m)?"
-                       r"\s*(?:(\d+(?:\.\d+)?)\s*s)?\s*$")
+_DURATION = re.compile(
+    r"^\s*(?:(\d+(?:\.\d+)?)\s*d)?\s*(?:(\d+(?:\.\d+)?)\s*h)?\s*(?:(\d+(?:\.\d+)?)\s*m)?"
+    r"\s*(?:(\d+(?:\.\d+)?)\s*s)?\s*$"
+)
 
 
 def parse_duration(value: Any) -> float:

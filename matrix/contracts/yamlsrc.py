@@ -84,15 +84,16 @@ class Limits:
 
     max_bytes: int = 1 << 20
     max_depth: int = 40
-    max_values: int = 100_000     # after alias expansion
+    max_values: int = 100_000  # after alias expansion
     max_scalar_chars: int = 65_536
 
 
 LIMITS = Limits()
 
 MERGE_TAG = "tag:yaml.org,2002:merge"
-PLAIN_TAGS = {f"tag:yaml.org,2002:{name}" for name in ("str", "int", "float", "bool", "null", "map", "seq",
-                                                         "merge", "timestamp")}
+PLAIN_TAGS = {
+    f"tag:yaml.org,2002:{name}" for name in ("str", "int", "float", "bool", "null", "map", "seq", "merge", "timestamp")
+}
 
 
 class _Loader(yaml.SafeLoader):
@@ -119,16 +120,31 @@ def read_text(path: str | Path, limits: Limits = LIMITS, what: str = "") -> str:
     with os.fdopen(fd, "rb") as handle:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
-            kind = ("a directory" if stat.S_ISDIR(mode) else "a FIFO (a named pipe)" if stat.S_ISFIFO(mode)
-                    else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a regular file")
+            kind = (
+                "a directory"
+                if stat.S_ISDIR(mode)
+                else "a FIFO (a named pipe)"
+                if stat.S_ISFIFO(mode)
+                else "a device"
+                if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+                else "not a regular file"
+            )
             raise SpecError([Problem(name, 0, "", f"{kind}, not a {what or 'file'}")])
         try:
             raw = handle.read(limits.max_bytes + 1)
         except OSError as exc:
             raise SpecError([Problem(name, 0, "", f"cannot read: {exc.strerror or exc}")]) from exc
     if len(raw) > limits.max_bytes:
-        raise SpecError([Problem(name, 0, "", f"{what or 'file'} larger than {limits.max_bytes // 1024} KiB: "
-                                              "not a configuration file?")])
+        raise SpecError(
+            [
+                Problem(
+                    name,
+                    0,
+                    "",
+                    f"{what or 'file'} larger than {limits.max_bytes // 1024} KiB: not a configuration file?",
+                )
+            ]
+        )
     return decode(name, raw)
 
 
@@ -137,8 +153,9 @@ def decode(name: str, raw: bytes) -> str:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = raw.count(b"\n", 0, exc.start) + 1
-        raise SpecError([Problem(name, line, "", f"not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset "
-                                                 f"{exc.start})")]) from exc
+        raise SpecError(
+            [Problem(name, line, "", f"not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start})")]
+        ) from exc
 
 
 def load(path: str | Path, text: str | None = None, limits: Limits = LIMITS) -> Source:
@@ -158,7 +175,7 @@ def load(path: str | Path, text: str | None = None, limits: Limits = LIMITS) -> 
         node = loader.get_single_node()
     except yaml.YAMLError as exc:
         raise SpecError([_yaml_problem(name, exc, text)]) from exc
-    except RecursionError as exc:   # _check_nesting bounds depth; this is a second fence
+    except RecursionError as exc:  # _check_nesting bounds depth; this is a second fence
         raise SpecError([Problem(name, 0, "", "nested too deeply")]) from exc
     finally:
         loader.dispose()
@@ -175,7 +192,7 @@ def load(path: str | Path, text: str | None = None, limits: Limits = LIMITS) -> 
     return Source(name, data, lines, problems)
 
 
-class _Mark(Protocol):   # PyYAML's Mark, or its C extension's
+class _Mark(Protocol):  # PyYAML's Mark, or its C extension's
     @property
     def line(self) -> int: ...
 
@@ -202,13 +219,22 @@ def _check_nesting(name: str, text: str, limits: Limits) -> None:
             if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
                 depth += 1
                 if depth > limits.max_depth:
-                    raise SpecError([Problem(name, _line(event.start_mark), "",
-                                             f"nested more than {limits.max_depth} levels deep")])
+                    raise SpecError(
+                        [Problem(name, _line(event.start_mark), "", f"nested more than {limits.max_depth} levels deep")]
+                    )
             elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
                 depth -= 1
             elif isinstance(event, yaml.ScalarEvent) and len(event.value) > limits.max_scalar_chars:
-                raise SpecError([Problem(name, _line(event.start_mark), "",
-                                         f"a value longer than {limits.max_scalar_chars} characters")])
+                raise SpecError(
+                    [
+                        Problem(
+                            name,
+                            _line(event.start_mark),
+                            "",
+                            f"a value longer than {limits.max_scalar_chars} characters",
+                        )
+                    ]
+                )
     except yaml.YAMLError as exc:
         raise SpecError([_yaml_problem(name, exc, text)]) from exc
 
@@ -226,12 +252,17 @@ class _Builder:
     def build(self, node: yaml.Node, path: tuple, depth: int) -> Any:
         self.values += 1
         if self.values > self.limits.max_values:
-            raise _TooMuch(node.start_mark.line + 1, dotted(path[:1]),
-                           f"more than {self.limits.max_values} values once aliases are expanded "
-                           "(an alias bomb?)")
-        if depth > self.limits.max_depth:   # an alias may nest a document inside itself
-            raise _TooMuch(node.start_mark.line + 1, dotted(path[:4]) + "...",
-                           f"nested more than {self.limits.max_depth} levels deep (through aliases)")
+            raise _TooMuch(
+                node.start_mark.line + 1,
+                dotted(path[:1]),
+                f"more than {self.limits.max_values} values once aliases are expanded (an alias bomb?)",
+            )
+        if depth > self.limits.max_depth:  # an alias may nest a document inside itself
+            raise _TooMuch(
+                node.start_mark.line + 1,
+                dotted(path[:4]) + "...",
+                f"nested more than {self.limits.max_depth} levels deep (through aliases)",
+            )
         self.lines.setdefault(path, node.start_mark.line + 1)
         if node.tag not in PLAIN_TAGS:
             self.problem(node, path, f"tag {node.tag!r} is not allowed (plain YAML values only)")
@@ -245,9 +276,13 @@ class _Builder:
     def _scalar(self, node: yaml.Node, path: tuple) -> Any:
         try:
             value = self.loader.construct_object(node, deep=True)
-        except ValueError:   # an integer past Python's 4300-digit limit, a malformed timestamp
-            self.problem(node, path, f"cannot read {node.value[:40]!r}{'...' if len(node.value) > 40 else ''}: "
-                                     "not a number or date Python can hold")
+        except ValueError:  # an integer past Python's 4300-digit limit, a malformed timestamp
+            self.problem(
+                node,
+                path,
+                f"cannot read {node.value[:40]!r}{'...' if len(node.value) > 40 else ''}: "
+                "not a number or date Python can hold",
+            )
             return None
         except yaml.YAMLError as exc:
             self.problem(node, path, f"cannot read {node.value[:40]!r}: {getattr(exc, 'problem', None) or exc}")
@@ -284,7 +319,7 @@ class _Builder:
                 continue
             values = self._mapping(source, path, depth + 1)
             for key, value in values.items():
-                merged.setdefault(key, value)   # YAML 1.1: earlier sources take precedence
+                merged.setdefault(key, value)  # YAML 1.1: earlier sources take precedence
 
     def _key(self, key_node: yaml.Node, path: tuple) -> Any:
         if not isinstance(key_node, yaml.ScalarNode):

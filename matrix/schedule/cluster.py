@@ -51,8 +51,11 @@ def sim_fleet(gpus: Mapping[str, GpuType], nodes_per_type: int = 1, cpus_per_nod
     by_label: dict[str, int] = {}
     for gpu in gpus.values():
         by_label[gpu.ray_label] = max(by_label.get(gpu.ray_label, 0), gpu.count)
-    return [NodeShape(count, {ACCELERATOR_PREFIX + label: 1.0}, cpus_per_node)
-            for label, count in sorted(by_label.items()) for _ in range(nodes_per_type)]
+    return [
+        NodeShape(count, {ACCELERATOR_PREFIX + label: 1.0}, cpus_per_node)
+        for label, count in sorted(by_label.items())
+        for _ in range(nodes_per_type)
+    ]
 
 
 def gcs_endpoint(address: str) -> tuple[str, int] | None:
@@ -67,7 +70,7 @@ def client_endpoint(address: str) -> tuple[str, int] | None:
     """(host, port) of a Ray Client address `ray://host:port`; None for anything else."""
     if not address.startswith("ray://"):
         return None
-    return gcs_endpoint(address[len("ray://"):].split("/", 1)[0])
+    return gcs_endpoint(address[len("ray://") :].split("/", 1)[0])
 
 
 def check_reachable(address: str, timeout_s: float = 10.0) -> None:
@@ -101,9 +104,13 @@ def client_session_failed(exc: BaseException) -> bool:
     return isinstance(exc, ConnectionAbortedError) and "Initialization failure from server" in str(exc)
 
 
-def retry_client_session(init: Callable[[], T], address: str, attempts: int = CLIENT_SESSION_ATTEMPTS,
-                         pause: Callable[[float], None] = time.sleep,
-                         say: Callable[[str], None] = lambda line: print(line, file=sys.stderr)) -> T:
+def retry_client_session(
+    init: Callable[[], T],
+    address: str,
+    attempts: int = CLIENT_SESSION_ATTEMPTS,
+    pause: Callable[[float], None] = time.sleep,
+    say: Callable[[str], None] = lambda line: print(line, file=sys.stderr),
+) -> T:
     """`init()` (a Ray Client connection, which disconnects when it raises), asked again after a failed
     session start, up to `attempts` times in all; the last failure is raised as it came."""
     for attempt in range(1, attempts):
@@ -112,8 +119,10 @@ def retry_client_session(init: Callable[[], T], address: str, attempts: int = CL
         except Exception as exc:  # `client_session_failed` decides
             if not client_session_failed(exc):
                 raise
-            say(f"soakmatrix: the Ray Client server at {address} could not start a session "
-                f"(attempt {attempt} of {attempts}); asking again")
+            say(
+                f"soakmatrix: the Ray Client server at {address} could not start a session "
+                f"(attempt {attempt} of {attempts}); asking again"
+            )
             pause(2.0 * attempt)
     return init()
 
@@ -151,17 +160,18 @@ def loopback_only() -> None:
     os.environ[LOOPBACK_ENV] = "0"
     try:
         import ray._private.ray_constants as ray_constants
-    except ImportError:   # a private API: the processes Ray starts still read the environment
+    except ImportError:  # a private API: the processes Ray starts still read the environment
         return
     ray_constants.ENABLE_RAY_CLUSTER = False
 
 
-def connect(address: str | None, *, backend: str, gpus: Mapping[str, GpuType],
-            runtime_env: Mapping[str, Any] | None = None) -> ClusterHandle:
+def connect(
+    address: str | None, *, backend: str, gpus: Mapping[str, GpuType], runtime_env: Mapping[str, Any] | None = None
+) -> ClusterHandle:
     """Connect to `address`, or start a local cluster (fake GPU nodes for the sim backend)."""
     from soakmatrix.matrix.extras import require
 
-    require("ray")   # an install without the extra: a line saying what to install, not a traceback
+    require("ray")  # an install without the extra: a line saying what to install, not a traceback
     import ray
 
     quiet: dict[str, Any] = {"log_to_driver": False, "logging_level": logging.WARNING, "include_dashboard": False}
@@ -169,8 +179,12 @@ def connect(address: str | None, *, backend: str, gpus: Mapping[str, GpuType],
         check_reachable(address)
 
         def init() -> None:
-            ray.init(address=address, runtime_env=dict(runtime_env) if runtime_env else None,
-                     log_to_driver=False, logging_level=logging.WARNING)
+            ray.init(
+                address=address,
+                runtime_env=dict(runtime_env) if runtime_env else None,
+                log_to_driver=False,
+                logging_level=logging.WARNING,
+            )
 
         if client_endpoint(address):
             retry_client_session(init, address)
@@ -262,8 +276,13 @@ def _start_local_once(shapes: list[NodeShape]) -> ClusterHandle:
     address_file = machine_address_file()
     try:
         with address_left_alone(address_file, lambda: cluster.address):
-            cluster.add_node(num_cpus=head.num_cpus, num_gpus=head.num_gpus, resources=dict(head.resources),
-                             include_dashboard=False, **HEAD_PORTS)
+            cluster.add_node(
+                num_cpus=head.num_cpus,
+                num_gpus=head.num_gpus,
+                resources=dict(head.resources),
+                include_dashboard=False,
+                **HEAD_PORTS,
+            )
         for shape in rest:
             cluster.add_node(num_cpus=shape.num_cpus, num_gpus=shape.num_gpus, resources=dict(shape.resources))
         ray.init(address=cluster.address, log_to_driver=False, logging_level=logging.WARNING)
@@ -280,14 +299,17 @@ def _start_local_once(shapes: list[NodeShape]) -> ClusterHandle:
         ray.shutdown()
         _shutdown_cluster(cluster, address_file)
 
-    labels = ", ".join(f"{s.num_gpus} x {next(iter(s.resources), '?').removeprefix(ACCELERATOR_PREFIX)}"
-                       for s in shapes)
-    return ClusterHandle(f"local Ray cluster, {len(shapes)} node(s) with simulated GPUs: {labels}",
-                         lambda: _shutdown_local(stop, session))
+    labels = ", ".join(
+        f"{s.num_gpus} x {next(iter(s.resources), '?').removeprefix(ACCELERATOR_PREFIX)}" for s in shapes
+    )
+    return ClusterHandle(
+        f"local Ray cluster, {len(shapes)} node(s) with simulated GPUs: {labels}",
+        lambda: _shutdown_local(stop, session),
+    )
 
 
 def _shutdown_cluster(cluster: Any, address_file: Path | None) -> None:
-    ours = cluster.address    # None once the head is gone
+    ours = cluster.address  # None once the head is gone
     with address_left_alone(address_file, lambda: ours):
         cluster.shutdown()
 
@@ -297,7 +319,7 @@ def machine_address_file() -> Path | None:
     (`/tmp/ray/ray_current_cluster`, under `RAY_TMPDIR` when set); None where Ray has no such API."""
     try:
         from ray._common.utils import get_ray_address_file
-    except ImportError:   # a private API: without it the file is left as Ray leaves it
+    except ImportError:  # a private API: without it the file is left as Ray leaves it
         return None
     return Path(get_ray_address_file(None))
 

@@ -15,7 +15,7 @@ result nor to the result writers' errors.
 
 from __future__ import annotations
 
-MESSAGE_CHARS = 240   # Ray's messages carry RPC details over several hundred characters
+MESSAGE_CHARS = 240  # Ray's messages carry RPC details over several hundred characters
 
 
 class ClusterLost(Exception):
@@ -41,11 +41,13 @@ def cluster_lost(exc: BaseException) -> str | None:
     if isinstance(exc, HeadUnreachable):
         return f"lost the Ray cluster: the Ray head is gone ({_first_line(exc)})"
     if ray_classes & set(_DRIVER_NODE_ERRORS):
-        return ("lost the Ray cluster: the Ray head or the driver's own node is gone "
-                f"(the driver's mailbox actor: {type(exc).__name__}: {_first_line(exc)})")
+        return (
+            "lost the Ray cluster: the Ray head or the driver's own node is gone "
+            f"(the driver's mailbox actor: {type(exc).__name__}: {_first_line(exc)})"
+        )
     if ray_classes & set(_CONNECTION_ERRORS):
         return f"lost the Ray cluster: {type(exc).__name__}: {_first_line(exc)}"
-    if type(exc) is ConnectionError:   # Ray Client's lost connection; never a subclass (a broken pipe)
+    if type(exc) is ConnectionError:  # Ray Client's lost connection; never a subclass (a broken pipe)
         return f"lost the Ray cluster: the Ray Client connection dropped ({_first_line(exc)})"
     return None
 
@@ -53,4 +55,4 @@ def cluster_lost(exc: BaseException) -> str | None:
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     line = text.splitlines()[0] if text else type(exc).__name__
-    return line if len(line) <= MESSAGE_CHARS else line[:MESSAGE_CHARS - 3] + "..."
+    return line if len(line) <= MESSAGE_CHARS else line[: MESSAGE_CHARS - 3] + "..."

@@ -24,7 +24,7 @@ from soakmatrix.matrix.plan import PlannedCell
 from .cluster_loss import ClusterLost, cluster_lost
 from .placement import Node, avoid_on_retry, dispatch_order, stranded
 
-STOP_GRACE_S = 60.0      # a cancelled cell gets this long to tear its server down
+STOP_GRACE_S = 60.0  # a cancelled cell gets this long to tear its server down
 DEFAULT_CAP_MARGIN_S = 600.0
 
 
@@ -48,17 +48,30 @@ def overran(started_at: float | None, now: float, cap_s: float, grace_s: float) 
     return started_at is not None and now - started_at > cap_s + grace_s
 
 
-
-def infra_result(spec: SoakSpec, message: str, *, node: str = "", started_at: float | None = None,
-                 retries: Sequence[str] = ()) -> CellResult:
+def infra_result(
+    spec: SoakSpec, message: str, *, node: str = "", started_at: float | None = None, retries: Sequence[str] = ()
+) -> CellResult:
     """A result for a cell that produced none itself (node lost, worker killed, never placed)."""
     now = time.time()
     return CellResult(
-        cell_id=spec.cell_id, cell_name=spec.cell_name, outcome=Outcome.INFRA_ERROR, model=spec.model,
-        gpu_type=spec.gpu_type, workload=spec.workload.name, flags=dict(spec.flags), message=message,
-        node=node, gpu_count=spec.gpu_count, engine=spec.backend, started_at=started_at or now, ended_at=now,
-        attempt=spec.attempt, retries=list(retries), build=spec.build, build_ordinal=spec.build_ordinal)
-
+        cell_id=spec.cell_id,
+        cell_name=spec.cell_name,
+        outcome=Outcome.INFRA_ERROR,
+        model=spec.model,
+        gpu_type=spec.gpu_type,
+        workload=spec.workload.name,
+        flags=dict(spec.flags),
+        message=message,
+        node=node,
+        gpu_count=spec.gpu_count,
+        engine=spec.backend,
+        started_at=started_at or now,
+        ended_at=now,
+        attempt=spec.attempt,
+        retries=list(retries),
+        build=spec.build,
+        build_ordinal=spec.build_ordinal,
+    )
 
 
 class Launcher(Protocol):
@@ -76,8 +89,7 @@ class Launcher(Protocol):
         """The finished task's CellResult; a lost node or killed worker raises."""
         ...
 
-    def cancel(self, handle: Any, force: bool) -> None:
-        ...
+    def cancel(self, handle: Any, force: bool) -> None: ...
 
     def nodes(self) -> list[Node]:
         """The cluster's nodes now (for up-front placement checks and retries)."""
@@ -97,17 +109,17 @@ class Running:
     started_at: float | None = None
     killed_for_cap: bool = False
     retries: list[str] = field(default_factory=list)
-    stranded_since: float | None = None   # first seen waiting with no live node able to host it
-    never_placed: str | None = None       # why it was given up on while waiting
+    stranded_since: float | None = None  # first seen waiting with no live node able to host it
+    never_placed: str | None = None  # why it was given up on while waiting
 
 
 @dataclass
 class RunSummary:
     results: list[CellResult]
     interrupted: bool = False
-    stopped_early: bool = False    # --fail-fast found something and cancelled the rest
+    stopped_early: bool = False  # --fail-fast found something and cancelled the rest
     unfinished: list[str] = field(default_factory=list)
-    lost: str | None = None        # why the cluster is gone (`cluster_loss`), when it ended the run
+    lost: str | None = None  # why the cluster is gone (`cluster_loss`), when it ended the run
 
 
 class Events(Protocol):
@@ -119,12 +131,22 @@ class Events(Protocol):
     def tick(self) -> None: ...
 
 
-def run_cells(cells: Sequence[PlannedCell], make_spec: Callable[[PlannedCell], SoakSpec], launcher: Launcher,
-              events: Events, *, retries: int, cap_s: float, fail_fast: bool = False,
-              poll_s: float = 1.0, grace_s: float = STOP_GRACE_S,
-              order: Callable[[Sequence[PlannedCell]], list[PlannedCell]] | None = None,
-              recheck_s: float = 30.0, stranded_grace_s: float = 120.0,
-              clock: Callable[[], float] = time.time) -> RunSummary:
+def run_cells(
+    cells: Sequence[PlannedCell],
+    make_spec: Callable[[PlannedCell], SoakSpec],
+    launcher: Launcher,
+    events: Events,
+    *,
+    retries: int,
+    cap_s: float,
+    fail_fast: bool = False,
+    poll_s: float = 1.0,
+    grace_s: float = STOP_GRACE_S,
+    order: Callable[[Sequence[PlannedCell]], list[PlannedCell]] | None = None,
+    recheck_s: float = 30.0,
+    stranded_grace_s: float = 120.0,
+    clock: Callable[[], float] = time.time,
+) -> RunSummary:
     """Submit every cell (largest first unless `order` says otherwise), retry infra errors elsewhere, report each result as it ends.
 
     A waiting cell whose GPU type no live node offers any more (its nodes were lost) is given up
@@ -189,10 +211,10 @@ def run_cells(cells: Sequence[PlannedCell], make_spec: Callable[[PlannedCell], S
     except ClusterLost as exc:
         summary.lost = str(exc)
         summary.unfinished = sorted({item.pc.id for item in running.values()})
-        for handle in running:   # nothing to wait for: the tasks end with their raylets or the job
+        for handle in running:  # nothing to wait for: the tasks end with their raylets or the job
             launcher.cancel(handle, force=False)
     except BaseException:
-        _cancel_all(launcher, running, grace_s)   # e.g. the store failed: stop the servers, then say why
+        _cancel_all(launcher, running, grace_s)  # e.g. the store failed: stop the servers, then say why
         raise
     return summary
 
@@ -297,9 +319,8 @@ def _cancel_all(launcher: Launcher, running: dict[Any, Running], grace_s: float)
     while pending and time.time() < deadline:
         try:
             done = launcher.wait(pending, 1.0)
-        except (KeyboardInterrupt, ClusterLost):   # a second Ctrl-C, or no cluster left to wait for
+        except (KeyboardInterrupt, ClusterLost):  # a second Ctrl-C, or no cluster left to wait for
             break
         pending = [h for h in pending if h not in done]
     for handle in pending:
         launcher.cancel(handle, force=True)
-

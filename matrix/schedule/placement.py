@@ -20,7 +20,7 @@ class Node:
 
     node_id: str
     gpus: float
-    accelerators: frozenset[str]   # accelerator_type labels it offers
+    accelerators: frozenset[str]  # accelerator_type labels it offers
     alive: bool = True
 
 
@@ -29,7 +29,7 @@ def nodes_from_ray(ray_nodes: Iterable[Mapping[str, Any]]) -> list[Node]:
     out = []
     for n in ray_nodes:
         resources = n.get("Resources") or {}
-        labels = frozenset(k[len(ACCELERATOR_PREFIX):] for k in resources if k.startswith(ACCELERATOR_PREFIX))
+        labels = frozenset(k[len(ACCELERATOR_PREFIX) :] for k in resources if k.startswith(ACCELERATOR_PREFIX))
         out.append(Node(str(n.get("NodeID", "")), float(resources.get("GPU", 0)), labels, bool(n.get("Alive", True))))
     return out
 
@@ -40,11 +40,13 @@ def placement_problem(pc: PlannedCell, nodes: Sequence[Node]) -> str | None:
     typed = [n for n in live if pc.ray_label in n.accelerators]
     if not typed:
         offered = sorted({a for n in live for a in n.accelerators})
-        return (f"no node offers accelerator_type:{pc.ray_label} ({pc.cell.gpu}); "
-                f"the cluster offers: {', '.join(offered) or 'no labelled GPUs'}")
+        return (
+            f"no node offers accelerator_type:{pc.ray_label} ({pc.cell.gpu}); "
+            f"the cluster offers: {', '.join(offered) or 'no labelled GPUs'}"
+        )
     if not any(n.gpus >= pc.gpu_count for n in typed):
         most = max(n.gpus for n in typed)
-        return (f"needs {pc.gpu_count} {pc.ray_label} GPUs on one node; the largest such node has {most:g}")
+        return f"needs {pc.gpu_count} {pc.ray_label} GPUs on one node; the largest such node has {most:g}"
     return None
 
 
@@ -77,18 +79,19 @@ def avoid_selector(avoid: Iterable[str]) -> dict[str, str]:
     return {NODE_ID_LABEL: "!" + ids[0] if len(ids) == 1 else "!in(" + ",".join(ids) + ")"}
 
 
-
 def stranded(waiting: Sequence[PlannedCell], nodes: Sequence[Node]) -> dict[str, str]:
     """Waiting cells that no live node can host any more (their GPU type's nodes were lost)."""
     return unplaceable(waiting, nodes)
 
 
-def lower_bound_makespan(cells: Sequence[PlannedCell], gpus_by_label: Mapping[str, float],
-                         duration: Callable[[PlannedCell], float] | None = None) -> float:
+def lower_bound_makespan(
+    cells: Sequence[PlannedCell],
+    gpus_by_label: Mapping[str, float],
+    duration: Callable[[PlannedCell], float] | None = None,
+) -> float:
     """max over GPU types of (GPU-seconds of that type / GPUs of that type): no schedule beats it."""
     duration = duration or (lambda pc: pc.soak_s + pc.startup_s)
     work: dict[str, float] = {}
     for pc in cells:
         work[pc.ray_label] = work.get(pc.ray_label, 0.0) + pc.gpu_count * duration(pc)
     return max((w / gpus_by_label[label] for label, w in work.items() if gpus_by_label.get(label)), default=0.0)
-

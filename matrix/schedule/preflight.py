@@ -27,7 +27,7 @@ from .loop import infra_result
 
 # (backend, expectation, GPU indices) -> the doctor's report as a dict (DoctorReport.to_dict)
 Diagnose = Callable[[str, "GpuExpectation | None", "Sequence[int] | None"], dict]
-PREFLIGHT_KEY = "preflight"      # the result's field that keeps its node's report
+PREFLIGHT_KEY = "preflight"  # the result's field that keeps its node's report
 
 
 def doctor(backend: str, expected: GpuExpectation | None, gpu_indices: Sequence[int] | None) -> dict:
@@ -60,8 +60,9 @@ def gpu_indices(gpu_ids: Sequence[Any]) -> list[int] | None:
         return None
 
 
-def node_report(spec: SoakSpec, ray_label: str, cached: Mapping | None, diagnose: Diagnose,
-                gpu_ids: Sequence[Any] = ()) -> tuple[dict, bool]:
+def node_report(
+    spec: SoakSpec, ray_label: str, cached: Mapping | None, diagnose: Diagnose, gpu_ids: Sequence[Any] = ()
+) -> tuple[dict, bool]:
     """(the node's report, whether it was made now) for this cell: the cached one, else the doctor's."""
     if cached is not None:
         return dict(cached), False

@@ -26,7 +26,7 @@ from .runtime_envs import (
 from .task import RunCell, soak_task
 
 INTERPRETER_CHECK_S = 60.0
-HEAD_CHECK_EVERY_S = 5.0    # how often the loop's polling also checks that the head's GCS still listens
+HEAD_CHECK_EVERY_S = 5.0  # how often the loop's polling also checks that the head's GCS still listens
 HEAD_CHECK_TIMEOUT_S = 5.0
 
 
@@ -35,8 +35,9 @@ class RayLauncher:
     type's `accelerator_type`, no Ray-level retries (the loop decides), a retry avoiding the
     nodes that failed it, and a mailbox actor through which tasks say where and when they began."""
 
-    def __init__(self, run_cell: RunCell | None = None, cpus_per_cell: float = 0.0,
-                 diagnose: Diagnose | str | None = "default"):
+    def __init__(
+        self, run_cell: RunCell | None = None, cpus_per_cell: float = 0.0, diagnose: Diagnose | str | None = "default"
+    ):
         """`diagnose`: the node preflight each cell's task runs first (None: none). By default the real
         doctor, except for a launcher given its own `run_cell` (tests, benchmarks with fake GPUs)."""
         import ray
@@ -52,27 +53,34 @@ class RayLauncher:
         self._diagnose = (doctor if run_cell is None else None) if diagnose == "default" else diagnose
         self._cpus = cpus_per_cell
         self._specs: dict[Any, SoakSpec] = {}
-        self._has_interpreter: dict[tuple[str, str], bool] = {}   # (node, executable) -> present
+        self._has_interpreter: dict[tuple[str, str], bool] = {}  # (node, executable) -> present
         self._gcs = _gcs_of(ray)
         self._head_checked_at = 0.0
 
     def submit(self, spec: SoakSpec, ray_label: str, avoid_nodes: frozenset[str], cap_s: float) -> Any:
-        options: dict[str, Any] = {"num_gpus": spec.gpu_count, "accelerator_type": ray_label,
-                                   "max_retries": 0, "retry_exceptions": False,
-                                   "num_cpus": self._cpus, "name": f"soak:{spec.cell_name}"[:200],
-                                   **runtime_env_option(spec)}
+        options: dict[str, Any] = {
+            "num_gpus": spec.gpu_count,
+            "accelerator_type": ray_label,
+            "max_retries": 0,
+            "retry_exceptions": False,
+            "num_cpus": self._cpus,
+            "name": f"soak:{spec.cell_name}"[:200],
+            **runtime_env_option(spec),
+        }
         executable = interpreter_of(spec.runtime_env)
         if executable:
-            hosts = [n.node_id for n in self.nodes()
-                     if n.alive and ray_label in n.accelerators and n.gpus >= spec.gpu_count]
+            hosts = [
+                n.node_id for n in self.nodes() if n.alive and ray_label in n.accelerators and n.gpus >= spec.gpu_count
+            ]
             lacking = frozenset(n for n in hosts if not self._interpreter_on(n, executable))
             if hosts and len(lacking) == len(hosts):
                 return _Ready(missing_interpreter_result(spec, executable, len(hosts)))
             avoid_nodes = avoid_nodes | lacking
         if avoid_nodes:
             options["label_selector"] = avoid_selector(avoid_nodes)
-        handle = self._task.options(**options).remote(spec, self._mailbox, cap_s, self._run_cell, ray_label,
-                                                      self._diagnose)
+        handle = self._task.options(**options).remote(
+            spec, self._mailbox, cap_s, self._run_cell, ray_label, self._diagnose
+        )
         self._specs[handle] = spec
         return handle
 
@@ -82,8 +90,11 @@ class RayLauncher:
         if key not in self._has_interpreter:
             from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-            probe = self._ray.remote(num_cpus=0, max_retries=0)(interpreter_present).options(
-                scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(executable)
+            probe = (
+                self._ray.remote(num_cpus=0, max_retries=0)(interpreter_present)
+                .options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False))
+                .remote(executable)
+            )
             try:
                 self._has_interpreter[key] = bool(self._ray.get(probe, timeout=INTERPRETER_CHECK_S))
             except Exception:  # noqa: BLE001 - a node too busy or gone: let Ray try it
@@ -169,7 +180,7 @@ class _Mailbox:
 
     def __init__(self) -> None:
         self._items: list[tuple[str, int, str, float]] = []
-        self._preflights: dict[str, dict] = {}    # the run's node preflight reports (preflight.cache_key)
+        self._preflights: dict[str, dict] = {}  # the run's node preflight reports (preflight.cache_key)
 
     def post(self, item: tuple[str, int, str, float]) -> None:
         self._items.append(item)

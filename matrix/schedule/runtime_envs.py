@@ -51,8 +51,11 @@ def interpreter_present(executable: str) -> bool:
 def missing_interpreter_result(spec: SoakSpec, executable: str, nodes: int) -> CellResult:
     """No node that could host the cell has the build's interpreter: the build's problem, not a hang."""
     return setup_failure_result(
-        spec, f"build {spec.build or '?'}: the interpreter {executable} (runtime_env py_executable) is not on "
-              f"any of the {nodes} node(s) that could host this cell", config=True)
+        spec,
+        f"build {spec.build or '?'}: the interpreter {executable} (runtime_env py_executable) is not on "
+        f"any of the {nodes} node(s) that could host this cell",
+        config=True,
+    )
 
 
 def setup_failure_result(spec: SoakSpec, message: str, *, config: bool | None = None) -> CellResult:
@@ -60,14 +63,26 @@ def setup_failure_result(spec: SoakSpec, message: str, *, config: bool | None = 
     (`matrix.builds.setup_error_outcome`), with Ray's message cut to its first lines."""
     outcome = setup_error_outcome(message) if config is None else Outcome.CONFIG_ERROR
     lines = [line for line in str(message).strip().splitlines() if line.strip()]
-    if len(lines) > MAX_MESSAGE_LINES:   # Ray's first line says what failed, pip's last lines why
-        lines = [*lines[:2], "[...]", *lines[-(MAX_MESSAGE_LINES - 2):]]
-    text = redact_text("\n".join(lines))   # Ray repeats the runtime_env: a git URL may carry a token
+    if len(lines) > MAX_MESSAGE_LINES:  # Ray's first line says what failed, pip's last lines why
+        lines = [*lines[:2], "[...]", *lines[-(MAX_MESSAGE_LINES - 2) :]]
+    text = redact_text("\n".join(lines))  # Ray repeats the runtime_env: a git URL may carry a token
     if config is None:
         text = f"build {spec.build or '?'}: Ray could not set up its runtime_env ({', '.join(sorted(spec.runtime_env or {}))}): {text}"
     now = time.time()
     return CellResult(
-        cell_id=spec.cell_id, cell_name=spec.cell_name, outcome=outcome, model=spec.model, gpu_type=spec.gpu_type,
-        workload=spec.workload.name, flags=dict(spec.flags), message=text, gpu_count=spec.gpu_count,
-        engine=spec.backend, started_at=now, ended_at=now, attempt=spec.attempt, build=spec.build,
-        build_ordinal=spec.build_ordinal)
+        cell_id=spec.cell_id,
+        cell_name=spec.cell_name,
+        outcome=outcome,
+        model=spec.model,
+        gpu_type=spec.gpu_type,
+        workload=spec.workload.name,
+        flags=dict(spec.flags),
+        message=text,
+        gpu_count=spec.gpu_count,
+        engine=spec.backend,
+        started_at=now,
+        ended_at=now,
+        attempt=spec.attempt,
+        build=spec.build,
+        build_ordinal=spec.build_ordinal,
+    )

@@ -19,12 +19,19 @@ from . import preflight
 from .loop import STOP_GRACE_S, infra_result
 
 RunCell = Callable[..., CellResult]
-PREFLIGHT_TIMEOUT_S = 300.0   # the doctor's slowest probe (vLLM's import) has 180 s of its own
+PREFLIGHT_TIMEOUT_S = 300.0  # the doctor's slowest probe (vLLM's import) has 180 s of its own
 MAILBOX_TIMEOUT_S = 30.0
 
 
-def run_with_cap(run_cell: RunCell, spec: SoakSpec, cap_s: float, *, grace_s: float = STOP_GRACE_S,
-                 on_event: Callable[[Any], None] | None = None, poll_s: float = 0.5) -> CellResult:
+def run_with_cap(
+    run_cell: RunCell,
+    spec: SoakSpec,
+    cap_s: float,
+    *,
+    grace_s: float = STOP_GRACE_S,
+    on_event: Callable[[Any], None] | None = None,
+    poll_s: float = 0.5,
+) -> CellResult:
     """Run one cell in a thread, stopping it at the hard cap (-> infra_error).
 
     A KeyboardInterrupt in the calling thread (Ray's `cancel` of a running task raises one) sets
@@ -33,7 +40,7 @@ def run_with_cap(run_cell: RunCell, spec: SoakSpec, cap_s: float, *, grace_s: fl
     while Python code runs.
     """
     stop = threading.Event()
-    finished = threading.Event()   # not Thread.join: an interrupted join can mark a live thread dead
+    finished = threading.Event()  # not Thread.join: an interrupted join can mark a live thread dead
     box: dict[str, Any] = {}
     started = time.time()
 
@@ -71,7 +78,7 @@ def _wait(finished: threading.Event, timeout_s: float, poll_s: float) -> None:
     while not finished.is_set() and time.time() < deadline:
         try:
             finished.wait(poll_s)
-        except KeyboardInterrupt:   # a second cancel: keep waiting for the teardown
+        except KeyboardInterrupt:  # a second cancel: keep waiting for the teardown
             continue
 
 
@@ -82,7 +89,7 @@ def with_assigned_gpus(spec: SoakSpec, gpu_ids: Sequence[Any]) -> SoakSpec:
     return replace(spec, env={**spec.env, "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in gpu_ids)})
 
 
-_worker_reaper: Any = None   # this Ray worker's watcher; a worker runs many soak jobs in turn
+_worker_reaper: Any = None  # this Ray worker's watcher; a worker runs many soak jobs in turn
 
 
 def owned_by_this_worker(spec: SoakSpec) -> SoakSpec:
@@ -101,9 +108,16 @@ def owned_by_this_worker(spec: SoakSpec) -> SoakSpec:
     return replace(spec, env={**spec.env, **_worker_reaper.env})
 
 
-def checked_node(spec: SoakSpec, ray_label: str, node: str, mailbox: Any, diagnose: preflight.Diagnose,
-                 gpu_ids: Sequence[Any], timeout_s: float = PREFLIGHT_TIMEOUT_S,
-                 get: Callable[..., Any] | None = None) -> tuple[dict, CellResult | None]:
+def checked_node(
+    spec: SoakSpec,
+    ray_label: str,
+    node: str,
+    mailbox: Any,
+    diagnose: preflight.Diagnose,
+    gpu_ids: Sequence[Any],
+    timeout_s: float = PREFLIGHT_TIMEOUT_S,
+    get: Callable[..., Any] | None = None,
+) -> tuple[dict, CellResult | None]:
     """(the node's preflight report, the cell's infra_error when the node failed it). The report is
     the run's cached one for this node (`get`: ray.get), else the doctor's, run here under
     `timeout_s` (a wedged GPU can stall NVML: a preflight that does not finish refuses the cell, it
@@ -131,10 +145,18 @@ def checked_node(spec: SoakSpec, ray_label: str, node: str, mailbox: Any, diagno
     threading.Thread(target=target, name="preflight", daemon=True).start()
     _wait(done, timeout_s, 0.5)
     if not done.is_set() or "error" in box:
-        why = (f"did not finish in {timeout_s:.0f} s" if not done.is_set()
-               else f"failed: {type(box['error']).__name__}: {box['error']}")
-        report = {"node": node, "backend": spec.backend, "ok": False, "notes": [],
-                  "checks": [{"name": "doctor", "status": "fail", "detail": f"the preflight {why}"}]}
+        why = (
+            f"did not finish in {timeout_s:.0f} s"
+            if not done.is_set()
+            else f"failed: {type(box['error']).__name__}: {box['error']}"
+        )
+        report = {
+            "node": node,
+            "backend": spec.backend,
+            "ok": False,
+            "notes": [],
+            "checks": [{"name": "doctor", "status": "fail", "detail": f"the preflight {why}"}],
+        }
         return report, preflight.refusal(spec, report, node)
     report = box["report"]
     if box.get("new"):
@@ -142,8 +164,14 @@ def checked_node(spec: SoakSpec, ray_label: str, node: str, mailbox: Any, diagno
     return report, preflight.refusal(spec, report, node)
 
 
-def soak_task(spec: SoakSpec, mailbox: Any, cap_s: float, run_cell: RunCell | None, ray_label: str = "",
-              diagnose: preflight.Diagnose | None = None) -> dict:
+def soak_task(
+    spec: SoakSpec,
+    mailbox: Any,
+    cap_s: float,
+    run_cell: RunCell | None,
+    ray_label: str = "",
+    diagnose: preflight.Diagnose | None = None,
+) -> dict:
     """The Ray task body: runs on the node Ray chose, with the GPUs Ray assigned; the node's
     preflight first (`diagnose`: None runs none)."""
     import ray

@@ -21,19 +21,29 @@ from .matrices import as_matrix, find_cell, plan
 from .types import DEFAULT_BISECT_OUT, BisectOptions, BuildBisection, FlagBisection
 
 
-def bisect_builds(matrix: Matrix | str | Path, cell: str | PlannedCell, builds: str | Path, *,
-                  profile: str | None = None, then_flags: bool = False, options: BisectOptions | None = None,
-                  progress: Say | None = None, warn: Say | None = None, report: TextIO | None = None,
-                  as_json: bool = False, **overrides: Any) -> BuildBisection:
+def bisect_builds(
+    matrix: Matrix | str | Path,
+    cell: str | PlannedCell,
+    builds: str | Path,
+    *,
+    profile: str | None = None,
+    then_flags: bool = False,
+    options: BisectOptions | None = None,
+    progress: Say | None = None,
+    warn: Say | None = None,
+    report: TextIO | None = None,
+    as_json: bool = False,
+    **overrides: Any,
+) -> BuildBisection:
     """Bisect `builds` for the failing `cell` (its id or name in `profile`'s plan).
 
     `options` (a BisectOptions, or its fields as keywords) says how, as for `bisect_flags`;
     `parallel` defaults to 1 here. `report`: a stream the report is printed to as soon as it is known
     (the text, or with `as_json` one JSON document at the end); None prints nothing. Raises
     UsageError for a builds list that cannot be read, an unknown build, or no Ray to reach."""
+    from soakmatrix.matrix.bisect.history_exposure import HistoryExposure
     from soakmatrix.matrix.build_bisect.cli_run import BuildUsage, RealProbes, run_for_cell
     from soakmatrix.matrix.build_bisect.posterior import BuildEvidence
-    from soakmatrix.matrix.bisect.history_exposure import HistoryExposure
     from soakmatrix.matrix.plan import planned_cell
     from soakmatrix.matrix.spec_types import Build
 
@@ -51,25 +61,57 @@ def bisect_builds(matrix: Matrix | str | Path, cell: str | PlannedCell, builds: 
         bad = planned_cell(m, planned.profile, combo, build=build)
         history = None
         if target is not None and seen.exposure_s > 0:
-            history = HistoryExposure(target, seen.hangs, seen.exposure_s, seen.probes - seen.untestable,
-                                      (), source=f"the build bisection on {build.name}")
+            history = HistoryExposure(
+                target,
+                seen.hangs,
+                seen.exposure_s,
+                seen.probes - seen.untestable,
+                (),
+                source=f"the build bisection on {build.name}",
+            )
         if progress:
             progress(f"soakmatrix bisect: the flags of the cell on the first bad build {build.name}")
-        answer = flag_run(m, planned.profile, bad, opts, target, "the build bisection" if target else "", history,
-                          setup.hang_model, progress)
+        answer = flag_run(
+            m,
+            planned.profile,
+            bad,
+            opts,
+            target,
+            "the build bisection" if target else "",
+            history,
+            setup.hang_model,
+            progress,
+        )
         flag_answers.append(answer)
         return answer.exit_code, dict(answer.doc), answer.text
 
     try:
-        done = run_for_cell(m, pc, planned.profile, builds_arg=str(builds), template=opts.build_template,
-                            checkout=opts.checkout, virtual=opts.virtual, hang_model_path=setup.hang_model,
-                            seed=opts.seed, confidence=opts.confidence, budget_gpu_hours=opts.budget_gpu_hours,
-                            max_probes=opts.max_probes, calibration_hangs=opts.calibration_hangs,
-                            signature=setup.signature, as_json=as_json, out=report, progress=progress,
-                            real=RealProbes(opts.backend, opts.ray_address, str(opts.journal_dir or DEFAULT_BISECT_OUT)),
-                            store_path=opts.store, then=then if then_flags else None,
-                            parallel=opts.parallel or 1, max_soak_s=max_soak_s(opts), junit=opts.junit,
-                            journal=lambda header: open_journal(opts, "builds", header, progress))
+        done = run_for_cell(
+            m,
+            pc,
+            planned.profile,
+            builds_arg=str(builds),
+            template=opts.build_template,
+            checkout=opts.checkout,
+            virtual=opts.virtual,
+            hang_model_path=setup.hang_model,
+            seed=opts.seed,
+            confidence=opts.confidence,
+            budget_gpu_hours=opts.budget_gpu_hours,
+            max_probes=opts.max_probes,
+            calibration_hangs=opts.calibration_hangs,
+            signature=setup.signature,
+            as_json=as_json,
+            out=report,
+            progress=progress,
+            real=RealProbes(opts.backend, opts.ray_address, str(opts.journal_dir or DEFAULT_BISECT_OUT)),
+            store_path=opts.store,
+            then=then if then_flags else None,
+            parallel=opts.parallel or 1,
+            max_soak_s=max_soak_s(opts),
+            junit=opts.junit,
+            journal=lambda header: open_journal(opts, "builds", header, progress),
+        )
     except BuildUsage as exc:
         raise UsageError(str(exc)) from None
     flags = finish(flag_answers[0], m, opts, setup.hang_model, progress, None) if flag_answers else None

@@ -9,9 +9,10 @@ signature and free exposure, and the answer is recorded there. Answers a `FlagBi
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from soakmatrix.matrix.plan import PlannedCell
 from soakmatrix.matrix.spec_types import Matrix, Profile
@@ -23,9 +24,17 @@ from .types import BisectOptions, FlagBisection
 Say = Callable[[str], None]
 
 
-def bisect_flags(matrix: Matrix | str | Path, cell: str | PlannedCell, *, profile: str | None = None,
-                 options: BisectOptions | None = None, progress: Say | None = None, warn: Say | None = None,
-                 on_result: Callable[[FlagBisection], None] | None = None, **overrides: Any) -> FlagBisection:
+def bisect_flags(
+    matrix: Matrix | str | Path,
+    cell: str | PlannedCell,
+    *,
+    profile: str | None = None,
+    options: BisectOptions | None = None,
+    progress: Say | None = None,
+    warn: Say | None = None,
+    on_result: Callable[[FlagBisection], None] | None = None,
+    **overrides: Any,
+) -> FlagBisection:
     """Bisect the flags of the failing `cell` (its id or name in `profile`'s plan).
 
     `options` (a BisectOptions; any of its fields may also be given as a keyword) says how;
@@ -37,8 +46,9 @@ def bisect_flags(matrix: Matrix | str | Path, cell: str | PlannedCell, *, profil
     planned = plan(m, profile)
     pc = find_cell(planned, cell)
     setup = prepare(m, pc, opts, warn)
-    answer = flag_run(m, planned.profile, pc, opts, setup.signature, setup.source, setup.history, setup.hang_model,
-                      progress)
+    answer = flag_run(
+        m, planned.profile, pc, opts, setup.signature, setup.source, setup.history, setup.hang_model, progress
+    )
     return finish(answer, m, opts, setup.hang_model, progress, on_result)
 
 
@@ -108,11 +118,15 @@ def _check_signature(signature: str, virtual: bool, hang_model: str | None, matr
         model = load_hang_model(hang_model, registry=matrix.registry)
         planted = sorted({STYLE_SIGNATURE[h.style] for h in model.hangs})
         if signature not in planted:
-            raise UsageError(f"--signature {signature!r}: the hang model {hang_model} plants no hang with it "
-                             f"(it has: {', '.join(planted) or 'none'})")
+            raise UsageError(
+                f"--signature {signature!r}: the hang model {hang_model} plants no hang with it "
+                f"(it has: {', '.join(planted) or 'none'})"
+            )
     elif signature not in SIGNATURES and signature not in STYLE_SIGNATURE.values():
-        warn(f"warning: --signature {signature!r} is no signature the detectors name "
-             f"(they know: {', '.join(sorted(SIGNATURES))}); probes will end only on it")
+        warn(
+            f"warning: --signature {signature!r} is no signature the detectors name "
+            f"(they know: {', '.join(sorted(SIGNATURES))}); probes will end only on it"
+        )
 
 
 def max_soak_s(opts: BisectOptions) -> float | None:
@@ -139,14 +153,25 @@ def open_journal(opts: BisectOptions, kind: str, header: dict, progress: Say | N
     except OSError as exc:
         raise UsageError(f"--out: cannot write the probe journal: {exc}") from None
     if progress and opts.resume:
-        progress(f"soakmatrix bisect: resuming from {journal.path}: {journal.probes} answered probe(s) replayed"
-                 if journal.batches else f"soakmatrix bisect: --resume: no answered probe in {journal.path}; "
-                 "starting afresh")
+        progress(
+            f"soakmatrix bisect: resuming from {journal.path}: {journal.probes} answered probe(s) replayed"
+            if journal.batches
+            else f"soakmatrix bisect: --resume: no answered probe in {journal.path}; starting afresh"
+        )
     return journal
 
 
-def flag_run(matrix: Matrix, profile: Profile, pc: PlannedCell, opts: BisectOptions, signature: str | None,
-             source: str, history: Any, hang_model: str | None, progress: Say | None) -> FlagBisection:
+def flag_run(
+    matrix: Matrix,
+    profile: Profile,
+    pc: PlannedCell,
+    opts: BisectOptions,
+    signature: str | None,
+    source: str,
+    history: Any,
+    hang_model: str | None,
+    progress: Say | None,
+) -> FlagBisection:
     """The flag bisection of `pc` once set up: its answer, nothing recorded yet."""
     from soakmatrix.matrix.bisect import MAX_ELEMENTS, Settings, bisect_flags
     from soakmatrix.matrix.bisect.history_exposure import calibration_saved, failing_hangs_wanted
@@ -164,26 +189,51 @@ def flag_run(matrix: Matrix, profile: Profile, pc: PlannedCell, opts: BisectOpti
     movable, fixed, why = elements_of(pc, matrix)
     if len(movable) > MAX_ELEMENTS:
         raise UsageError(f"{len(movable)} flags differ from the baseline; at most {MAX_ELEMENTS}")
-    settings = Settings(confidence=opts.confidence, mttf_cap_s=opts.mttf_cap_s, startup_s=profile.startup_s,
-                        calibration_hangs=opts.calibration_hangs, parallel=opts.parallel or (1 if opts.virtual else 2),
-                        max_probes=opts.max_probes, budget_gpu_hours=opts.budget_gpu_hours,
-                        shrink_values=opts.shrink,
-                        modifier_prior=Settings.modifier_prior if opts.modifier_prior is None else opts.modifier_prior,
-                        measure_modifiers=opts.measure_modifiers)
+    settings = Settings(
+        confidence=opts.confidence,
+        mttf_cap_s=opts.mttf_cap_s,
+        startup_s=profile.startup_s,
+        calibration_hangs=opts.calibration_hangs,
+        parallel=opts.parallel or (1 if opts.virtual else 2),
+        max_probes=opts.max_probes,
+        budget_gpu_hours=opts.budget_gpu_hours,
+        shrink_values=opts.shrink,
+        modifier_prior=Settings.modifier_prior if opts.modifier_prior is None else opts.modifier_prior,
+        measure_modifiers=opts.measure_modifiers,
+    )
     # the journal before Ray: one that cannot be used is a usage error before a cluster starts
     steering = {k: v for k, v in asdict(settings).items() if k not in ("max_probes", "budget_gpu_hours", "policy")}
-    journal = open_journal(opts, "flags", {
-        "cell": pc.id, "build": pc.build.name if pc.build else None, "signature": signature,
-        "virtual": opts.virtual, "backend": opts.backend, "seed": opts.seed, **steering,
-        "max_soak_s": max_soak_s(opts),
-        "history": [history.signature, history.hangs, history.exposure_s] if history else None}, progress)
+    journal = open_journal(
+        opts,
+        "flags",
+        {
+            "cell": pc.id,
+            "build": pc.build.name if pc.build else None,
+            "signature": signature,
+            "virtual": opts.virtual,
+            "backend": opts.backend,
+            "seed": opts.seed,
+            **steering,
+            "max_soak_s": max_soak_s(opts),
+            "history": [history.signature, history.hangs, history.exposure_s] if history else None,
+        },
+        progress,
+    )
     if opts.virtual:
         oracle: Any = virtual_oracle(matrix, pc, profile, hang_model, opts.seed)
     else:
+
         def start() -> tuple[Any, Any]:
             try:
-                started = soak_oracle(matrix, pc, profile, backend=opts.backend, ray_address=opts.ray_address,
-                                      out_dir=str(opts.journal_dir), seed=opts.seed)
+                started = soak_oracle(
+                    matrix,
+                    pc,
+                    profile,
+                    backend=opts.backend,
+                    ray_address=opts.ray_address,
+                    out_dir=str(opts.journal_dir),
+                    seed=opts.seed,
+                )
             except CONNECT_ERRORS as exc:
                 raise UsageError(f"{cannot_reach(address_from(opts.ray_address), exc)} {RAY_HINT}") from None
             if progress:
@@ -201,32 +251,56 @@ def flag_run(matrix: Matrix, profile: Profile, pc: PlannedCell, opts: BisectOpti
     cluster = oracle if isinstance(oracle, SoakOnFirstProbe) else None
     oracle = journaled(oracle, journal, max_soak_s(opts))
     if progress:
-        progress(f"soakmatrix bisect: cell {pc.id} {pc.name}: {len(movable)} flag(s) differ from the baseline "
-                 f"({', '.join(e.name for e in movable) or 'none'})"
-                 + (f"; context: {', '.join(why)}" if why else "")
-                 + (f"; target signature {signature} (from {source})" if signature else ""))
+        progress(
+            f"soakmatrix bisect: cell {pc.id} {pc.name}: {len(movable)} flag(s) differ from the baseline "
+            f"({', '.join(e.name for e in movable) or 'none'})"
+            + (f"; context: {', '.join(why)}" if why else "")
+            + (f"; target signature {signature} (from {source})" if signature else "")
+        )
     try:
-        result = bisect_flags(pc.cell.flag_dict, movable, oracle, settings, signature=signature, context=why,
-                        context_elements=fixed, alternatives=alternatives_of(movable, matrix),
-                        feasible=feasibility(pc, matrix), progress=progress, signature_source=source,
-                        history=history)
+        result = bisect_flags(
+            pc.cell.flag_dict,
+            movable,
+            oracle,
+            settings,
+            signature=signature,
+            context=why,
+            context_elements=fixed,
+            alternatives=alternatives_of(movable, matrix),
+            feasible=feasibility(pc, matrix),
+            progress=progress,
+            signature_source=source,
+            history=history,
+        )
     finally:
         if cluster is not None:
             cluster.close()
         if journal is not None:
             journal.close()
     doc = to_json(result)
-    doc.update({"matrix": matrix.file, "cell": {"id": pc.id, "name": pc.name},
-                "oracle": "virtual" if opts.virtual else f"soak ({opts.backend})"})
+    doc.update(
+        {
+            "matrix": matrix.file,
+            "cell": {"id": pc.id, "name": pc.name},
+            "oracle": "virtual" if opts.virtual else f"soak ({opts.backend})",
+        }
+    )
     if history is not None:
-        doc["history"] = history_json(history, calibration_saved(history, failing_hangs_wanted(settings),
-                                                                 pc.gpu_count, settings.startup_s))
+        doc["history"] = history_json(
+            history, calibration_saved(history, failing_hangs_wanted(settings), pc.gpu_count, settings.startup_s)
+        )
     code = {"found": EXIT_FOUND, "not_reproduced": EXIT_OK}.get(result.status, EXIT_INFRA)
     return FlagBisection(result.status, code, pc, result, doc, f"cell {pc.id}  {pc.name}\n" + render_text(result))
 
 
-def finish(answer: FlagBisection, matrix: Matrix, opts: BisectOptions, hang_model: str | None,
-           progress: Say | None, on_result: Callable[[FlagBisection], None] | None) -> FlagBisection:
+def finish(
+    answer: FlagBisection,
+    matrix: Matrix,
+    opts: BisectOptions,
+    hang_model: str | None,
+    progress: Say | None,
+    on_result: Callable[[FlagBisection], None] | None,
+) -> FlagBisection:
     """What comes after a flag bisection's answer: `on_result`, the regression test (`emit_test`), the
     store (`store`). What fails here is a warning of the answer, never a lost answer."""
     import sqlite3
@@ -242,8 +316,9 @@ def finish(answer: FlagBisection, matrix: Matrix, opts: BisectOptions, hang_mode
             warnings.append("no minimal set, so no regression test written")
         else:
             try:
-                path = write_regression_test(opts.emit_test, answer.result, answer.cell, matrix, opts.backend,
-                                             hang_model)
+                path = write_regression_test(
+                    opts.emit_test, answer.result, answer.cell, matrix, opts.backend, hang_model
+                )
             except OSError as exc:
                 warnings.append(f"--emit-test: could not write {opts.emit_test}: {exc}; the result above stands")
             else:

@@ -28,8 +28,9 @@ def as_matrix(matrix: Matrix | str | Path) -> Matrix:
     return matrix if isinstance(matrix, Matrix) else load_matrix(matrix)
 
 
-def plan(matrix: Matrix | str | Path, profile: str | None = None, *, backend: str = "sim",
-         on_rejected: Any = None) -> Plan:
+def plan(
+    matrix: Matrix | str | Path, profile: str | None = None, *, backend: str = "sim", on_rejected: Any = None
+) -> Plan:
     """The cells `profile` (default: the matrix's first) will run. With `backend="vllm"` each argv is
     first checked by vLLM's own parser where vLLM is importable; the cells it refuses are left out and
     listed in `Plan.rejected` (`on_rejected(exclusion)` hears each one)."""

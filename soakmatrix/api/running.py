@@ -8,9 +8,10 @@ progress lines `soakmatrix run` prints go to `log` (default: stderr).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable, Sequence, TextIO
+from typing import TextIO
 
 from soakmatrix.matrix.plan import PlannedCell
 from soakmatrix.matrix.run_types import RunOptions, RunResult
@@ -41,11 +42,23 @@ class _Callback:
         pass
 
 
-def run(matrix: Matrix | str | Path, *, profile: str | None = None, cells: Sequence[PlannedCell] | None = None,
-        backend: str | None = None, ray_address: str | None = None, out: str | Path | None = None,
-        store: str | Path | None = None, resume: bool | None = None, options: RunOptions | None = None,
-        progress: ProgressFn | None = None, fail_fast: bool = False, keep_order: bool = False,
-        kind: str = "run", log: TextIO | None = None) -> RunResult:
+def run(
+    matrix: Matrix | str | Path,
+    *,
+    profile: str | None = None,
+    cells: Sequence[PlannedCell] | None = None,
+    backend: str | None = None,
+    ray_address: str | None = None,
+    out: str | Path | None = None,
+    store: str | Path | None = None,
+    resume: bool | None = None,
+    options: RunOptions | None = None,
+    progress: ProgressFn | None = None,
+    fail_fast: bool = False,
+    keep_order: bool = False,
+    kind: str = "run",
+    log: TextIO | None = None,
+) -> RunResult:
     """Soak `cells` (default: every cell of `profile`'s plan) and record each result.
 
     `options` holds backend, ray_address, out, store and resume; a keyword given here overrides it.
@@ -56,12 +69,29 @@ def run(matrix: Matrix | str | Path, *, profile: str | None = None, cells: Seque
 
     m = as_matrix(matrix)
     chosen = m.profile(profile)
-    given = {k: v for k, v in {"backend": backend, "ray_address": ray_address, "resume": resume,
-                                "out": None if out is None else str(out),
-                                "store": None if store is None else str(store)}.items() if v is not None}
+    given = {
+        k: v
+        for k, v in {
+            "backend": backend,
+            "ray_address": ray_address,
+            "resume": resume,
+            "out": None if out is None else str(out),
+            "store": None if store is None else str(store),
+        }.items()
+        if v is not None
+    }
     opts = replace(options or RunOptions(), **given)
     if cells is None:
         cells = plan(m, chosen.name, backend=opts.backend).cells
     listener = _Callback(progress) if progress is not None else None
-    return run_planned(m, chosen, list(cells), opts, kind=kind, fail_fast=fail_fast, keep_order=keep_order,
-                       stream=log, listener=listener)
+    return run_planned(
+        m,
+        chosen,
+        list(cells),
+        opts,
+        kind=kind,
+        fail_fast=fail_fast,
+        keep_order=keep_order,
+        stream=log,
+        listener=listener,
+    )

@@ -17,22 +17,39 @@ import sqlite3
 import threading
 import time
 import urllib.parse
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, TextIO
+from typing import Any, TextIO
 
 from .errors import UsageError
 from .types import WatchResult
 
-LOOPBACK = "127.0.0.1"   # the watch's metrics are for this machine unless the user says otherwise
+LOOPBACK = "127.0.0.1"  # the watch's metrics are for this machine unless the user says otherwise
 
 
-def watch(url: str, *, pid: int | None = None, log: str | Path | TextIO | None = None, canary_every_s: float = 5.0,
-          canary_tokens: int = 4, model: str | None = None, on_hang: str | None = None,
-          on_hang_timeout_s: float = 600.0, out: str | Path = "watch-incidents", store: str | Path | None = None,
-          metrics_port: int | None = None, metrics_addr: str = LOOPBACK, evidence_budget_s: float = 30.0,
-          duration_s: float | None = None, max_incidents: int | None = None, floor_s: float = 6.0,
-          ceiling_s: float = 30.0, stop: threading.Event | None = None, on_note: Callable[[str], None] | None = None,
-          warn: Callable[[str], None] | None = None) -> WatchResult:
+def watch(
+    url: str,
+    *,
+    pid: int | None = None,
+    log: str | Path | TextIO | None = None,
+    canary_every_s: float = 5.0,
+    canary_tokens: int = 4,
+    model: str | None = None,
+    on_hang: str | None = None,
+    on_hang_timeout_s: float = 600.0,
+    out: str | Path = "watch-incidents",
+    store: str | Path | None = None,
+    metrics_port: int | None = None,
+    metrics_addr: str = LOOPBACK,
+    evidence_budget_s: float = 30.0,
+    duration_s: float | None = None,
+    max_incidents: int | None = None,
+    floor_s: float = 6.0,
+    ceiling_s: float = 30.0,
+    stop: threading.Event | None = None,
+    on_note: Callable[[str], None] | None = None,
+    warn: Callable[[str], None] | None = None,
+) -> WatchResult:
     """Watch the server at `url` until `duration_s` passed, `max_incidents` were caught or `stop` is set.
 
     `log`: the server's log, a file followed like tail -F, or a stream read line by line; `on_hang`: a
@@ -70,9 +87,10 @@ def watch(url: str, *, pid: int | None = None, log: str | Path | TextIO | None =
     metrics = WatchMetrics()
     try:
         metrics_server = metrics.serve(metrics_port, metrics_addr) if metrics_port else None
-    except OSError as exc:   # the port is taken, or the host name does not resolve to this machine
-        raise UsageError(f"--metrics-port {metrics_port}: cannot listen on {metrics_addr}: "
-                         f"{exc.strerror or exc}") from None
+    except OSError as exc:  # the port is taken, or the host name does not resolve to this machine
+        raise UsageError(
+            f"--metrics-port {metrics_port}: cannot listen on {metrics_addr}: {exc.strerror or exc}"
+        ) from None
     # the URL's credentials and the API keys of the environment are used, never shown or kept
     secrets = url_secrets(url) + secret_values(env=dict(os.environ))
     notes: list[str] = []
@@ -84,19 +102,31 @@ def watch(url: str, *, pid: int | None = None, log: str | Path | TextIO | None =
             on_note(line)
 
     if dropped:
-        note(f"the URL's {' and '.join(dropped)} {'are' if len(dropped) > 1 else 'is'} not sent: the watch's requests "
-             f"(/metrics, /health, the canary) go to {target.display_url}")
+        note(
+            f"the URL's {' and '.join(dropped)} {'are' if len(dropped) > 1 else 'is'} not sent: the watch's requests "
+            f"(/metrics, /health, the canary) go to {target.display_url}"
+        )
     store_path = Path(store) if store is not None else None
     watcher = Watcher(
-        target, IncidentOptions(Path(out), budget_s=evidence_budget_s, on_hang=on_hang,
-                                on_hang_timeout_s=on_hang_timeout_s),
-        log=source, metrics=metrics, on_note=note, on_incident=lambda incident: _store(store_path, incident, note),
-        options=WatchOptions(loop=LoopConfig(canary_every_s=canary_every_s), canary_tokens=canary_tokens,
-                             model=model, threshold={"floor_s": floor_s, "ceiling_s": ceiling_s},
-                             max_incidents=max_incidents))
+        target,
+        IncidentOptions(Path(out), budget_s=evidence_budget_s, on_hang=on_hang, on_hang_timeout_s=on_hang_timeout_s),
+        log=source,
+        metrics=metrics,
+        on_note=note,
+        on_incident=lambda incident: _store(store_path, incident, note),
+        options=WatchOptions(
+            loop=LoopConfig(canary_every_s=canary_every_s),
+            canary_tokens=canary_tokens,
+            model=model,
+            threshold={"floor_s": floor_s, "ceiling_s": ceiling_s},
+            max_incidents=max_incidents,
+        ),
+    )
     target.resolve()
-    note(f"watching {target.describe()}; canary every {canary_every_s:g} s when no progress; evidence to {out}"
-         + (f"; metrics on {metrics_addr}:{metrics_port}" if metrics_port else ""))
+    note(
+        f"watching {target.describe()}; canary every {canary_every_s:g} s when no progress; evidence to {out}"
+        + (f"; metrics on {metrics_addr}:{metrics_port}" if metrics_port else "")
+    )
     until = time.monotonic() + duration_s if duration_s is not None else None
     incidents = watcher.run(stop or threading.Event(), until)
     for incident in incidents:
@@ -146,11 +176,25 @@ def _record(path: Path, incident: Any) -> str:
     url = redact_url(r.url)
     r = dataclasses.replace(r, url=url)
     with HistoryStore(path) as store:
-        run_id = store.start_run(matrix=url, profile="watch", kind="watch",
-                                 meta={"host": socket.gethostname(), "pid": r.pid,
-                                       "evidence_dir": str(incident.folder)})
-        store.planned(run_id, [{"id": r.cell_id, "name": r.cell_name, "model": r.model, "gpu": r.gpu_type,
-                                "flags": r.flags, "workload": r.workload}])
+        run_id = store.start_run(
+            matrix=url,
+            profile="watch",
+            kind="watch",
+            meta={"host": socket.gethostname(), "pid": r.pid, "evidence_dir": str(incident.folder)},
+        )
+        store.planned(
+            run_id,
+            [
+                {
+                    "id": r.cell_id,
+                    "name": r.cell_name,
+                    "model": r.model,
+                    "gpu": r.gpu_type,
+                    "flags": r.flags,
+                    "workload": r.workload,
+                }
+            ],
+        )
         store.record(run_id, r)
         store.finish_run(run_id, "finished")
     return run_id
@@ -167,14 +211,14 @@ class SimulatedServer:
         self.url: str = self._process.url
         self.log = Path(log)
 
-    def start(self, ready_timeout_s: float = 30.0) -> "SimulatedServer":
+    def start(self, ready_timeout_s: float = 30.0) -> SimulatedServer:
         self._process.start(ready_timeout_s)
         return self
 
     def stop(self) -> None:
         self._process.stop()
 
-    def __enter__(self) -> "SimulatedServer":
+    def __enter__(self) -> SimulatedServer:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
