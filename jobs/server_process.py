@@ -293,12 +293,27 @@ def start(
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+        at_normal_priority(process.pid)
     except BaseException:
         log_file.close()
         if tmp_dir is not None:
             shutil.rmtree(tmp_dir, ignore_errors=True)
         raise
     return RunningServer(process, host, port, log_path, command, tmp_dir=tmp_dir, _log_file=log_file)
+
+
+def at_normal_priority(pid: int) -> None:
+    """Niceness 0 for the engine, where this process may raise a priority (root, CAP_SYS_NICE).
+
+    Ray starts its workers at niceness 15 (so that its own daemons stay responsive) and a server
+    started by a soak job inherits it: an engine that the node's other work starves stalls as a hung
+    one does, and production runs `vllm serve` at 0. Set right after the start, before the server
+    spawns its engine core and workers, which inherit it. Without the right the niceness stays."""
+    try:
+        if os.getpriority(os.PRIO_PROCESS, pid) > 0:
+            os.setpriority(os.PRIO_PROCESS, pid, 0)
+    except OSError:
+        pass
 
 
 def _share_inductor_cache(tmp_dir: Path) -> None:

@@ -213,3 +213,28 @@ def test_an_explicit_rpc_base_path_wins_and_tmpdir_is_still_private(tmp_path, po
     server, seen, _ = run_leaving_temp_files(tmp_path, port, {"VLLM_RPC_BASE_PATH": str(rpc)})
     assert seen["rpc"] == str(rpc) and seen["TMPDIR"] == str(server.tmp_dir)
     assert not server.tmp_dir.exists() and (rpc / "0b9e1c2a-5d4f-4e3b-9a8c-7f6e5d4c3b2a").exists()
+
+
+NICED_START = """
+import os, sys
+from soakmatrix.jobs import server_process
+from soakmatrix.jobs.engines.protocol import LaunchCommand
+
+os.nice(15)   # as a Ray worker runs
+server = server_process.start(LaunchCommand([sys.executable, "-c", "import time; time.sleep(30)"]), sys.argv[1],
+                              "127.0.0.1", 9)
+try:
+    print(os.getpriority(os.PRIO_PROCESS, 0), os.getpriority(os.PRIO_PROCESS, server.pid))
+finally:
+    server.stop(grace_s=1)
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="raising a priority needs root or CAP_SYS_NICE")
+def test_an_engine_started_from_a_niced_ray_worker_runs_at_normal_priority(tmp_path):
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-c", NICED_START, str(tmp_path)], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["15", "0"]
