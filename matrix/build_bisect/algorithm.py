@@ -127,7 +127,7 @@ class _Run:
         """Soak (build index, soak seconds, role) probes at once; every answer enters every posterior."""
         results = self.oracle.run([BuildProbe(i, self.builds[i], soak_s) for i, soak_s, _ in picks])
         self.rounds += 1
-        for (index, _, role), result in zip(picks, results):
+        for (index, _, role), result in zip(picks, results, strict=True):
             self.book.observe(
                 index, result.outcome, result.signature, result.exposure_s, result.gpu_hours, crashed=result.crashed
             )

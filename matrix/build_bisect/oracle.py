@@ -90,7 +90,7 @@ class FlagOracleAdapter:
             )
             for p in probes
         ]
-        return [convert(p, r) for p, r in zip(probes, self.oracle.run(flag_probes))]
+        return [convert(p, r) for p, r in zip(probes, self.oracle.run(flag_probes), strict=True)]
 
 
 def convert(probe: BuildProbe, result: Any) -> BuildProbeResult:

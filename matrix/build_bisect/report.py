@@ -65,7 +65,7 @@ def render_text(r: BuildBisectResult, history: str | None = None) -> str:
         )
     lines.append("")
     lines.append(f"{'build':<24} {'probes':>6} {'hangs':>6} {'other':>6} {'exposure':>10} {'GPU-h':>7}  verdict")
-    for i, (name, b) in enumerate(zip(r.builds, r.evidence)):
+    for i, (name, b) in enumerate(zip(r.builds, r.evidence, strict=True)):
         if not b.probes and not b.exposure_s and not b.hangs and i not in (0, len(r.builds) - 1):
             continue
         if b.is_untestable:
@@ -171,7 +171,7 @@ def to_json(r: BuildBisectResult, history: dict[str, Any] | None = None) -> dict
                 "gpu_hours": round(b.gpu_hours, 4),
                 "untestable": b.is_untestable,
             }
-            for name, b in zip(r.builds, r.evidence)
+            for name, b in zip(r.builds, r.evidence, strict=True)
         ],
         "probes": r.probes,
         "rounds": r.rounds,
