@@ -329,6 +329,8 @@ class _Run:
         if lo >= 1:
             good = post.builds[lo - 1]
             if rate_change:
+                # hangs before the change point are a signature's: the blank posterior (none yet) sees no hang
+                assert self.signature is not None
                 answer = verdict(self.signature, post, self.aim, self.s.confidence)
                 out.mttf_before_low_s = answer.mttf_before_low_s
             elif good.exposure_s > 0:

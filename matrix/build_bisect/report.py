@@ -98,7 +98,9 @@ def render_text(r: BuildBisectResult, history: str | None = None) -> str:
 def signature_line(r: BuildBisectResult, a: SignatureAnswer) -> str:
     """One signature's answer in words, e.g. "nccl_watchdog_timeout: old (hangs on the good build b0 too)"."""
     name = a.signature + (" (target)" if a.target else "") + (" (crash)" if a.crash else "")
-    at = "" if a.first is None else r.builds[a.first] + (f"..{r.builds[a.last]}" if a.last != a.first else "")
+    at = ""
+    if a.first is not None and a.last is not None:
+        at = r.builds[a.first] + (f"..{r.builds[a.last]}" if a.last != a.first else "")
     counts = f"{a.hangs} hang(s), {a.hangs_on_bad_build} on the bad build"
     if a.verdict == OLD:
         return f"{name}: old, present at the last-good end {r.builds[0]}, posterior {a.posterior:.3f}; {counts}"
@@ -122,8 +124,10 @@ def signature_json(r: BuildBisectResult, a: SignatureAnswer) -> dict[str, Any]:
         "verdict": a.verdict,
         "target": a.target,
         "crash": a.crash,
-        "first_bad": r.builds[a.first] if a.verdict in (REGRESSION, RATE_CHANGE_VERDICT) else None,
-        "range": None if a.first is None else [r.builds[a.first], r.builds[a.last]],
+        "first_bad": r.builds[a.first]
+        if a.first is not None and a.verdict in (REGRESSION, RATE_CHANGE_VERDICT)
+        else None,
+        "range": None if a.first is None or a.last is None else [r.builds[a.first], r.builds[a.last]],
         "posterior": round(a.posterior, 6),
         "hangs": a.hangs,
         "hangs_on_bad_build": a.hangs_on_bad_build,
