@@ -16,6 +16,7 @@ import math
 import re
 import urllib.parse
 from collections.abc import Callable
+from typing import Protocol, TypeVar, cast
 
 from .contracts.durations import parse_duration
 
@@ -27,12 +28,27 @@ PID_MAX_FILE = "/proc/sys/kernel/pid_max"
 PID_MAX_DEFAULT = 4_194_304  # the kernel's ceiling on 64-bit, where /proc cannot tell
 
 
-def typed(fn: Callable, kind: str, range_text: str = "") -> Callable:
+T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
+
+
+class ArgType(Protocol[T_co]):
+    """An argparse type marked by `typed`: callable on the option's text, and saying what it checks."""
+
+    kind: str
+    range_text: str
+    __name__: str
+
+    def __call__(self, text: str, /) -> T_co: ...
+
+
+def typed(fn: Callable[[str], T], kind: str, range_text: str = "") -> ArgType[T]:
     """`fn` marked with what it checks, for the test that walks every parser (and --help's range)."""
-    fn.kind = kind  # type: ignore[attr-defined]
-    fn.range_text = range_text  # type: ignore[attr-defined]
-    fn.__name__ = kind
-    return fn
+    marked = cast("ArgType[T]", fn)
+    marked.kind = kind
+    marked.range_text = range_text
+    marked.__name__ = kind
+    return marked
 
 
 def _short(text: str) -> str:
@@ -58,7 +74,7 @@ def _integer(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
 
 
-def integer(low: int, high: int, kind: str = "count") -> Callable[[str], int]:
+def integer(low: int, high: int, kind: str = "count") -> ArgType[int]:
     """An integer in [low, high]."""
 
     def parse(text: str) -> int:
@@ -72,7 +88,7 @@ def integer(low: int, high: int, kind: str = "count") -> Callable[[str], int]:
 
 def real(
     low: float, high: float, *, low_open: bool = False, high_open: bool = False, kind: str = "number"
-) -> Callable[[str], float]:
+) -> ArgType[float]:
     """A finite number between low and high (each end included unless open)."""
 
     def parse(text: str) -> float:
@@ -102,7 +118,7 @@ def _dur(seconds: float) -> str:
     return f"{seconds:g}s"
 
 
-def duration(low_s: float, high_s: float, *, zero: bool = False) -> Callable[[str], float]:
+def duration(low_s: float, high_s: float, *, zero: bool = False) -> ArgType[float]:
     """Seconds from `90s`, `10m`, `2h`, `1h30m`, `1d`, between low_s and high_s (0 too when `zero`:
     an option whose 0 switches something off)."""
 

@@ -160,14 +160,11 @@ def reopen_closed_standard_streams() -> set[str]:
                 os.close(devnull)
             closed.add(name)
         if getattr(sys, name) is None or name in closed:
-            setattr(
-                sys,
-                name,
-                open(
-                    fd,  # noqa: SIM115 - the process's standard stream from now on "r" if fd == 0 else "w", encoding="utf-8", closefd=False,
-                    buffering=-1 if fd == 0 else 1,
-                ),
+            # the process's standard stream from now on: nothing closes it, and closefd=False leaves the fd open
+            stream = open(  # noqa: SIM115 - it outlives this function on purpose
+                fd, "r" if fd == 0 else "w", encoding="utf-8", closefd=False, buffering=-1 if fd == 0 else 1
             )
+            setattr(sys, name, stream)
     CLOSED_AT_START.update(closed)
     return closed
 

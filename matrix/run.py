@@ -294,10 +294,10 @@ def _execute(
             try:
                 nodes = launcher.nodes()
             except Exception as exc:
-                if (why := cluster_lost(exc)) is None:
+                if (lost := cluster_lost(exc)) is None:
                     raise
-                print(lost_line(kind, why, 0, len(todo)), file=stream, flush=True)
-                return answer(EXIT_INFRA, lost=why)
+                print(lost_line(kind, lost, 0, len(todo)), file=stream, flush=True)
+                return answer(EXIT_INFRA, lost=lost)
             never = unplaceable(todo, nodes)
             for pc in todo:
                 if pc.id in never:
@@ -352,7 +352,7 @@ def _execute(
         return answer(EXIT_INFRA if not junit_written and code == EXIT_OK else code, **written)
     finally:
         try:
-            if status is not None:
+            if status is not None and run_id is not None:
                 store.finish_run(run_id, status)
         finally:
             store.close()

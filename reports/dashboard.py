@@ -4,13 +4,14 @@ Sections: the matrix heatmap (rows model x GPU, columns flag combinations, colou
 MTTF), cells that need a look with their status history across nights, hang signatures with the
 cells they hit and their stuck frames, findings (one per fingerprint, each with its own page of
 culprit frames per role), bisection results as their tables, and per-run summaries;
-`dashboard_data` assembles them as plain data, this module renders and writes the page.
+`dashboard_data` (the tables) and `dashboard_figures` (the figures) assemble them as plain data, this
+module renders and writes the page.
 
 Self-contained: plotly's JS is inlined once (`plotly.offline.get_plotlyjs()`), figures travel as
 JSON in `<script type="application/json">` blocks, no file or host is fetched, so the page opens
 from a CI artifact or a laptop offline. Log lines are untrusted input: jinja2 autoescapes every
 string into HTML, and the JSON blocks have `<`, `>` and `&` as \\u escapes so no string can close
-its script element; strings plotly renders are HTML-escaped too (in `dashboard_data`), as plotly
+its script element; strings plotly renders are HTML-escaped too (in `dashboard_figures`), as plotly
 reads a few tags.
 """
 
@@ -29,14 +30,12 @@ from markupsafe import Markup
 from soakmatrix.matrix.contracts.durations import format_duration
 
 from .dashboard_data import (
-    COLOURS,
     LINE_CHARS,
     MAX_FINDING_PAGES,
     DashboardData,
     attention_rows,
     bisection_rows,
     collect,
-    figures,
     finding_rows,
     flags_text,
     latest_run_view,
@@ -45,6 +44,7 @@ from .dashboard_data import (
     signature_rows,
     when_text,
 )
+from .dashboard_figures import COLOURS, figures
 from .files import write_atomic
 from .findings import role_sections
 from .history import HistoryStore

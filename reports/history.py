@@ -2,8 +2,8 @@
 
 Written as cells finish, one transaction per result, in WAL mode: a driver killed mid-run loses
 at most the cell it was writing, and `start_run(resume=True)` picks the unfinished run up again.
-The schema is versioned with `PRAGMA user_version` and upgraded by the ordered `MIGRATIONS`
-when a store is opened; a store written by a newer soakmatrix is refused rather than damaged.
+The schema (`history_schema`) is versioned with `PRAGMA user_version` and upgraded by the ordered
+`MIGRATIONS` when a store is opened; a store written by a newer soakmatrix is refused rather than damaged.
 
 Each result is kept whole as `CellResult` JSON (fields added later survive a round trip), with
 the columns the reports query (outcome, signature, exposure, ...) beside it.
@@ -27,88 +27,13 @@ from typing import Any
 from soakmatrix.matrix.contracts.outcomes import Outcome
 from soakmatrix.matrix.contracts.result import CellResult
 
+from .history_schema import MIGRATIONS, SCHEMA_VERSION, statements
+
 BUSY_TIMEOUT_S = 60.0  # other writers (a second driver, a report) hold the lock briefly
 
 
 class StoreError(Exception):
     """The file is not a soakmatrix history store, or one from a newer version; names the file."""
-
-
-# -- schema -----------------------------------------------------------------------------------------
-
-_V1 = """
-CREATE TABLE runs (
-    seq         INTEGER PRIMARY KEY AUTOINCREMENT,   -- order of runs
-    id          TEXT NOT NULL UNIQUE,
-    matrix      TEXT NOT NULL,
-    profile     TEXT NOT NULL,
-    kind        TEXT NOT NULL,
-    meta        TEXT NOT NULL DEFAULT '{}',
-    status      TEXT,                                -- NULL while running
-    started_at  REAL NOT NULL,
-    finished_at REAL
-);
-CREATE TABLE cells (
-    id       TEXT PRIMARY KEY,
-    name     TEXT NOT NULL,
-    model    TEXT NOT NULL,
-    gpu      TEXT NOT NULL,
-    flags    TEXT NOT NULL,
-    workload TEXT NOT NULL
-);
-CREATE TABLE planned (
-    run_id  TEXT NOT NULL REFERENCES runs(id),
-    cell_id TEXT NOT NULL REFERENCES cells(id),
-    pos     INTEGER NOT NULL,
-    PRIMARY KEY (run_id, cell_id)
-);
-CREATE TABLE results (
-    run_id        TEXT NOT NULL REFERENCES runs(id),
-    cell_id       TEXT NOT NULL REFERENCES cells(id),
-    outcome       TEXT NOT NULL,
-    signature     TEXT,
-    exposure_s    REAL NOT NULL,
-    time_to_hang_s REAL,
-    started_at    REAL,
-    ended_at      REAL,
-    data          TEXT NOT NULL,                     -- the CellResult as JSON
-    recorded_at   REAL NOT NULL,
-    PRIMARY KEY (run_id, cell_id)
-);
-"""
-
-_V2 = """
-CREATE TABLE bisections (
-    id          INTEGER PRIMARY KEY AUTOINCREMENT,
-    cell_id     TEXT NOT NULL,
-    run_id      TEXT,
-    signature   TEXT,
-    report      TEXT NOT NULL,
-    recorded_at REAL NOT NULL
-);
-CREATE INDEX bisections_cell ON bisections(cell_id);
-"""
-
-_V3 = """
-ALTER TABLE results ADD COLUMN detector TEXT;
-ALTER TABLE results ADD COLUMN gpu_hours REAL NOT NULL DEFAULT 0;
-UPDATE results SET detector = json_extract(data, '$.detector'),
-                   gpu_hours = COALESCE(json_extract(data, '$.gpu_count'), 0)
-                               * MAX(0, COALESCE(ended_at, started_at) - started_at) / 3600.0;
-CREATE INDEX results_cell ON results(cell_id);
-CREATE INDEX results_signature ON results(signature) WHERE signature IS NOT NULL;
-"""
-
-# The fingerprint (the culprit's frames) groups one bug's results across cells and nights.
-_V4 = """
-ALTER TABLE results ADD COLUMN fingerprint TEXT;
-UPDATE results SET fingerprint = json_extract(data, '$.fingerprint');
-CREATE INDEX results_fingerprint ON results(fingerprint) WHERE fingerprint IS NOT NULL;
-"""
-
-# version -> SQL; a store at version N gets N+1.. applied in order, each in its own transaction.
-MIGRATIONS: dict[int, str] = {1: _V1, 2: _V2, 3: _V3, 4: _V4}
-SCHEMA_VERSION = max(MIGRATIONS)
 
 
 # -- what reads return ------------------------------------------------------------------------------
@@ -214,7 +139,7 @@ class HistoryStore:
                     # another process may have migrated between our read and the write lock
                     if self.schema_version >= version:
                         continue
-                    for statement in _statements(MIGRATIONS[version]):
+                    for statement in statements(MIGRATIONS[version]):
                         self._db.execute(statement)
                     self._db.execute(f"PRAGMA user_version = {int(version)}")
 
@@ -473,16 +398,3 @@ def _new_run_id(now: float) -> str:
     """Sortable and readable: `20261121T225500Z-3fa9c1`."""
     stamp = datetime.fromtimestamp(now, UTC).strftime("%Y%m%dT%H%M%SZ")
     return f"{stamp}-{secrets.token_hex(3)}"
-
-
-def _statements(script: str) -> list[str]:
-    """Split a migration into statements (executescript would commit our transaction)."""
-    out, buf = [], ""
-    for line in script.splitlines(keepends=True):
-        buf += line
-        if sqlite3.complete_statement(buf):
-            out.append(buf.strip())
-            buf = ""
-    if buf.strip():
-        out.append(buf.strip())
-    return out

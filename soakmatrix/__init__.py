@@ -54,7 +54,33 @@ _EXPORTS: dict[str, str] = {
     "SpecError": "soakmatrix.matrix.contracts.yamlsrc",
 }
 
-__all__ = ["__version__", *_EXPORTS]
+# spelled out, so that type checkers and IDEs see the public names (tests/test_api.py holds it to _EXPORTS)
+__all__ = [
+    "__version__",
+    "load_matrix",
+    "plan",
+    "run",
+    "bisect_flags",
+    "bisect_builds",
+    "watch",
+    "simulated_server",
+    "SimulatedServer",
+    "UsageError",
+    "BisectOptions",
+    "FlagBisection",
+    "BuildBisection",
+    "CellEvent",
+    "WatchResult",
+    "RunOptions",
+    "RunResult",
+    "Matrix",
+    "Profile",
+    "Plan",
+    "PlannedCell",
+    "CellResult",
+    "Outcome",
+    "SpecError",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -49,6 +49,7 @@ def test_import_soakmatrix_is_light_and_every_public_name_resolves():
     assert out.stdout.strip() == "[] [] []", out.stdout
     assert all(getattr(soakmatrix, name) is not None for name in soakmatrix.__all__)
     assert set(soakmatrix.__all__) <= set(dir(soakmatrix))
+    assert soakmatrix.__all__ == ["__version__", *soakmatrix._EXPORTS]
 
 
 def test_load_and_plan_the_tour_matrix():

@@ -8,7 +8,8 @@ import re
 import pytest
 
 from soakmatrix.jobs import culprit as cp
-from soakmatrix.jobs.signatures import classify, clues_from_texts, parse_stacks
+from soakmatrix.jobs.signatures import classify, clues_from_texts
+from soakmatrix.jobs.stacks import parse_stacks
 
 from tests.incident_dumps import WAIT_MOMENTS, dump, worker_stuck
 

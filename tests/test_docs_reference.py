@@ -46,7 +46,8 @@ def test_the_store_schema_in_the_reference_is_the_real_one(tmp_path):
     """docs/reference/outputs.md shows every table, column and index a fresh history store has."""
     import sqlite3
 
-    from soakmatrix.reports.history import SCHEMA_VERSION, HistoryStore
+    from soakmatrix.reports.history import HistoryStore
+    from soakmatrix.reports.history_schema import SCHEMA_VERSION
 
     with HistoryStore(tmp_path / "store.sqlite") as _:
         pass

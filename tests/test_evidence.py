@@ -8,7 +8,7 @@ import pytest
 from tests.fake_openai import start_fake
 
 from soakmatrix.jobs import evidence
-from soakmatrix.jobs.signatures import parse_stacks
+from soakmatrix.jobs.stacks import parse_stacks
 
 SCHED_LOG = """INFO ok
 ERROR 11-21 [dump_input.py:69] Dumping input data for V1 LLM engine (v0.33.0) with config: model='m'

@@ -16,7 +16,7 @@ import pytest
 from soakmatrix.matrix.cells import Cell
 from soakmatrix.matrix.contracts.outcomes import Outcome
 from soakmatrix.matrix.contracts.result import CellResult
-from soakmatrix.reports import history
+from soakmatrix.reports import history_schema
 from soakmatrix.reports.history import HistoryStore, StoreError
 
 
@@ -119,7 +119,7 @@ def test_unknown_run_is_a_clear_error(tmp_path):
 def test_migrates_an_old_store_and_keeps_its_data(tmp_path):
     path = tmp_path / "old.sqlite"
     db = sqlite3.connect(path)
-    db.executescript(history.MIGRATIONS[1])   # a store written by the first schema
+    db.executescript(history_schema.MIGRATIONS[1])   # a store written by the first schema
     c = cell(4, 1)
     r = result(c, "hang", signature="silent_stall", detector="token_progress")
     db.execute("INSERT INTO runs (id, matrix, profile, kind, started_at) VALUES ('r1', 'm', 'p', 'nightly', 1.0)")
@@ -130,7 +130,7 @@ def test_migrates_an_old_store_and_keeps_its_data(tmp_path):
     db.commit()
     db.close()
     with HistoryStore(path) as store:
-        assert store.schema_version == history.SCHEMA_VERSION >= 3
+        assert store.schema_version == history_schema.SCHEMA_VERSION >= 3
         [ob] = store.observations()
         assert ob.detector == "token_progress"                 # back-filled by migration 3
         assert ob.gpu_hours == pytest.approx(4 * 700 / 3600)
@@ -162,7 +162,7 @@ def test_refuses_newer_schemas_and_foreign_files(tmp_path):
     newer = tmp_path / "newer.sqlite"
     HistoryStore(newer).close()
     db = sqlite3.connect(newer)
-    db.execute(f"PRAGMA user_version = {history.SCHEMA_VERSION + 1}")
+    db.execute(f"PRAGMA user_version = {history_schema.SCHEMA_VERSION + 1}")
     db.commit()
     db.close()
     with pytest.raises(StoreError, match=r"newer.sqlite: schema version \d+ is newer"):

@@ -7,7 +7,8 @@ import pytest
 import yaml
 
 from soakmatrix.jobs import signatures as sig
-from soakmatrix.jobs.signatures import Clues, classify, clues_from_texts, log_tracebacks, parse_stacks
+from soakmatrix.jobs.signatures import Clues, classify, clues_from_texts
+from soakmatrix.jobs.stacks import log_tracebacks, parse_stacks
 
 INCIDENTS = Path(__file__).resolve().parent.parent / "fixtures" / "incidents"
 INDEX = yaml.safe_load((INCIDENTS / "index.yaml").read_text())["incidents"]

@@ -127,7 +127,7 @@ class _Run:
         """Soak (build index, soak seconds, role) probes at once; every answer enters every posterior."""
         results = self.oracle.run([BuildProbe(i, self.builds[i], soak_s) for i, soak_s, _ in picks])
         self.rounds += 1
-        for (index, _, role), result in zip(picks, results):
+        for (index, _, role), result in zip(picks, results, strict=True):
             self.book.observe(
                 index, result.outcome, result.signature, result.exposure_s, result.gpu_hours, crashed=result.crashed
             )
@@ -329,6 +329,8 @@ class _Run:
         if lo >= 1:
             good = post.builds[lo - 1]
             if rate_change:
+                # hangs before the change point are a signature's: the blank posterior (none yet) sees no hang
+                assert self.signature is not None
                 answer = verdict(self.signature, post, self.aim, self.s.confidence)
                 out.mttf_before_low_s = answer.mttf_before_low_s
             elif good.exposure_s > 0:

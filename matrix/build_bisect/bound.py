@@ -202,7 +202,7 @@ def _dual_values(
     n: int, sigma: float, confidence: float, bits: float, beta: float, rho: float, nu: float, mus: np.ndarray
 ) -> tuple[float, float]:
     """The dual's best value over `mus`, and the mu that gives it."""
-    c, rows = confidence, n - 1
+    c = confidence
     if not (0 < rho <= 1 and 0 <= nu <= sigma):
         raise ValueError(f"need 0 < rho <= 1 and 0 <= nu <= sigma, got rho={rho}, nu={nu}")
     floor_y = 2.0 * c - 1.0

@@ -151,6 +151,7 @@ def run_for_cell(
     cluster = None
     try:
         if virtual:
+            assert hang_model_path is not None, "--virtual without a hang model is refused above"
             oracle = _virtual_oracle(matrix, pc, profile, hang_model_path, builds, gpus, seed)
         else:
             oracle, cluster = _soak_oracle(matrix, pc, profile, builds, real, hang_model_path, seed, progress)

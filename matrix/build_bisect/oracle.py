@@ -80,8 +80,10 @@ class FlagOracleAdapter:
         self.flags = dict(flags)
         self.build_key = build_key
         if probe_factory is None:
-            from soakmatrix.matrix.bisect.oracle import Probe as probe_factory
-        self.probe_factory = probe_factory
+            from soakmatrix.matrix.bisect.oracle import Probe
+
+            probe_factory = Probe
+        self.probe_factory: Callable[..., Any] = probe_factory
 
     def run(self, probes: Sequence[BuildProbe]) -> list[BuildProbeResult]:
         flag_probes = [
@@ -90,7 +92,7 @@ class FlagOracleAdapter:
             )
             for p in probes
         ]
-        return [convert(p, r) for p, r in zip(probes, self.oracle.run(flag_probes))]
+        return [convert(p, r) for p, r in zip(probes, self.oracle.run(flag_probes), strict=True)]
 
 
 def convert(probe: BuildProbe, result: Any) -> BuildProbeResult:

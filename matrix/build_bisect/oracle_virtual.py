@@ -56,7 +56,7 @@ class VirtualBuildOracle:
         self.rng = np.random.default_rng(seed)
         if untestable is None:
             inner = np.arange(1, n_builds - 1)
-            count = int(round(untestable_fraction * len(inner)))
+            count = round(untestable_fraction * len(inner))
             untestable = self.rng.choice(inner, size=count, replace=False) if count else ()
         self.untestable = frozenset(int(i) for i in untestable)
         self.virtual_s = 0.0  # virtual wall time if probes ran one after another

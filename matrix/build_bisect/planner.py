@@ -23,6 +23,7 @@ against load on the good neighbour).
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -136,7 +137,7 @@ def choose(
         # and that outcome, when the soaked build is bad under it and when it is good
         outcomes = [
             (np.maximum(survival[a][0] - survival[b][0], 0.0), np.maximum(survival[a][1] - survival[b][1], 0.0))
-            for a, b in zip(times[:-1], times[1:])
+            for a, b in itertools.pairwise(times)
         ] + [survival[length]]
         after = np.zeros(len(groups) - 1)  # expected entropy after the probe of group k's last build
         for bad, good in outcomes:
@@ -147,7 +148,7 @@ def choose(
         gain = total_entropy - after
         # expected load: the integral of the chance that it has not hung by t, over 0..length
         alive = [np.cumsum(survival[t][0])[:-1] + _suffix(survival[t][1]) for t in times]
-        load = sum(0.5 * (b - a) * (alive[j] + alive[j + 1]) for j, (a, b) in enumerate(zip(times[:-1], times[1:])))
+        load = sum(0.5 * (b - a) * (alive[j] + alive[j + 1]) for j, (a, b) in enumerate(itertools.pairwise(times)))
         cost = gpus * (startup_s + load) / 3600.0
         ratio = np.where((cum_p > 1e-12) & (cum_p < 1.0 - 1e-12), gain / cost, -math.inf)
         k = int(np.argmax(ratio))

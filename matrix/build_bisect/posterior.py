@@ -173,7 +173,7 @@ class ChangePointPosterior:
         posterior and the pools computed once (the planner asks it for many lengths)."""
         p = self.component_probabilities()
         first = [a for a, _ in groups]
-        pools = {None: self.pools()}
+        pools: dict[tuple[int, float, float] | None, tuple[np.ndarray, np.ndarray]] = {None: self.pools()}
 
         def at(length: float, extra: tuple[int, float, float] | None = None) -> tuple[np.ndarray, np.ndarray]:
             if extra not in pools:

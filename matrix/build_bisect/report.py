@@ -65,7 +65,7 @@ def render_text(r: BuildBisectResult, history: str | None = None) -> str:
         )
     lines.append("")
     lines.append(f"{'build':<24} {'probes':>6} {'hangs':>6} {'other':>6} {'exposure':>10} {'GPU-h':>7}  verdict")
-    for i, (name, b) in enumerate(zip(r.builds, r.evidence)):
+    for i, (name, b) in enumerate(zip(r.builds, r.evidence, strict=True)):
         if not b.probes and not b.exposure_s and not b.hangs and i not in (0, len(r.builds) - 1):
             continue
         if b.is_untestable:
@@ -98,7 +98,9 @@ def render_text(r: BuildBisectResult, history: str | None = None) -> str:
 def signature_line(r: BuildBisectResult, a: SignatureAnswer) -> str:
     """One signature's answer in words, e.g. "nccl_watchdog_timeout: old (hangs on the good build b0 too)"."""
     name = a.signature + (" (target)" if a.target else "") + (" (crash)" if a.crash else "")
-    at = "" if a.first is None else r.builds[a.first] + (f"..{r.builds[a.last]}" if a.last != a.first else "")
+    at = ""
+    if a.first is not None and a.last is not None:
+        at = r.builds[a.first] + (f"..{r.builds[a.last]}" if a.last != a.first else "")
     counts = f"{a.hangs} hang(s), {a.hangs_on_bad_build} on the bad build"
     if a.verdict == OLD:
         return f"{name}: old, present at the last-good end {r.builds[0]}, posterior {a.posterior:.3f}; {counts}"
@@ -122,8 +124,10 @@ def signature_json(r: BuildBisectResult, a: SignatureAnswer) -> dict[str, Any]:
         "verdict": a.verdict,
         "target": a.target,
         "crash": a.crash,
-        "first_bad": r.builds[a.first] if a.verdict in (REGRESSION, RATE_CHANGE_VERDICT) else None,
-        "range": None if a.first is None else [r.builds[a.first], r.builds[a.last]],
+        "first_bad": r.builds[a.first]
+        if a.first is not None and a.verdict in (REGRESSION, RATE_CHANGE_VERDICT)
+        else None,
+        "range": None if a.first is None or a.last is None else [r.builds[a.first], r.builds[a.last]],
         "posterior": round(a.posterior, 6),
         "hangs": a.hangs,
         "hangs_on_bad_build": a.hangs_on_bad_build,
@@ -171,7 +175,7 @@ def to_json(r: BuildBisectResult, history: dict[str, Any] | None = None) -> dict
                 "gpu_hours": round(b.gpu_hours, 4),
                 "untestable": b.is_untestable,
             }
-            for name, b in zip(r.builds, r.evidence)
+            for name, b in zip(r.builds, r.evidence, strict=True)
         ],
         "probes": r.probes,
         "rounds": r.rounds,

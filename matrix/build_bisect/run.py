@@ -24,7 +24,7 @@ class _NamedOracle:
         inner = [BuildProbe(p.index, self.specs[p.index], p.soak_s) for p in probes]
         return [
             type(r)(p, r.outcome, r.signature, r.exposure_s, r.gpu_hours, r.message, r.extra)
-            for p, r in zip(probes, self.oracle.run(inner))
+            for p, r in zip(probes, self.oracle.run(inner), strict=True)
         ]
 
 

@@ -92,7 +92,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     module.configure(parser)
     if getattr(module, "ACCEPTS_UNKNOWN_ARGS", False):
         # e.g. sim-engine takes any `vllm serve` flag and notes the ones it ignores
-        args, args.unknown_args = parser.parse_known_args(rest)
+        args, unknown = parser.parse_known_args(rest)
+        args.unknown_args = unknown
     else:
         args = parser.parse_args(rest)
     # a long command (a nightly, a bisection, a watch) carries on when its stderr's reader goes
@@ -100,7 +101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     saved_stderr = sys.stderr
     if getattr(module, "OUTLIVES_ITS_READER", False) and not isinstance(sys.stderr, LastingStream):
         # closed at start: nobody to read it, straight to the file
-        sys.stderr = gone_from_the_start(LastingStream(sys.stderr), "stderr")  # type: ignore[assignment]
+        sys.stderr = gone_from_the_start(LastingStream(sys.stderr), "stderr")
     try:
         return _call(name, module, args)
     finally:

@@ -75,7 +75,7 @@ def render(result: Plan, all_excluded: bool = False) -> str:
         if all_excluded or len(result.excluded) <= 20:
             out += [f"  {_times(e.count)}{describe_combo(e.combo)}: {e.reason}" for e in result.excluded]
         else:
-            by_reason = Counter()
+            by_reason: Counter[str] = Counter()
             for e in result.excluded:
                 by_reason[e.reason] += e.count
             for reason, n in by_reason.most_common():

@@ -79,11 +79,11 @@ def prepare(matrix: Matrix, pc: PlannedCell, opts: BisectOptions, warn: Say | No
         with open_store(opts.store) as store:
             if signature is None:
                 signature, source = recorded_signature(store, pc.id)
-            if signature is None and opts.virtual:
+            if signature is None and opts.virtual and hang_model:  # --virtual has one (checked above)
                 signature, source = model_signature(matrix, pc, hang_model)
             # the nightly's results of this very cell: free exposure for the calibration
             history = recorded_exposure(store, pc.id, signature)
-    if signature is None and opts.virtual:
+    if signature is None and opts.virtual and hang_model:  # --virtual has one (checked above)
         signature, source = model_signature(matrix, pc, hang_model)
     if opts.signature:
         _check_signature(opts.signature, opts.virtual, hang_model, matrix, say)
@@ -220,6 +220,7 @@ def flag_run(
         progress,
     )
     if opts.virtual:
+        assert hang_model is not None, "--virtual without a hang model is refused in the setup"
         oracle: Any = virtual_oracle(matrix, pc, profile, hang_model, opts.seed)
     else:
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from soakmatrix.matrix.plan import PlannedCell
 from soakmatrix.matrix.run_types import RunOptions, RunResult
@@ -69,7 +69,8 @@ def run(
 
     m = as_matrix(matrix)
     chosen = m.profile(profile)
-    given = {
+    # the keywords given, each of RunOptions' own type
+    given: dict[str, Any] = {
         k: v
         for k, v in {
             "backend": backend,

@@ -79,7 +79,7 @@ def watch(
         warning = empty_store_warning("--store", str(store))
         if warning:
             (warn or _warn)(warning)
-    source = None
+    source: FileLog | StreamLog | None = None
     if isinstance(log, (str, Path)):
         source = FileLog(str(log))
     elif log is not None:
