@@ -34,9 +34,10 @@ demo: install
 	  echo "JUnit: out/demo/junit.xml  dashboard: out/demo/dashboard/index.html  (exit $$code)"; \
 	  [ $$code -le 1 ]
 
-# two pytest-xdist workers stealing work from each other, the real engine's tests first on one of
-# them (tests/xdist_suite.py); TEST_WORKERS=0 runs one test after another
-TEST_WORKERS ?= 2
+# three pytest-xdist workers stealing work from each other, the real engine's tests first on one of
+# them (tests/xdist_suite.py): on 2 cores the simulated-engine tests mostly wait (about a quarter of a
+# core each), so a third worker fills the idle CPU; TEST_WORKERS=0 runs one test after another
+TEST_WORKERS ?= 3
 test: install-test install-vllm chromium
 	$(BIN)/python -m pytest $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist worksteal) $(PYTEST_ARGS)
 

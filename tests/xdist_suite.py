@@ -1,9 +1,9 @@
-"""How the suite runs on pytest-xdist workers (`make test`: two of them, `--dist worksteal`), through
+"""How the suite runs on pytest-xdist workers (`make test`: three of them, `--dist worksteal`), through
 xdist's public hooks only: the order tests are handed out in, and what a worker that dies costs.
 
-Order. xdist's work-stealing scheduler gives each worker a contiguous half of the collection and
+Order. xdist's work-stealing scheduler gives each worker a contiguous share of the collection and
 lets an idle worker steal from the *end* of a busy one's queue. The real-engine tests are put first,
-so they all land at the head of the first worker's half and run there one after another: two
+so they all land at the head of the first worker's share and run there one after another: two
 `vllm serve` start-ups side by side on 2 cores would each take minutes, and no steal ever reaches
 the head of a queue. The order is a pure function of the node ids, so every worker collects the same
 list (xdist refuses to run otherwise).
