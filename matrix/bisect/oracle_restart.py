@@ -60,7 +60,7 @@ class RestartingOracle:
         while todo:
             results = self.inner.run([asked[i] for i in todo])
             again = []
-            for i, result in zip(todo, results):
+            for i, result in zip(todo, results, strict=True):
                 pieces[i].append(result)
                 end = self._end(probes[i], pieces[i])
                 if end is not None:

@@ -125,3 +125,6 @@ class Policy:
         """The rate check's slowdowns a modifier may bring: x6, x12, x24, x48 at the default
         point_cap_factor (each twice the cap's reach, doubling)."""
         return tuple(2.0 * self.point_cap_factor * 2.0**i for i in range(4))
+
+
+DEFAULT_POLICY = Policy()  # the one default instance (a frozen value, shared)

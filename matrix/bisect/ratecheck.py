@@ -71,7 +71,9 @@ class ModifierModel:
         if cap is not None:
             caps = np.full(J, cap)
         else:
-            caps = np.array([search.cap_from(ha, ea) if ha > 0 else search.initial_cap for ha, ea in zip(HA, EA)])
+            caps = np.array(
+                [search.cap_from(ha, ea) if ha > 0 else search.initial_cap for ha, ea in zip(HA, EA, strict=True)]
+            )
         self.caps = caps
         # P(lambda < r / cap_j): the hang without j is slower than the cap
         self.p_slow = special.gammainc(max(self.H, 1e-9), self.r[None, :] / caps[:, None] * self.Eeff)
