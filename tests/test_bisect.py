@@ -378,10 +378,10 @@ def test_a_flag_without_which_the_hang_was_seen_is_a_modifier_and_joins_the_set_
 def _search_with(data: dict[int, tuple[int, float]], n: int = 4, oracle=None,
                  settings: Settings = Settings(confidence=0.99)):
     search = Search(failing(n), elements(n), oracle, settings, None, None, lambda f: 1, None)
-    search.initial_cap = 20 * MTTF
     for mask, (hangs, exposure) in data.items():
         cs = search.stats_of(mask)
         cs.hangs, cs.exposure_s = hangs, exposure
+    search.start_posterior(20 * MTTF)
     return search
 
 
@@ -654,7 +654,7 @@ def test_the_failing_cell_gets_another_hang_while_it_shortens_the_necessity_soak
     def pays(cell_hangs: int, kept: int) -> bool:
         search = _search_with({0b1111: (cell_hangs, cell_hangs * MTTF)})
         H, E = _pool(search, kept)
-        return _another_reference_hang_pays(search, kept, H, E, search.alpha / 12,
+        return _another_reference_hang_pays(search, kept, kept, H, E, search.alpha / 12,
                                             (8.0, search.alpha, _reference_of(search, kept)))
     # three necessary flags on a rate from 8 hangs: one more hang saves each some 3 MTTFs of soak
     assert pays(8, keep)

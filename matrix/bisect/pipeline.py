@@ -24,12 +24,21 @@ from soakmatrix.matrix.contracts import stats
 
 from .ablation import ablation_search
 from .history_exposure import HistoryExposure, calibration_saved, describe, failing_hangs_wanted
-from .model import BisectResult, Element, FeasibleFn, GpuCountFn, Settings, ValueProbe, default_cap, default_gpu_count
+from .model import (
+    DEFAULT_SETTINGS,
+    BisectResult,
+    Element,
+    FeasibleFn,
+    GpuCountFn,
+    Settings,
+    ValueProbe,
+    default_cap,
+    default_gpu_count,
+)
 from .modifier_reads import measure_length
 from .modifiers import measure
 from .oracle import ProbeOracle
 from .oracle_restart import RestartingOracle, other_signatures
-from .posterior import Posterior
 from .posterior_search import posterior_search
 from .ratecheck import drop_modifiers, rate_check, recheck_members, soak_the_set_alone
 from .search import Search
@@ -49,19 +58,21 @@ class Calibration:
 @dataclass(frozen=True)
 class Answer:
     """What the search hands the phases after it: the set (a mask of the elements), found or
-    inconclusive, the cap its hang must come within, and its posterior."""
+    inconclusive, the cap its hang must come within, its posterior, and the flags the rate check
+    added to it (their absence hangs, slowly)."""
 
     top: int
     status: str
     cap: float
     posterior: float
+    rate_added: int = 0
 
 
 def bisect_flags(
     failing_flags: Mapping[str, Any],
     elements: Sequence[Element],
     oracle: ProbeOracle,
-    settings: Settings = Settings(),
+    settings: Settings = DEFAULT_SETTINGS,
     *,
     signature: str | None = None,
     context: Mapping[str, str] | None = None,
@@ -88,26 +99,26 @@ def bisect_flags(
     s = settings
     if s.verify_cap is None:
         s = replace(s, verify_cap=s.mttf_cap_s is not None)
-    search = Search(failing_flags, elements, oracle, s, signature, feasible, gpu_count, progress)
     # another signature restarts the server instead of ending the probe: the target as the search
     # knows it (none before the calibration's first hang: then only a hang ends a probe)
     restarting = RestartingOracle(oracle, lambda: search.signature)
-    search.oracle = restarting
+    search = Search(failing_flags, elements, restarting, s, signature, feasible, gpu_count, progress)
     said_history = _take_history(search, history, gpu_count(failing_flags)) if history is not None else []
-    calibration = calibrate(search)
+    notes: list[str] = []  # what each phase says, in order, for the report
+    calibration = calibrate(search, notes)
 
     def result(
         status: str,
         minimal_mask: int = 0,
         p: float = 0.0,
-        notes: list[str] | None = None,
         values: list[ValueProbe] | None = None,
         cap: float = math.nan,
         minimal_est=None,
         certified=None,
         verdicts=None,
+        rate_added: int = 0,
     ) -> BisectResult:
-        notes = said_history + (notes or []) + _restart_notes(search, restarting)
+        said = said_history + notes + _restart_notes(search, restarting)
         return BisectResult(
             status=status,
             signature=search.signature,
@@ -125,11 +136,11 @@ def bisect_flags(
             values=values or [],
             probes=search.probes,
             gpu_hours=search.gpu_hours,
-            notes=notes,
+            notes=said,
             log=search.log,
             minimal_flags=search.flags_of(minimal_mask) if status == "found" else {},
             gpu_hours_by_role=dict(search.spent),
-            rate_added=[e.name for i, e in enumerate(elements) if (minimal_mask & search.rate_added) >> i & 1],
+            rate_added=[e.name for i, e in enumerate(elements) if (minimal_mask & rate_added) >> i & 1],
             signature_source=signature_source
             if signature
             else ("the first hang of the calibration" if search.signature else ""),
@@ -139,20 +150,18 @@ def bisect_flags(
     if not calibration.reproduced:
         cal = search.stats_of(search.full)
         bound = stats.mttf_lower_bound(cal.exposure_s, s.confidence)
-        return result(
-            "not_reproduced",
-            notes=[
-                f"the failing cell did not hang with the expected signature in {cal.exposure_s:.0f}s of load: "
-                f"MTTF > {bound:.0f}s at {s.confidence:.0%}; nothing to bisect"
-            ],
+        notes.append(
+            f"the failing cell did not hang with the expected signature in {cal.exposure_s:.0f}s of load: "
+            f"MTTF > {bound:.0f}s at {s.confidence:.0%}; nothing to bisect"
         )
-    answer = search_for_the_set(search, calibration.cap)
-    answer = check_cap_and_rate(search, answer)
+        return result("not_reproduced")
+    answer = search_for_the_set(search, calibration.cap, notes)
+    answer = check_cap_and_rate(search, answer, notes)
     soak_for_modifiers(search, answer)
-    return give_verdicts(search, answer, result, alternatives, context or {}, context_elements)
+    return give_verdicts(search, answer, notes, result, alternatives, context or {}, context_elements)
 
 
-def calibrate(search: Search) -> Calibration:
+def calibrate(search: Search, notes: list[str]) -> Calibration:
     """Phase 1: the failing cell soaked to its first hangs; on a hang, the cap and the posterior
     (every probe so far observed)."""
     s = search.s
@@ -163,39 +172,35 @@ def calibrate(search: Search) -> Calibration:
         return Calibration(False, failing, math.nan)
     cap = s.mttf_cap_s if s.mttf_cap_s else default_cap(cal.hangs, cal.exposure_s, s.cap_factor, s.policy)
     if cal.hangs < s.calibration_hangs:
-        search.notes.append(f"calibration stopped at {cal.hangs} hang(s) (budget): the MTTF interval is wide")
-    search.initial_cap = cap
-    search.post = Posterior(search.n, cap, s.slow_zero_prior, s.policy)
-    for mask, cs in search.configs.items():
-        search.post.observe(mask, cs.hangs, cs.exposure_s)
+        notes.append(f"calibration stopped at {cal.hangs} hang(s) (budget): the MTTF interval is wide")
+    search.start_posterior(cap)
     return Calibration(True, failing, cap)
 
 
-def search_for_the_set(search: Search, cap: float) -> Answer:
+def search_for_the_set(search: Search, cap: float, notes: list[str]) -> Answer:
     """Phase 2: the likeliest set, found when the search can vouch for it and it was seen to hang."""
     if search.n == 0:
-        lp = np.zeros(1)
-        top = 0
+        lp, top, decided, rate_added = np.zeros(1), 0, True, 0
     else:
-        top = _search(search)
+        top, decided, rate_added = _search(search, notes)
         lp = search.post.log_posterior()
         cap = search.post.cap
     p_top = float(np.exp(lp[top]))
-    status = "found" if (search.n == 0 or search.decided) and search.stats_of(top).hangs > 0 else "inconclusive"
+    status = "found" if decided and search.stats_of(top).hangs > 0 else "inconclusive"
     if status == "inconclusive":
-        search.notes.append(
+        notes.append(
             f"stopped by the probe or GPU-hour budget: the best set has posterior {p_top:.3f} < {search.s.confidence}"
         )
-    return Answer(top, status, cap, p_top)
+    return Answer(top, status, cap, p_top, rate_added)
 
 
-def check_cap_and_rate(search: Search, answer: Answer) -> Answer:
+def check_cap_and_rate(search: Search, answer: Answer, notes: list[str]) -> Answer:
     """Phase 3: a flag whose absence hangs within the cap leaves the set (verify_cap); by default one
     without which the hang was seen leaves it too; an explicit cap asks for the set that hangs
     *within* it, so a flag without which the hang is slower joins it (its verdict still says the
     hang was seen without it), and each flag is asked again."""
-    s, notes = search.s, search.notes
-    top, status, cap = answer.top, answer.status, answer.cap
+    s = search.s
+    top, status, cap, rate_added = answer.top, answer.status, answer.cap, answer.rate_added
     if status == "found" and s.verify_cap:
         top = drop_modifiers(search, top, cap, notes)
     if status == "found" and s.mttf_cap_s is None:
@@ -204,7 +209,7 @@ def check_cap_and_rate(search: Search, answer: Answer) -> Answer:
         grown, rate_cap = rate_check(search, top, s.mttf_cap_s, notes)
         if rate_cap is None:
             status = "inconclusive"
-        search.rate_added |= grown & ~top
+        rate_added |= grown & ~top
         if grown != top:
             top, decided = recheck_members(search, top, grown, s.mttf_cap_s, notes)
             if not decided:
@@ -215,7 +220,7 @@ def check_cap_and_rate(search: Search, answer: Answer) -> Answer:
             if search.stats_of(top).hangs == 0:
                 status = "inconclusive"
                 notes.append("the grown set was not seen to hang in its certification run")
-    return Answer(top, status, cap, answer.posterior)
+    return Answer(top, status, cap, answer.posterior, rate_added)
 
 
 def soak_for_modifiers(search: Search, answer: Answer) -> None:
@@ -231,6 +236,7 @@ def soak_for_modifiers(search: Search, answer: Answer) -> None:
 def give_verdicts(
     search: Search,
     answer: Answer,
+    notes: list[str],
     result: Callable[..., BisectResult],
     alternatives: Mapping[str, Sequence[Any]] | None,
     context: Mapping[str, str],
@@ -238,7 +244,7 @@ def give_verdicts(
 ) -> BisectResult:
     """Phase 5: the set's MTTF and certified soak, other values of its flags, a verdict per flag,
     and the result (`result` builds it with what every phase saw)."""
-    s, notes, elements = search.s, search.notes, search.elements
+    s, elements = search.s, search.elements
     top, status, cap = answer.top, answer.status, answer.cap
     outside = [cs for m, cs in search.configs.items() if cs.hangs and (m & top) != top]
     if outside:
@@ -271,32 +277,32 @@ def give_verdicts(
         # the regression test runs the set alone, without the modifiers that make the hang come sooner
         certified *= speedup
         notes.append(f"certified soak lengthened x{speedup:.1f}: the set alone runs without its modifiers")
-    out = result(status, top, answer.posterior, notes, values, cap, minimal_est, certified, per_flag)
+    out = result(status, top, answer.posterior, values, cap, minimal_est, certified, per_flag, answer.rate_added)
     if shrunk:
         out.minimal_flags = search.flags_of(top, **shrunk)
         out.shrunk = {name: {"from": search.failing[name], "to": value} for name, value in shrunk.items()}
     return out
 
 
-def _search(search: Search) -> int:
+def _search(search: Search, notes: list[str]) -> tuple[int, bool, int]:
     """The search phase: the answer's mask, the ablation's or (when the ablation cannot decide) the
-    posterior search's likeliest set; sets `search.decided` when it can vouch for it."""
+    posterior search's likeliest set; whether it can vouch for it; the flags the rate check added."""
+    rate_added = 0
     if search.s.ablation:
-        answer = ablation_search(search)
-        if answer is not None:
-            search.decided = True
-            return answer
+        ablation = ablation_search(search, notes)
+        if ablation.keep is not None:
+            return ablation.keep, True, ablation.rate_added
+        rate_added = ablation.rate_added
         if not search.over_budget():
-            search.notes.append(
-                f"removing one flag at a time could not decide ({search.gave_up}): "
+            notes.append(
+                f"removing one flag at a time could not decide ({ablation.gave_up}): "
                 "searched every set of flags instead, with every probe so far"
             )
-            search.progress(search.notes[-1])
+            search.progress(notes[-1])
     posterior_search(search)
     lp = search.post.log_posterior()
     top = int(np.argmax(lp))
-    search.decided = math.exp(lp[top]) >= search.s.confidence
-    return top
+    return top, math.exp(lp[top]) >= search.s.confidence, rate_added
 
 
 def _take_history(search, history: HistoryExposure, gpus: int) -> list[str]:

@@ -9,6 +9,7 @@ none of them.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -52,14 +53,9 @@ class Search:
         self.gpu_hours = 0.0
         self.probes = 0
         self.alpha = 1.0 - settings.confidence
-        self.post: Posterior | None = None
-        self.full_soaked: set[int] = set()  # configs soaked at least once without staging
-        self.necessity_soaks: dict[int, int] = {}  # element -> soaks the necessity check asked for
-        self.decided = False  # the search reached an answer it can vouch for
+        self._post: Posterior | None = None  # from calibration on (start_posterior)
+        self.initial_cap = math.nan  # the cap calibration gave
         self.spent: dict[str, float] = {}  # GPU-hours by role (calibration, search, ...)
-        self.notes: list[str] = []
-        self.gave_up = ""  # why the ablation handed over to the posterior search
-        self.rate_added = 0  # flags the rate check added: their absence hangs, slowly
         self.cleared_groups: set[int] = set()  # group removals that ruled out a modifier among their flags
         masks = range(1 << self.n)
         if gpu_count is default_gpu_count and not any(e.name == "tp" for e in self.elements):
@@ -106,7 +102,7 @@ class Search:
         probes = [Probe(self.flags_of(mask), soak, self.label(mask)) for mask, soak, _ in batch]
         results = self.oracle.run(probes)
         out = []
-        for (mask, soak, role), result in zip(batch, results):
+        for (mask, soak, role), result in zip(batch, results, strict=True):
             self.log.append(result)
             self.probes += 1
             self.gpu_hours += result.gpu_hours
@@ -125,8 +121,8 @@ class Search:
                 passed = float(result.extra.get("passed_exposure_s", 0.0))
                 if passed > 0:
                     cs.exposure_s += passed
-                    if self.post is not None:
-                        self.post.observe(mask, 0, passed)
+                    if self._post is not None:
+                        self._post.observe(mask, 0, passed)
                 out.append((mask, result))
                 continue
             if self.signature is None and result.hung_with(None):
@@ -137,8 +133,8 @@ class Search:
                 cs.hangs += 1
             elif result.hung:
                 cs.other_hangs += 1
-            if self.post is not None:
-                self.post.observe(mask, int(target), result.exposure_s)
+            if self._post is not None:
+                self._post.observe(mask, int(target), result.exposure_s)
             self.progress(
                 f"probe {self.probes}: {cs.label}: "
                 f"{'HANG ' + str(result.signature) if result.hung else 'no hang'} after "
@@ -171,6 +167,20 @@ class Search:
                 # other signatures kept ending the probes: as much load as one full soak, no target hang
                 return False, max_soak
         return cs.hangs > 0, max_soak
+
+    def start_posterior(self, cap: float) -> None:
+        """Calibration is done: the posterior over the sets starts at `cap`, from every probe so far."""
+        self.initial_cap = cap
+        self._post = Posterior(self.n, cap, self.s.slow_zero_prior, self.policy)
+        for mask, cs in self.configs.items():
+            self._post.observe(mask, cs.hangs, cs.exposure_s)
+
+    @property
+    def post(self) -> Posterior:
+        """The posterior over the sets (calibration starts it)."""
+        if self._post is None:
+            raise RuntimeError("the posterior starts once calibration is done")
+        return self._post
 
     # -- the cap ----------------------------------------------------------------------------------
 
