@@ -1,20 +1,16 @@
-"""Ablation, the search's first way: the failing cell without each flag in turn (from 6 flags on,
-without a third of them at a time first, then halves of the groups whose removal did not hang).
+"""Ablation, the search's first way: the failing cell without each flag (from
+policy.group_ablation_flags flags on, without a group of them first, then halves of the groups
+whose removal did not hang).
 
-A hang drops the flag, or the group's flags (the rest still holds the trigger, and the hang pools
-into the rate); a single flag's removal that does not hang keeps it. Baseline + the kept flags must
-hang (certification); each kept flag's absence is screened at a loose level; the rate check
-(ratecheck.py) runs on that set; then each kept flag's absence is soaked until it rejects "as fast
-as the configs with the set" at alpha / (3 n), on its own evidence. That is the shape of the lower
-bound (bound.py): the evidence against "one flag fewer is enough" is the cost any procedure pays,
-and ablation spends little else.
-By default (no cap) the necessity soaks also rule out "F x slower than the failing cell"
-(benchmarks/bound_default.py); the modifier verdicts' soaks (modifiers.py) run first, and the rate they are
-read against pools the failing cell with every removal that looks like it (reference_pool): about
-40 hangs instead of the failing cell's 8, so each necessary flag needs about 45 MTTFs, not 58;
-and the failing cell gets another hang while that shortens the necessity soaks still to run by more
-than the hang costs (an MTTF and a start-up: with three necessary flags, or a small pool, it pays).
-When ablation cannot decide, the posterior search (search.py) goes on from every probe so far.
+A removal that hangs drops its flags (the rest still holds the trigger, and the hang pools into the
+rate); baseline + the kept flags must hang (certification); each kept flag's absence is screened at
+a loose level, then soaked until it rejects "as fast as the configs with the set" at alpha / (3 n)
+on its own evidence. That is the shape of the lower bound (bound.py): the evidence against "one
+flag fewer is enough" is the cost any procedure pays, and ablation spends little else. By default
+(no cap) those soaks also rule out "rule_out_factor x slower than the failing cell"
+(benchmarks/bound_default.py), read against the rate the modifier soaks (modifiers.py, run first)
+pool for the failing cell (modifier_reads.reference_pool). When ablation cannot decide, the
+posterior search (posterior_search.py) goes on from every probe so far.
 """
 
 from __future__ import annotations

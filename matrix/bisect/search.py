@@ -1,10 +1,11 @@
-"""The search state every phase reads and adds to: the elements, every config's stats, the probe log
-and its spend, the posterior; running a batch of probes, calibrating the failing cell, and the
-default cap that follows the pooled MTTF.
+"""The probe ledger every phase reads: the elements, every config's stats, the probe log and its
+spend, the posterior; running a batch of probes, calibrating the failing cell, and the default cap
+that follows the pooled MTTF.
 
-The phases that use it are functions of their own modules (pipeline.py calls them in turn):
-ablation.py, posterior_search.py, ratecheck.py, modifiers.py, verdicts.py. This module imports
-none of them.
+Only its own methods change it (a probe's outcome, the posterior and its cap); what a phase decides
+(the kept set, why ablation gave up, the flags the rate check added, the notes) is handed on
+explicitly in pipeline.py. The phases are functions of their own modules: ablation.py,
+posterior_search.py, ratecheck.py, modifiers.py, verdicts.py. This module imports none of them.
 """
 
 from __future__ import annotations
@@ -142,6 +143,20 @@ class Search:
             )
             out.append((mask, result))
         return out
+
+    def run_aside(
+        self, flags: dict[str, Any], soak: float, label: str, config_label: str
+    ) -> tuple[ProbeResult, ConfigStats]:
+        """One shrink probe of flags no mask names (another value of a flag of the set): in the log
+        and the spend, its stats a config of its own; the caller reads the outcome into them."""
+        result = self.oracle.run([Probe(flags, soak, label)])[0]
+        self.log.append(result)
+        self.probes += 1
+        self.gpu_hours += result.gpu_hours
+        self.spent["shrink"] = self.spent.get("shrink", 0.0) + result.gpu_hours
+        cs = ConfigStats(-1, config_label, flags, role="shrink", probes=1, gpu_hours=result.gpu_hours)
+        self.extra_configs.append(cs)
+        return result, cs
 
     # -- calibration ------------------------------------------------------------------------------
 
