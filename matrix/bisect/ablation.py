@@ -65,7 +65,7 @@ def ablation_search(search: Search, notes: list[str]) -> Ablation:
     rescued: set[int] = set()
     measured: set[int] = set()
     while not search.over_budget():
-        H, E = _pool(search, keep)
+        H, E = search.pooled(keep)
         search.track_cap(H, E)
         narrow = search.stats_of(keep)
         if narrow.hangs == 0:
@@ -148,15 +148,12 @@ def ablation_search(search: Search, notes: list[str]) -> Ablation:
 def _ablate_each(search: Search) -> tuple[int | None, str]:
     """The first round: the failing cell without a group of flags, one soak each
     (policy.ablation_stage_mttfs x the MTTF read so far, never longer than a config at the cap needs
-    to show itself). The flags go in policy.first_parts groups first. A group whose removal hangs drops all its flags at once (the
-    rest still holds the trigger); one that does not is split in two and each half's removal
-    soaked, down to single flags (with one culprit among 12 that is some 5 hangs instead of 11; the
-    passes lack a culprit and count toward its necessity soaks). Thirds first, not halves: with
-    two or three culprits both halves nearly always hold one, and a pass of a group missing two
-    culprits counts for neither one's necessity; with one culprit, thirds cost about the same
-    (docs/design/alternatives.md). A single flag split out of a group soaks
-    policy.single_stage_mttfs. With fewer than policy.group_ablation_flags flags each flag is removed
-    alone from the start, policy.ablation_stage_mttfs each.
+    to show itself). The flags go in policy.first_parts groups first (not halves: with two or three
+    culprits both halves nearly always hold one, and a pass of a group missing two culprits counts
+    for neither one's necessity). A group whose removal hangs drops all its flags (the rest still
+    holds the trigger); one that does not is split in two, down to single flags, which soak
+    policy.single_stage_mttfs. With fewer than policy.group_ablation_flags flags each flag is
+    removed alone from the start.
     Returns the flags whose removal did not hang, or None and why if a flag's removal cannot run."""
     s, p = search.s, search.policy
     keep = search.full
@@ -247,7 +244,7 @@ def _unrefuted(
         bit = 1 << j
         if not flags & bit:
             continue
-        h, e = _lacking(search, keep, bit)
+        h, e = search.lacking(keep, bit)
         if h > 0:
             dropped |= bit
             continue
@@ -343,16 +340,3 @@ def _stage(search: Search, mask: int | None = None) -> float:
             break
         rate = new_rate
     return max(search.policy.ablation_stage_mttfs * min(1.0 / max(rate, 1e-12), slowest), again)
-
-
-def _pool(search: Search, keep: int) -> tuple[float, float]:
-    """Hangs and exposure pooled over every config that contains `keep`."""
-    rows = [cs for m, cs in search.configs.items() if (m & keep) == keep]
-    return float(sum(cs.hangs for cs in rows)), float(sum(cs.exposure_s for cs in rows))
-
-
-def _lacking(search: Search, keep: int, bit: int) -> tuple[int, float]:
-    """Hangs and exposure pooled over every config that contains `keep` but for `bit`."""
-    rest = keep & ~bit
-    rows = [cs for m, cs in search.configs.items() if (m & rest) == rest and not m & bit]
-    return sum(cs.hangs for cs in rows), sum(cs.exposure_s for cs in rows)

@@ -195,7 +195,7 @@ def _split(search: Search, minimal_mask: int, group: list[int], target: int) -> 
     """A group that did not clear, split: its likeliest modifier alone and the rest, else halves.
     The likeliest is the flag whose removals other than the group's own (the ablation's, single
     or in groups) look slowest against the failing cell, if at policy.peel_level or below (a tie: the
-    later flag). Peeling only a flag that stands out alone hardly ever fired (docs/design/alternatives.md)."""
+    later flag)."""
     cell = search.stats_of(search.full)
     if cell.hangs == 0 or len(group) < 3:
         return halves(group)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -29,6 +29,7 @@ from .model import (
     BisectResult,
     Element,
     FeasibleFn,
+    FlagVerdict,
     GpuCountFn,
     Settings,
     ValueProbe,
@@ -38,7 +39,7 @@ from .model import (
 from .modifier_reads import measure_length
 from .modifiers import measure
 from .oracle import ProbeOracle
-from .oracle_restart import RestartingOracle, other_signatures
+from .oracle_restart import RestartingOracle, other_signatures, restart_notes
 from .posterior_search import posterior_search
 from .ratecheck import drop_modifiers, rate_check, recheck_members, soak_the_set_alone
 from .search import Search
@@ -66,6 +67,18 @@ class Answer:
     cap: float
     posterior: float
     rate_added: int = 0
+
+
+@dataclass(frozen=True)
+class Verdicts:
+    """What the last phase found: the set's MTTF and certified soak, the other values of its flags
+    tried (and the smaller ones that stand), a verdict per flag."""
+
+    minimal_mttf: stats.MttfEstimate | None = None
+    certified_soak_s: float | None = None
+    values: list[ValueProbe] = field(default_factory=list)
+    shrunk: dict[str, Any] = field(default_factory=dict)
+    per_flag: list[FlagVerdict] = field(default_factory=list)
 
 
 def bisect_flags(
@@ -107,46 +120,6 @@ def bisect_flags(
     notes: list[str] = []  # what each phase says, in order, for the report
     calibration = calibrate(search, notes)
 
-    def result(
-        status: str,
-        minimal_mask: int = 0,
-        p: float = 0.0,
-        values: list[ValueProbe] | None = None,
-        cap: float = math.nan,
-        minimal_est=None,
-        certified=None,
-        verdicts=None,
-        rate_added: int = 0,
-    ) -> BisectResult:
-        said = said_history + notes + _restart_notes(search, restarting)
-        return BisectResult(
-            status=status,
-            signature=search.signature,
-            elements=list(elements),
-            context=dict(context or {}),
-            minimal=[e.name for i, e in enumerate(elements) if minimal_mask >> i & 1],
-            posterior=p,
-            confidence=s.confidence,
-            mttf_cap_s=cap,
-            failing=calibration.failing,
-            minimal_mttf=minimal_est,
-            certified_soak_s=certified,
-            verdicts=verdicts or [],
-            configs=list(search.configs.values()) + search.extra_configs,
-            values=values or [],
-            probes=search.probes,
-            gpu_hours=search.gpu_hours,
-            notes=said,
-            log=search.log,
-            minimal_flags=search.flags_of(minimal_mask) if status == "found" else {},
-            gpu_hours_by_role=dict(search.spent),
-            rate_added=[e.name for i, e in enumerate(elements) if (minimal_mask & rate_added) >> i & 1],
-            signature_source=signature_source
-            if signature
-            else ("the first hang of the calibration" if search.signature else ""),
-            other_signatures=other_signatures(search.log, search.signature),
-        )
-
     if not calibration.reproduced:
         cal = search.stats_of(search.full)
         bound = stats.mttf_lower_bound(cal.exposure_s, s.confidence)
@@ -154,11 +127,17 @@ def bisect_flags(
             f"the failing cell did not hang with the expected signature in {cal.exposure_s:.0f}s of load: "
             f"MTTF > {bound:.0f}s at {s.confidence:.0%}; nothing to bisect"
         )
-        return result("not_reproduced")
-    answer = search_for_the_set(search, calibration.cap, notes)
-    answer = check_cap_and_rate(search, answer, notes)
-    soak_for_modifiers(search, answer)
-    return give_verdicts(search, answer, notes, result, alternatives, context or {}, context_elements)
+        answer, verdicts = Answer(0, "not_reproduced", math.nan, 0.0), Verdicts()
+    else:
+        answer = search_for_the_set(search, calibration.cap, notes)
+        answer = check_cap_and_rate(search, answer, notes)
+        soak_for_modifiers(search, answer)
+        verdicts = give_verdicts(search, answer, notes, alternatives, context or {}, context_elements)
+    configs = list(search.configs.values()) + search.extra_configs
+    said = said_history + notes + restart_notes(restarting, configs, search.log)
+    if not signature:
+        signature_source = "the first hang of the calibration" if search.signature else ""
+    return _result(search, calibration, answer, verdicts, said, context or {}, signature_source)
 
 
 def calibrate(search: Search, notes: list[str]) -> Calibration:
@@ -237,13 +216,11 @@ def give_verdicts(
     search: Search,
     answer: Answer,
     notes: list[str],
-    result: Callable[..., BisectResult],
     alternatives: Mapping[str, Sequence[Any]] | None,
     context: Mapping[str, str],
     context_elements: Sequence[Element],
-) -> BisectResult:
-    """Phase 5: the set's MTTF and certified soak, other values of its flags, a verdict per flag,
-    and the result (`result` builds it with what every phase saw)."""
+) -> Verdicts:
+    """Phase 5: the set's MTTF and certified soak, other values of its flags, a verdict per flag."""
     s, elements = search.s, search.elements
     top, status, cap = answer.top, answer.status, answer.cap
     outside = [cs for m, cs in search.configs.items() if cs.hangs and (m & top) != top]
@@ -277,11 +254,46 @@ def give_verdicts(
         # the regression test runs the set alone, without the modifiers that make the hang come sooner
         certified *= speedup
         notes.append(f"certified soak lengthened x{speedup:.1f}: the set alone runs without its modifiers")
-    out = result(status, top, answer.posterior, values, cap, minimal_est, certified, per_flag, answer.rate_added)
-    if shrunk:
-        out.minimal_flags = search.flags_of(top, **shrunk)
-        out.shrunk = {name: {"from": search.failing[name], "to": value} for name, value in shrunk.items()}
-    return out
+    return Verdicts(minimal_est, certified, values, shrunk, per_flag)
+
+
+def _result(
+    search: Search,
+    calibration: Calibration,
+    answer: Answer,
+    verdicts: Verdicts,
+    notes: list[str],
+    context: Mapping[str, str],
+    signature_source: str,
+) -> BisectResult:
+    """The result, from what each phase handed on and the probe ledger."""
+    elements, top, found = search.elements, answer.top, answer.status == "found"
+    return BisectResult(
+        status=answer.status,
+        signature=search.signature,
+        elements=list(elements),
+        context=dict(context),
+        minimal=[e.name for i, e in enumerate(elements) if top >> i & 1],
+        posterior=answer.posterior,
+        confidence=search.s.confidence,
+        mttf_cap_s=answer.cap,
+        failing=calibration.failing,
+        minimal_mttf=verdicts.minimal_mttf,
+        certified_soak_s=verdicts.certified_soak_s,
+        verdicts=list(verdicts.per_flag),
+        configs=list(search.configs.values()) + search.extra_configs,
+        values=list(verdicts.values),
+        probes=search.probes,
+        gpu_hours=search.gpu_hours,
+        notes=notes,
+        log=search.log,
+        minimal_flags=search.flags_of(top, **verdicts.shrunk) if found else {},
+        gpu_hours_by_role=dict(search.spent),
+        rate_added=[e.name for i, e in enumerate(elements) if (top & answer.rate_added) >> i & 1],
+        signature_source=signature_source,
+        other_signatures=other_signatures(search.log, search.signature),
+        shrunk={name: {"from": search.failing[name], "to": value} for name, value in verdicts.shrunk.items()},
+    )
 
 
 def _search(search: Search, notes: list[str]) -> tuple[int, bool, int]:
@@ -316,37 +328,6 @@ def _take_history(search, history: HistoryExposure, gpus: int) -> list[str]:
     cs.exposure_s += history.exposure_s
     s, wanted = search.s, failing_hangs_wanted(search.s)
     return [describe(history, calibration_saved(history, wanted, gpus, s.startup_s), wanted)]
-
-
-def _restart_notes(search, restarting: RestartingOracle) -> list[str]:
-    """Put the other signatures that restarted a probe's server into its config's `other_hangs`
-    (the table's `+N*`), and say what the restarts cost and where a probe gave up."""
-    by_flags = {repr(sorted(cs.flags.items())): cs for cs in list(search.configs.values()) + search.extra_configs}
-    gave_up, idle = 0, 0
-    for r in search.log:
-        # the pieces that restarted the server (the search itself counts a last piece that ended the probe)
-        restarted = sum(r.extra.get("other_signatures", {}).values())
-        cs = by_flags.get(repr(sorted(r.probe.flags.items())))
-        if cs is not None:
-            cs.other_hangs += restarted
-        gave_up += bool(r.extra.get("gave_up"))
-        idle += "idle_starts" in r.extra
-    notes = []
-    if restarting.restarts:
-        notes.append(
-            f"hangs or crashes of other signatures restarted the server {restarting.restarts} time(s) "
-            "within probes (their start-ups are in the GPU-hours; the probes' load adds up over restarts)"
-        )
-    if gave_up:
-        notes.append(
-            f"{gave_up} probe(s) ended after {restarting.max_restarts} restarts: other signatures kept ending the soak"
-        )
-    if idle:
-        notes.append(
-            f"{idle} probe(s) ended with another signature on {restarting.max_idle_starts} starts in a row "
-            "before any load: that config was taken as one that cannot run"
-        )
-    return notes
 
 
 def _observed_without(search, top: int, notes: list[str]) -> int:

@@ -164,8 +164,7 @@ def _unproven_necessity(
         if not top & bit or necessity_soaks.get(j, 0) >= search.policy.necessity_soaks:
             continue
         rest = top & ~bit
-        rows = [cs for m, cs in search.configs.items() if (m & rest) == rest and not m & bit]
-        h, e = sum(cs.hangs for cs in rows), sum(cs.exposure_s for cs in rows)
+        h, e = search.lacking(top, bit)
         if p_as_fast(h, e, H, E) <= level:
             continue
         target = search.full & ~bit

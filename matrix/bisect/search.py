@@ -93,6 +93,17 @@ class Search:
             self.configs[mask] = ConfigStats(mask, self.label(mask), self.flags_of(mask))
         return self.configs[mask]
 
+    def pooled(self, mask: int) -> tuple[float, float]:
+        """Hangs and exposure pooled over every config that contains `mask`."""
+        rows = [cs for m, cs in self.configs.items() if (m & mask) == mask]
+        return float(sum(cs.hangs for cs in rows)), float(sum(cs.exposure_s for cs in rows))
+
+    def lacking(self, mask: int, bit: int) -> tuple[int, float]:
+        """Hangs and exposure pooled over every config that contains `mask` but for `bit`."""
+        rest = mask & ~bit
+        rows = [cs for m, cs in self.configs.items() if (m & rest) == rest and not m & bit]
+        return sum(cs.hangs for cs in rows), sum(cs.exposure_s for cs in rows)
+
     def over_budget(self) -> bool:
         s = self.s
         return self.probes >= s.max_probes or (s.budget_gpu_hours is not None and self.gpu_hours >= s.budget_gpu_hours)

@@ -140,13 +140,10 @@ def flag_verdicts(
     for i, e in enumerate(search.elements):
         bit = 1 << i
         if minimal_mask & bit:
-            without = [cs for m, cs in search.configs.items() if (m & minimal_mask) == (minimal_mask & ~bit)]
-            h = sum(cs.hangs for cs in without)
-            exp = sum(cs.exposure_s for cs in without)
+            h, exp = search.lacking(minimal_mask, bit)
             if h:
-                with_ = [cs for m, cs in search.configs.items() if (m & minimal_mask) == minimal_mask]
-                rate = sum(cs.hangs for cs in with_) / max(sum(cs.exposure_s for cs in with_), 1e-9)
-                ratio = rate * exp / h
+                hangs_with, exposure_with = search.pooled(minimal_mask)
+                ratio = hangs_with / max(exposure_with, 1e-9) * exp / h
                 within = f"; needed to hang within the cap {format_duration(cap)}" if cap else ""
                 text = (
                     f"modifier x{ratio:.1f} (the hang was seen without it: {h} hang(s) in {format_duration(exp)}, "
