@@ -237,9 +237,8 @@ def test_a_flag_whose_removal_hung_once_at_once_is_not_called_a_modifier_that_sl
     from soakmatrix.matrix.bisect.verdicts import flag_verdicts
     removal = ConfigStats(0b011, "baseline +f0 +f1", {}, hangs=1, exposure_s=0.3)
     configs = {cell.mask: cell, removal.mask: removal}
-    search = SimpleNamespace(n=3, full=0b111, configs=configs, s=Settings(confidence=0.99), policy=Policy(),
-                             stats_of=configs.__getitem__,
-                             elements=[Element(f"f{i}", True, False) for i in range(3)])
+    search = Search(failing(3), elements(3), None, Settings(confidence=0.99), None, None, lambda f: 1, None)
+    search.configs.update(configs)
     verdict_f2 = flag_verdicts(search, 0b011, {}, [])[2]
     assert verdict_f2.kind == "irrelevant"
     assert "faster without it, but on 1 hang(s) without it: too few to call" in verdict_f2.text
@@ -378,10 +377,10 @@ def test_a_flag_without_which_the_hang_was_seen_is_a_modifier_and_joins_the_set_
 def _search_with(data: dict[int, tuple[int, float]], n: int = 4, oracle=None,
                  settings: Settings = Settings(confidence=0.99)):
     search = Search(failing(n), elements(n), oracle, settings, None, None, lambda f: 1, None)
-    search.initial_cap = 20 * MTTF
     for mask, (hangs, exposure) in data.items():
         cs = search.stats_of(mask)
         cs.hangs, cs.exposure_s = hangs, exposure
+    search.start_posterior(20 * MTTF)
     return search
 
 
@@ -648,13 +647,13 @@ def test_the_failing_cell_gets_its_last_hangs_only_when_a_group_does_not_clear()
 
 
 def test_the_failing_cell_gets_another_hang_while_it_shortens_the_necessity_soaks_more_than_it_costs():
-    from soakmatrix.matrix.bisect.ablation import _another_reference_hang_pays, _pool, _reference_of
+    from soakmatrix.matrix.bisect.ablation import _another_reference_hang_pays, _reference_of
     keep = 0b0111
 
     def pays(cell_hangs: int, kept: int) -> bool:
         search = _search_with({0b1111: (cell_hangs, cell_hangs * MTTF)})
-        H, E = _pool(search, kept)
-        return _another_reference_hang_pays(search, kept, H, E, search.alpha / 12,
+        H, E = search.pooled(kept)
+        return _another_reference_hang_pays(search, kept, kept, H, E, search.alpha / 12,
                                             (8.0, search.alpha, _reference_of(search, kept)))
     # three necessary flags on a rate from 8 hangs: one more hang saves each some 3 MTTFs of soak
     assert pays(8, keep)
@@ -674,7 +673,7 @@ def test_the_step_down_loosens_the_rule_out_of_the_flags_left_once_one_is_called
 
     def needs(least: int) -> dict[int, float]:
         search = _search_with(data, settings=Settings(confidence=0.99, policy=Policy(holm_least=least)))
-        H, E = ablation._pool(search, keep)
+        H, E = search.pooled(keep)
         factor = (8.0, search.alpha, ablation._reference_of(search, keep))
         return dict(ablation._unrefuted(search, keep, keep, H, E, 1.0, factor)[1])
     each, stepped = needs(0), needs(2)

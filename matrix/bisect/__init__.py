@@ -6,7 +6,7 @@ in turn: calibrate, search, check the cap and the rate, soak for the modifier ve
 the verdicts. `Settings.policy` (policy.py) holds every constant that changes an answer or a cost.
 
 - model.py: elements, settings, what was seen on each config, the result and its verdict types;
-- search.py: the state every phase reads and adds to, running probes, calibration, the cap;
+- search.py: the probe ledger every phase reads (configs, log, posterior), calibration, the cap;
 - posterior.py: the posterior over which set of flags is the trigger, and the pooled-rate tests;
 - ablation.py: the failing cell without each flag in turn, tried before the posterior search;
 - posterior_search.py: the search over every set when ablation cannot decide;

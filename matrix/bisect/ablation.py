@@ -1,24 +1,21 @@
-"""Ablation, the search's first way: the failing cell without each flag in turn (from 6 flags on,
-without a third of them at a time first, then halves of the groups whose removal did not hang).
+"""Ablation, the search's first way: the failing cell without each flag (from
+policy.group_ablation_flags flags on, without a group of them first, then halves of the groups
+whose removal did not hang).
 
-A hang drops the flag, or the group's flags (the rest still holds the trigger, and the hang pools
-into the rate); a single flag's removal that does not hang keeps it. Baseline + the kept flags must
-hang (certification); each kept flag's absence is screened at a loose level; the rate check
-(ratecheck.py) runs on that set; then each kept flag's absence is soaked until it rejects "as fast
-as the configs with the set" at alpha / (3 n), on its own evidence. That is the shape of the lower
-bound (bound.py): the evidence against "one flag fewer is enough" is the cost any procedure pays,
-and ablation spends little else.
-By default (no cap) the necessity soaks also rule out "F x slower than the failing cell"
-(benchmarks/bound_default.py); the modifier verdicts' soaks (modifiers.py) run first, and the rate they are
-read against pools the failing cell with every removal that looks like it (reference_pool): about
-40 hangs instead of the failing cell's 8, so each necessary flag needs about 45 MTTFs, not 58;
-and the failing cell gets another hang while that shortens the necessity soaks still to run by more
-than the hang costs (an MTTF and a start-up: with three necessary flags, or a small pool, it pays).
-When ablation cannot decide, the posterior search (search.py) goes on from every probe so far.
+A removal that hangs drops its flags (the rest still holds the trigger, and the hang pools into the
+rate); baseline + the kept flags must hang (certification); each kept flag's absence is screened at
+a loose level, then soaked until it rejects "as fast as the configs with the set" at alpha / (3 n)
+on its own evidence. That is the shape of the lower bound (bound.py): the evidence against "one
+flag fewer is enough" is the cost any procedure pays, and ablation spends little else. By default
+(no cap) those soaks also rule out "rule_out_factor x slower than the failing cell"
+(benchmarks/bound_default.py), read against the rate the modifier soaks (modifiers.py, run first)
+pool for the failing cell (modifier_reads.reference_pool). When ablation cannot decide, the
+posterior search (posterior_search.py) goes on from every probe so far.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -34,7 +31,17 @@ if TYPE_CHECKING:
     from .search import Search
 
 
-def ablation_search(search: Search) -> int | None:
+@dataclass(frozen=True)
+class Ablation:
+    """What ablation found: the kept set (None when it cannot decide, and why), and the flags the
+    rate check added to it."""
+
+    keep: int | None
+    gave_up: str = ""
+    rate_added: int = 0
+
+
+def ablation_search(search: Search, notes: list[str]) -> Ablation:
     """Soak the failing cell without each flag in turn: a hang drops the flag (what is left
     still holds the trigger), a removal that does not hang keeps it. Then baseline + the kept
     flags must hang (certification); every kept flag's absence is screened at a loose level
@@ -42,13 +49,14 @@ def ablation_search(search: Search) -> int | None:
     flag outside the set that the rate needs; and each kept flag's absence is soaked until it
     rejects "as fast as the configs with the set" at alpha / (3 n) (policy.necessity_split).
 
-    Returns the kept set, or None when ablation cannot decide (a removal that cannot run,
-    every removal hanging, a kept set that does not hang and the rate check cannot say why:
-    two triggers), for the posterior search to go on from, with every probe's data."""
+    The kept set is None when ablation cannot decide (a removal that cannot run, every removal
+    hanging, a kept set that does not hang and the rate check cannot say why: two triggers), for
+    the posterior search to go on from, with every probe's data. Its notes go to `notes`."""
     s, p = search.s, search.policy
-    keep = _ablate_each(search)
+    keep, why = _ablate_each(search)
     if keep is None:
-        return None
+        return Ablation(None, why)
+    rate_added = 0  # flags the rate check added: their absence hangs, slowly
     level = search.alpha / max(search.n, 1) / p.necessity_split
     # the rate check (a modifier the cap makes part of the set) runs once, between screen and
     # necessity, and only under an explicit cap: by default a flag without which the hang was seen
@@ -57,14 +65,16 @@ def ablation_search(search: Search) -> int | None:
     rescued: set[int] = set()
     measured: set[int] = set()
     while not search.over_budget():
-        H, E = _pool(search, keep)
+        H, E = search.pooled(keep)
         search.track_cap(H, E)
         narrow = search.stats_of(keep)
         if narrow.hangs == 0:
             if keep == 0:
-                return _give_up(search, "every flag's removal still hung: two triggers, or the baseline hangs")
+                return Ablation(
+                    None, "every flag's removal still hung: two triggers, or the baseline hangs", rate_added
+                )
             if not search.runnable[keep]:
-                return _give_up(search, "baseline + the kept flags cannot run")
+                return Ablation(None, "baseline + the kept flags cannot run", rate_added)
             if narrow.probes < p.certification_soaks:
                 _certify(search, keep, H, E)
                 continue
@@ -72,14 +82,15 @@ def ablation_search(search: Search) -> int | None:
             # needed for the rate (a modifier the cap makes part of the set) or holds a second
             # trigger; the rate check gets a few probes to find the first
             if keep in rescued or s.mttf_cap_s is None:
-                return _give_up(search, "baseline + the kept flags does not hang")
+                return Ablation(None, "baseline + the kept flags does not hang", rate_added)
             rescued.add(keep)
-            notes: list[str] = []
-            grown, rate_cap = rate_check(search, keep, s.mttf_cap_s, notes, p.rescue_probes)
+            rescue_notes: list[str] = []
+            grown, rate_cap = rate_check(search, keep, s.mttf_cap_s, rescue_notes, p.rescue_probes)
             if grown == keep or rate_cap is None:
-                return _give_up(search, "baseline + the kept flags does not hang, and no one flag more makes it")
-            search.notes += notes
-            search.rate_added |= grown & ~keep
+                why = "baseline + the kept flags does not hang, and no one flag more makes it"
+                return Ablation(None, why, rate_added)
+            notes += rescue_notes
+            rate_added |= grown & ~keep
             keep = grown
             continue
         goal = level if guarded else p.screen_level
@@ -99,54 +110,51 @@ def ablation_search(search: Search) -> int | None:
             if ref.hangs < p.reference_hangs and _reference(search, p.reference_hangs):
                 continue
             factor = (s.rule_out_factor, search.alpha, ref)
-            if _another_reference_hang_pays(search, keep, H, E, goal, factor):
+            if _another_reference_hang_pays(search, keep & ~rate_added, keep, H, E, goal, factor):
                 _reference(search, int(search.stats_of(search.full).hangs) + 1)
                 continue
-        dropped, todo = _unrefuted(search, keep & ~search.rate_added, keep, H, E, goal, factor)
+        dropped, todo = _unrefuted(search, keep & ~rate_added, keep, H, E, goal, factor)
         if dropped:
             keep &= ~dropped
             continue
         if not todo and not guarded:
             guarded = True
-            grown, _ = rate_check(search, keep, s.mttf_cap_s, search.notes)
-            search.rate_added |= grown & ~keep
+            grown, _ = rate_check(search, keep, s.mttf_cap_s, notes)
+            rate_added |= grown & ~keep
             keep = grown
             continue
         if not todo:
-            return keep
+            return Ablation(keep, rate_added=rate_added)
         # with fewer flags to soak than --parallel, each flag's exposure is split over copies
         width = max(1, s.parallel)
         todo = todo[:width]
-        batch = []
+        batch: list[tuple[int, float, str]] = []
         for i, (j, need) in enumerate(todo):
             n_copies = len(range(i, width, len(todo)))  # the width dealt out round-robin
             target = search.full & ~(1 << j)
             if not search.runnable[target]:
                 target = keep & ~(1 << j)
             if not search.runnable[target]:
-                return _give_up(search, f"no config without {search.elements[j].name} can run")
+                return Ablation(None, f"no config without {search.elements[j].name} can run", rate_added)
             # once the reference rate is fixed, a stage boundary buys no new information and costs a
             # start-up (an MTTF at MTTF 10 min); a hang ends the probe either way
             whole = factor is not None
             soak = max(need / n_copies if whole else min(need / n_copies, _stage(search, target)), s.startup_s)
             batch += [(target, soak, "search")] * n_copies
         search.run(batch)
-    return None
+    return Ablation(None, "", rate_added)
 
 
-def _ablate_each(search: Search) -> int | None:
+def _ablate_each(search: Search) -> tuple[int | None, str]:
     """The first round: the failing cell without a group of flags, one soak each
     (policy.ablation_stage_mttfs x the MTTF read so far, never longer than a config at the cap needs
-    to show itself). The flags go in policy.first_parts groups first. A group whose removal hangs drops all its flags at once (the
-    rest still holds the trigger); one that does not is split in two and each half's removal
-    soaked, down to single flags (with one culprit among 12 that is some 5 hangs instead of 11; the
-    passes lack a culprit and count toward its necessity soaks). Thirds first, not halves: with
-    two or three culprits both halves nearly always hold one, and a pass of a group missing two
-    culprits counts for neither one's necessity; with one culprit, thirds cost about the same
-    (docs/design/alternatives.md). A single flag split out of a group soaks
-    policy.single_stage_mttfs. With fewer than policy.group_ablation_flags flags each flag is removed
-    alone from the start, policy.ablation_stage_mttfs each.
-    Returns the flags whose removal did not hang, or None if a flag's removal cannot run."""
+    to show itself). The flags go in policy.first_parts groups first (not halves: with two or three
+    culprits both halves nearly always hold one, and a pass of a group missing two culprits counts
+    for neither one's necessity). A group whose removal hangs drops all its flags (the rest still
+    holds the trigger); one that does not is split in two, down to single flags, which soak
+    policy.single_stage_mttfs. With fewer than policy.group_ablation_flags flags each flag is
+    removed alone from the start.
+    Returns the flags whose removal did not hang, or None and why if a flag's removal cannot run."""
     s, p = search.s, search.policy
     keep = search.full
     longest = stats.soak_for_detection(search.post.cap, 1 - search.alpha / max(search.n, 1))
@@ -155,13 +163,14 @@ def _ablate_each(search: Search) -> int | None:
     untested = _parts(everyone, p.first_parts) if grouped else [[j] for j in everyone]
     while untested and not search.over_budget():
         soak = max(min(_stage(search), longest), s.startup_s)
-        batch, groups = [], []
+        batch: list[tuple[int, float, str]] = []
+        groups: list[list[int]] = []
         while untested and len(batch) < max(1, s.parallel):
             group = untested.pop(0)
             target = search.full & ~sum(1 << j for j in group)
             if not search.runnable[target]:
                 if len(group) == 1:
-                    return _give_up(search, f"the failing cell without {search.elements[group[0]].name} cannot run")
+                    return None, f"the failing cell without {search.elements[group[0]].name} cannot run"
                 untested += halves(group)
                 continue
             if grouped and len(group) == 1:
@@ -178,12 +187,12 @@ def _ablate_each(search: Search) -> int | None:
             else:
                 batch.append((target, soak, "search"))
             groups.append(group)
-        for group, (mask, result) in zip(groups, search.run(batch)):
+        for group, (mask, result) in zip(groups, search.run(batch), strict=True):
             if result.hung_with(search.signature):
                 keep &= mask
             elif len(group) > 1:
                 untested += halves(group)
-    return keep
+    return keep, ""
 
 
 def _parts(flags: list[int], count: int) -> list[list[int]]:
@@ -229,17 +238,18 @@ def _unrefuted(
     (and, with `factor` = (F, alpha, reference), "F x slower than the reference rate" at alpha / k,
     k the kept flags; with policy.holm_least, stepping down from alpha / k to alpha / holm_least as flags are
     called), with the exposure still needed, fewest first."""
-    dropped, rows = 0, []
+    dropped = 0
+    rows: list[tuple[int, float, float]] = []  # flag, exposure without it, exposure needed
     for j in range(search.n):
         bit = 1 << j
         if not flags & bit:
             continue
-        h, e = _lacking(search, keep, bit)
+        h, e = search.lacking(keep, bit)
         if h > 0:
             dropped |= bit
             continue
         need = exposure_until(0, e, H, E, goal) if p_as_fast(0, e, H, E) > goal else 0.0
-        rows.append([j, e, need])
+        rows.append((j, e, need))
     if factor is not None and rows:
         f, alpha, ref = factor
         # no hang in e at rate lambda / f is no hang in e / f at lambda
@@ -249,33 +259,32 @@ def _unrefuted(
             kept = bin(keep & ~dropped).count("1")
             least = min(holm_least, kept)
             called = 0
-            for j in sorted(p, key=p.get):
+            for j in sorted(p, key=lambda j: p[j]):
                 if p[j] > alpha / max(kept - called, least, 1):
                     break
                 called += 1
             level = alpha / max(kept - called, least, 1)
         else:
             level = alpha / max(bin(keep).count("1"), 1)
-        for row in rows:
-            j, e, _ = row
-            if p[j] > level:
-                row[2] = max(row[2], f * ref.exposure_until(e / f, level))
+        rows = [
+            (j, e, max(need, f * ref.exposure_until(e / f, level)) if p[j] > level else need) for j, e, need in rows
+        ]
     todo = [(j, need - e) for j, e, need in rows if need > e]
     return dropped, sorted(todo, key=lambda t: t[1])
 
 
 def _another_reference_hang_pays(
-    search: Search, keep: int, H: float, E: float, goal: float, factor: tuple[float, float, Reference]
+    search: Search, flags: int, keep: int, H: float, E: float, goal: float, factor: tuple[float, float, Reference]
 ) -> bool:
     """Whether one more hang of the failing cell, in the rule-out's reference rate, would shorten
-    the necessity soaks still to run by more than it costs (an MTTF of load and a start-up): with
-    two or three necessary flags the reference rate is worth more hangs than with one."""
+    the necessity soaks of `flags` still to run by more than it costs (an MTTF of load and a
+    start-up): with two or three necessary flags the reference rate is worth more hangs than with one."""
     f, level, ref = factor
     if ref.hangs <= 0 or search.over_budget():
         return False
     mttf = ref.mttf()
-    _, now = _unrefuted(search, keep & ~search.rate_added, keep, H, E, goal, factor)
-    _, then = _unrefuted(search, keep & ~search.rate_added, keep, H, E, goal, (f, level, ref.plus_cell_hang(mttf)))
+    _, now = _unrefuted(search, flags, keep, H, E, goal, factor)
+    _, then = _unrefuted(search, flags, keep, H, E, goal, (f, level, ref.plus_cell_hang(mttf)))
     saving = sum(need for _, need in now) - sum(need for _, need in then)
     return saving > mttf + search.s.startup_s
 
@@ -331,21 +340,3 @@ def _stage(search: Search, mask: int | None = None) -> float:
             break
         rate = new_rate
     return max(search.policy.ablation_stage_mttfs * min(1.0 / max(rate, 1e-12), slowest), again)
-
-
-def _pool(search: Search, keep: int) -> tuple[float, float]:
-    """Hangs and exposure pooled over every config that contains `keep`."""
-    rows = [cs for m, cs in search.configs.items() if (m & keep) == keep]
-    return float(sum(cs.hangs for cs in rows)), float(sum(cs.exposure_s for cs in rows))
-
-
-def _lacking(search: Search, keep: int, bit: int) -> tuple[int, float]:
-    """Hangs and exposure pooled over every config that contains `keep` but for `bit`."""
-    rest = keep & ~bit
-    rows = [cs for m, cs in search.configs.items() if (m & rest) == rest and not m & bit]
-    return sum(cs.hangs for cs in rows), sum(cs.exposure_s for cs in rows)
-
-
-def _give_up(search: Search, why: str) -> None:
-    search.gave_up = why
-    return None

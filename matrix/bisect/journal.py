@@ -211,7 +211,7 @@ class JournalingOracle:
                 )
             self.replayed += 1
             self.replayed_probes += len(probes)
-            return [self.codec.load(p, r) for p, r in zip(probes, batch.results)]
+            return [self.codec.load(p, r) for p, r in zip(probes, batch.results, strict=False)]
         if not self._live:
             self._live = True
             resume_after = getattr(self.inner, "resume_after", None)

@@ -14,7 +14,7 @@ from typing import Any
 from soakmatrix.matrix.contracts import stats
 
 from .oracle import ProbeResult
-from .policy import Policy
+from .policy import DEFAULT_POLICY, Policy
 
 MAX_ELEMENTS = 16  # hypotheses are every subset: 2^16 of them is still milliseconds
 
@@ -47,7 +47,10 @@ class Settings:
     ablation: bool = True  # remove one flag at a time first; False: the posterior search only
     rule_out_factor: float = 8.0  # "necessary": no hang without it, soaked until a slowdown up to this is ruled out
     measure_modifiers: bool = True  # soak the flags outside the set for modifier verdicts (modifiers.py)
-    policy: Policy = Policy()  # every constant that changes an answer or a cost (policy.py)
+    policy: Policy = DEFAULT_POLICY  # every constant that changes an answer or a cost (policy.py)
+
+
+DEFAULT_SETTINGS = Settings()
 
 
 @dataclass
@@ -128,7 +131,7 @@ def default_gpu_count(flags: Mapping[str, Any]) -> int:
     return int(flags.get("tp", 1) or 1)
 
 
-def default_cap(hangs: int, exposure_s: float, factor: float = 2.0, policy: Policy = Policy()) -> float:
+def default_cap(hangs: int, exposure_s: float, factor: float = 2.0, policy: Policy = DEFAULT_POLICY) -> float:
     """The MTTF cap derived from the failing cell (later: from the configs that share its rate).
 
     `factor` x the MTTF's 99% upper bound while few hangs are in (so a noisy calibration, two

@@ -38,7 +38,7 @@ def looks_slow(search: Search, cs, level: float | None = None) -> bool:
     return slower_tail(cell.hangs, cell.exposure_s, cs.hangs, cs.exposure_s) <= level
 
 
-def slower_tail(cell_hangs: int, cell_exposure_s: float, hangs: float, exposure_s: float) -> float:
+def slower_tail(cell_hangs: int, cell_exposure_s: float, hangs: int, exposure_s: float) -> float:
     """P(the failing cell takes at least the hangs it took of both | both as fast), one-sided: small
     when the other config is slower than the failing cell (until_slow inverts it)."""
     rows = [(cell_hangs, cell_exposure_s, hangs, exposure_s)]

@@ -68,7 +68,7 @@ def _sum_pmf(ns: list[int], ps: np.ndarray) -> np.ndarray:
     for s, n in enumerate(ns):
         k = np.arange(n + 1)
         part = st.binom.pmf(k[None, :], n, ps[:, s : s + 1])
-        pmf = np.array([np.convolve(a, b) for a, b in zip(pmf, part)])
+        pmf = np.array([np.convolve(a, b) for a, b in zip(pmf, part, strict=True)])
     return pmf
 
 
@@ -151,7 +151,7 @@ def called(search: Search, minimal_mask: int) -> dict[int, tuple[Comparison, boo
     keys = list(comps)
     rejected = holm([comps[j].p_value for j in keys], 1.0 - search.s.confidence)
     least = search.policy.speedup_hangs
-    return {j: (comps[j], r and not thin_speedup(comps[j], least)) for j, r in zip(keys, rejected)}
+    return {j: (comps[j], r and not thin_speedup(comps[j], least)) for j, r in zip(keys, rejected, strict=True)}
 
 
 def thin_speedup(c: Comparison, least_hangs: int) -> bool:

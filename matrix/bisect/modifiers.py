@@ -1,33 +1,15 @@
 """Modifier soaks: what to soak so that each flag outside the set gets its modifier verdict
-(modifier_stats.py reads the soaks and makes the calls).
+(modifier_stats.py reads the soaks and makes the calls; modifier_reads.py says what they show).
 
-`measure` soaks what the verdicts need: the failing cell to policy.cell_first_hangs hangs; then the flags
-whose removal looks innocent so far (or that the ablation dropped with a group, never soaked alone)
-removed together (one group: once its hangs against the failing cell's rule out an x
-rule_out_factor modifier among them, they need no soaks of their own: 8 innocent flags cost the
-group's 3-5 hangs, not some 23 hangs of their own). Most often that group is the set alone, and
-most often it clears: the plain world's verdicts then cost some 8 + 5 hangs, not 12 + 4 (the
-floor's split of them is a third on the failing cell). A group that reaches policy.group_mttfs of load, or
-whose hangs reject "as fast as the failing cell" first (a modifier is likely in it), first gets the
-failing cell to policy.cell_hangs (the side every later comparison reads). Then its modifier is looked for
-from the other side (_locate): flags added back to the config without the group, the part that
-holds the modifier hangs as fast as the failing cell in a hang or two, and the set plus the flag
-found clears all the others in one removal (not 4-6 hangs for each innocent half). When that fails
-(a loose call went wrong, two modifiers), the group is split: its likeliest modifier alone and the
-rest (the flag whose other removals look slowest against the failing cell, at policy.peel_level
-or below), else in halves, and each part checked the same way, down to single flags. Then each flag
-left gets its removal soaked until it is called (Holm level), looks innocent (policy.innocent_hangs
-hangs or more and a ratio under policy.innocent_ratio), has policy.measure_hangs hangs, or has soaked out to the
-necessity length; a flag is called early only at a third of its Holm share, so looking after every
-soak stays within budget.
-
-Each of these soaks runs on to where a pass would decide: a group's removal to
-where, without a hang, it would look slower than the failing cell; a flag's removal to where it
-would be called. A hang ends the probe either way, so a fast config pays nothing for the longer
-soak, and a slow one (the modifier's removal) needs one start-up, not one per policy.soak_mttfs piece.
-By default the ablation runs `measure` before the necessity soaks: `reference_pool` hands them the
-hangs these soaks bought (the failing cell's, each innocent removal's and each innocent-looking
-group's) as the failing cell's rate.
+`measure` soaks the failing cell to its first hangs, then the flags that look innocent so far
+removed together: one group whose hangs, against the failing cell's, rule out an x rule_out_factor
+modifier among them clears them all (8 innocent flags cost the group's 3-5 hangs, not some 23 of
+their own). A group that does not clear has its modifier looked for from the set's side (_locate),
+else is split (_split), down to single flags; each flag left gets its removal soaked until it is
+called, looks innocent, or has soaked out. Each soak runs on to where a pass would decide: a hang
+ends the probe either way, so a fast config pays nothing for the longer soak and a slow one needs
+one start-up, not one per piece. By default the ablation runs `measure` before the necessity soaks,
+which read the hangs these soaks bought as the failing cell's rate (`reference_pool`).
 """
 
 from __future__ import annotations
@@ -133,18 +115,13 @@ def _group_check(search: Search, minimal_mask: int, longest_s: float) -> None:
             continue
         cs = search.stats_of(target)
         until = untils.setdefault(target, cs.exposure_s + search.policy.group_mttfs * mttf)
-        # with --parallel N, N copies of the group's removal at once (their exposure pools; the
-        # rule-out is looked at after each round, so fewer looks, the same level)
-        copies = max(1, search.s.parallel)
         while (
             not rules_out(search, cs)
             and not looks_slow(search, cs)
             and cs.exposure_s < until
             and not search.over_budget()
         ):
-            piece = max(search.policy.soak_mttfs * mttf, (until_slow(search, cs) - cs.exposure_s) / copies)
-            soak = max(min(piece, (until - cs.exposure_s) / copies), search.s.startup_s)
-            search.run([(target, soak, "modifiers")] * copies)
+            _soak_on(search, target, cs, until, mttf, search.policy.group_slow_level)
         if not rules_out(search, cs) and search.stats_of(search.full).hangs < search.policy.cell_hangs:
             # the group did not clear: the failing cell's side of every comparison first
             _top_up_cell(search, search.policy.cell_hangs)
@@ -205,7 +182,8 @@ def _locate(search: Search, minimal_mask: int, group: list[int], target: int, mt
 
 
 def _soak_on(search: Search, mask: int, cs, until: float, mttf: float, level: float) -> None:
-    """One round of a group soak: --parallel copies, each on to where the config would look slow
+    """One round of a group soak: --parallel copies (their exposure pools; the call is looked at
+    after each round, so fewer looks, the same level), each on to where the config would look slow
     at `level` (at least policy.soak_mttfs failing-cell MTTFs), short of `until`."""
     copies = max(1, search.s.parallel)
     piece = max(search.policy.soak_mttfs * mttf, (until_slow(search, cs, level) - cs.exposure_s) / copies)
@@ -217,7 +195,7 @@ def _split(search: Search, minimal_mask: int, group: list[int], target: int) -> 
     """A group that did not clear, split: its likeliest modifier alone and the rest, else halves.
     The likeliest is the flag whose removals other than the group's own (the ablation's, single
     or in groups) look slowest against the failing cell, if at policy.peel_level or below (a tie: the
-    later flag). Peeling only a flag that stands out alone hardly ever fired (docs/design/alternatives.md)."""
+    later flag)."""
     cell = search.stats_of(search.full)
     if cell.hangs == 0 or len(group) < 3:
         return halves(group)

@@ -61,7 +61,7 @@ class ChunkedOracle:
                 self.pieces.with_soak(probes[i], min(self._left(probes[i], answers[i]), self.max_soak_s)) for i in todo
             ]
             again = []
-            for i, result in zip(todo, self.inner.run(asked)):
+            for i, result in zip(todo, self.inner.run(asked), strict=True):
                 answers[i].append(result)
                 if self.pieces.passed(result) and self._left(probes[i], answers[i]) > 0:
                     again.append(i)

@@ -60,7 +60,7 @@ class RestartingOracle:
         while todo:
             results = self.inner.run([asked[i] for i in todo])
             again = []
-            for i, result in zip(todo, results):
+            for i, result in zip(todo, results, strict=True):
                 pieces[i].append(result)
                 end = self._end(probes[i], pieces[i])
                 if end is not None:
@@ -172,3 +172,34 @@ def other_signatures(results: Sequence[ProbeResult], target: str | None) -> dict
 
 def _name(r: ProbeResult) -> str:
     return r.signature or r.outcome
+
+
+def restart_notes(restarting: RestartingOracle, configs: Sequence[Any], log: Sequence[ProbeResult]) -> list[str]:
+    """Put the other signatures that restarted a probe's server into its config's `other_hangs`
+    (the table's `+N*`), and say what the restarts cost and where a probe gave up."""
+    by_flags = {repr(sorted(cs.flags.items())): cs for cs in configs}
+    gave_up, idle = 0, 0
+    for r in log:
+        # the pieces that restarted the server (the search itself counts a last piece that ended the probe)
+        restarted = sum(r.extra.get("other_signatures", {}).values())
+        cs = by_flags.get(repr(sorted(r.probe.flags.items())))
+        if cs is not None:
+            cs.other_hangs += restarted
+        gave_up += bool(r.extra.get("gave_up"))
+        idle += "idle_starts" in r.extra
+    notes = []
+    if restarting.restarts:
+        notes.append(
+            f"hangs or crashes of other signatures restarted the server {restarting.restarts} time(s) "
+            "within probes (their start-ups are in the GPU-hours; the probes' load adds up over restarts)"
+        )
+    if gave_up:
+        notes.append(
+            f"{gave_up} probe(s) ended after {restarting.max_restarts} restarts: other signatures kept ending the soak"
+        )
+    if idle:
+        notes.append(
+            f"{idle} probe(s) ended with another signature on {restarting.max_idle_starts} starts in a row "
+            "before any load: that config was taken as one that cannot run"
+        )
+    return notes

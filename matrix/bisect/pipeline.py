@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -24,12 +24,22 @@ from soakmatrix.matrix.contracts import stats
 
 from .ablation import ablation_search
 from .history_exposure import HistoryExposure, calibration_saved, describe, failing_hangs_wanted
-from .model import BisectResult, Element, FeasibleFn, GpuCountFn, Settings, ValueProbe, default_cap, default_gpu_count
+from .model import (
+    DEFAULT_SETTINGS,
+    BisectResult,
+    Element,
+    FeasibleFn,
+    FlagVerdict,
+    GpuCountFn,
+    Settings,
+    ValueProbe,
+    default_cap,
+    default_gpu_count,
+)
 from .modifier_reads import measure_length
 from .modifiers import measure
 from .oracle import ProbeOracle
-from .oracle_restart import RestartingOracle, other_signatures
-from .posterior import Posterior
+from .oracle_restart import RestartingOracle, other_signatures, restart_notes
 from .posterior_search import posterior_search
 from .ratecheck import drop_modifiers, rate_check, recheck_members, soak_the_set_alone
 from .search import Search
@@ -49,19 +59,33 @@ class Calibration:
 @dataclass(frozen=True)
 class Answer:
     """What the search hands the phases after it: the set (a mask of the elements), found or
-    inconclusive, the cap its hang must come within, and its posterior."""
+    inconclusive, the cap its hang must come within, its posterior, and the flags the rate check
+    added to it (their absence hangs, slowly)."""
 
     top: int
     status: str
     cap: float
     posterior: float
+    rate_added: int = 0
+
+
+@dataclass(frozen=True)
+class Verdicts:
+    """What the last phase found: the set's MTTF and certified soak, the other values of its flags
+    tried (and the smaller ones that stand), a verdict per flag."""
+
+    minimal_mttf: stats.MttfEstimate | None = None
+    certified_soak_s: float | None = None
+    values: list[ValueProbe] = field(default_factory=list)
+    shrunk: dict[str, Any] = field(default_factory=dict)
+    per_flag: list[FlagVerdict] = field(default_factory=list)
 
 
 def bisect_flags(
     failing_flags: Mapping[str, Any],
     elements: Sequence[Element],
     oracle: ProbeOracle,
-    settings: Settings = Settings(),
+    settings: Settings = DEFAULT_SETTINGS,
     *,
     signature: str | None = None,
     context: Mapping[str, str] | None = None,
@@ -88,71 +112,35 @@ def bisect_flags(
     s = settings
     if s.verify_cap is None:
         s = replace(s, verify_cap=s.mttf_cap_s is not None)
-    search = Search(failing_flags, elements, oracle, s, signature, feasible, gpu_count, progress)
     # another signature restarts the server instead of ending the probe: the target as the search
     # knows it (none before the calibration's first hang: then only a hang ends a probe)
     restarting = RestartingOracle(oracle, lambda: search.signature)
-    search.oracle = restarting
+    search = Search(failing_flags, elements, restarting, s, signature, feasible, gpu_count, progress)
     said_history = _take_history(search, history, gpu_count(failing_flags)) if history is not None else []
-    calibration = calibrate(search)
-
-    def result(
-        status: str,
-        minimal_mask: int = 0,
-        p: float = 0.0,
-        notes: list[str] | None = None,
-        values: list[ValueProbe] | None = None,
-        cap: float = math.nan,
-        minimal_est=None,
-        certified=None,
-        verdicts=None,
-    ) -> BisectResult:
-        notes = said_history + (notes or []) + _restart_notes(search, restarting)
-        return BisectResult(
-            status=status,
-            signature=search.signature,
-            elements=list(elements),
-            context=dict(context or {}),
-            minimal=[e.name for i, e in enumerate(elements) if minimal_mask >> i & 1],
-            posterior=p,
-            confidence=s.confidence,
-            mttf_cap_s=cap,
-            failing=calibration.failing,
-            minimal_mttf=minimal_est,
-            certified_soak_s=certified,
-            verdicts=verdicts or [],
-            configs=list(search.configs.values()) + search.extra_configs,
-            values=values or [],
-            probes=search.probes,
-            gpu_hours=search.gpu_hours,
-            notes=notes,
-            log=search.log,
-            minimal_flags=search.flags_of(minimal_mask) if status == "found" else {},
-            gpu_hours_by_role=dict(search.spent),
-            rate_added=[e.name for i, e in enumerate(elements) if (minimal_mask & search.rate_added) >> i & 1],
-            signature_source=signature_source
-            if signature
-            else ("the first hang of the calibration" if search.signature else ""),
-            other_signatures=other_signatures(search.log, search.signature),
-        )
+    notes: list[str] = []  # what each phase says, in order, for the report
+    calibration = calibrate(search, notes)
 
     if not calibration.reproduced:
         cal = search.stats_of(search.full)
         bound = stats.mttf_lower_bound(cal.exposure_s, s.confidence)
-        return result(
-            "not_reproduced",
-            notes=[
-                f"the failing cell did not hang with the expected signature in {cal.exposure_s:.0f}s of load: "
-                f"MTTF > {bound:.0f}s at {s.confidence:.0%}; nothing to bisect"
-            ],
+        notes.append(
+            f"the failing cell did not hang with the expected signature in {cal.exposure_s:.0f}s of load: "
+            f"MTTF > {bound:.0f}s at {s.confidence:.0%}; nothing to bisect"
         )
-    answer = search_for_the_set(search, calibration.cap)
-    answer = check_cap_and_rate(search, answer)
-    soak_for_modifiers(search, answer)
-    return give_verdicts(search, answer, result, alternatives, context or {}, context_elements)
+        answer, verdicts = Answer(0, "not_reproduced", math.nan, 0.0), Verdicts()
+    else:
+        answer = search_for_the_set(search, calibration.cap, notes)
+        answer = check_cap_and_rate(search, answer, notes)
+        soak_for_modifiers(search, answer)
+        verdicts = give_verdicts(search, answer, notes, alternatives, context or {}, context_elements)
+    configs = list(search.configs.values()) + search.extra_configs
+    said = said_history + notes + restart_notes(restarting, configs, search.log)
+    if not signature:
+        signature_source = "the first hang of the calibration" if search.signature else ""
+    return _result(search, calibration, answer, verdicts, said, context or {}, signature_source)
 
 
-def calibrate(search: Search) -> Calibration:
+def calibrate(search: Search, notes: list[str]) -> Calibration:
     """Phase 1: the failing cell soaked to its first hangs; on a hang, the cap and the posterior
     (every probe so far observed)."""
     s = search.s
@@ -163,39 +151,35 @@ def calibrate(search: Search) -> Calibration:
         return Calibration(False, failing, math.nan)
     cap = s.mttf_cap_s if s.mttf_cap_s else default_cap(cal.hangs, cal.exposure_s, s.cap_factor, s.policy)
     if cal.hangs < s.calibration_hangs:
-        search.notes.append(f"calibration stopped at {cal.hangs} hang(s) (budget): the MTTF interval is wide")
-    search.initial_cap = cap
-    search.post = Posterior(search.n, cap, s.slow_zero_prior, s.policy)
-    for mask, cs in search.configs.items():
-        search.post.observe(mask, cs.hangs, cs.exposure_s)
+        notes.append(f"calibration stopped at {cal.hangs} hang(s) (budget): the MTTF interval is wide")
+    search.start_posterior(cap)
     return Calibration(True, failing, cap)
 
 
-def search_for_the_set(search: Search, cap: float) -> Answer:
+def search_for_the_set(search: Search, cap: float, notes: list[str]) -> Answer:
     """Phase 2: the likeliest set, found when the search can vouch for it and it was seen to hang."""
     if search.n == 0:
-        lp = np.zeros(1)
-        top = 0
+        lp, top, decided, rate_added = np.zeros(1), 0, True, 0
     else:
-        top = _search(search)
+        top, decided, rate_added = _search(search, notes)
         lp = search.post.log_posterior()
         cap = search.post.cap
     p_top = float(np.exp(lp[top]))
-    status = "found" if (search.n == 0 or search.decided) and search.stats_of(top).hangs > 0 else "inconclusive"
+    status = "found" if decided and search.stats_of(top).hangs > 0 else "inconclusive"
     if status == "inconclusive":
-        search.notes.append(
+        notes.append(
             f"stopped by the probe or GPU-hour budget: the best set has posterior {p_top:.3f} < {search.s.confidence}"
         )
-    return Answer(top, status, cap, p_top)
+    return Answer(top, status, cap, p_top, rate_added)
 
 
-def check_cap_and_rate(search: Search, answer: Answer) -> Answer:
+def check_cap_and_rate(search: Search, answer: Answer, notes: list[str]) -> Answer:
     """Phase 3: a flag whose absence hangs within the cap leaves the set (verify_cap); by default one
     without which the hang was seen leaves it too; an explicit cap asks for the set that hangs
     *within* it, so a flag without which the hang is slower joins it (its verdict still says the
     hang was seen without it), and each flag is asked again."""
-    s, notes = search.s, search.notes
-    top, status, cap = answer.top, answer.status, answer.cap
+    s = search.s
+    top, status, cap, rate_added = answer.top, answer.status, answer.cap, answer.rate_added
     if status == "found" and s.verify_cap:
         top = drop_modifiers(search, top, cap, notes)
     if status == "found" and s.mttf_cap_s is None:
@@ -204,7 +188,7 @@ def check_cap_and_rate(search: Search, answer: Answer) -> Answer:
         grown, rate_cap = rate_check(search, top, s.mttf_cap_s, notes)
         if rate_cap is None:
             status = "inconclusive"
-        search.rate_added |= grown & ~top
+        rate_added |= grown & ~top
         if grown != top:
             top, decided = recheck_members(search, top, grown, s.mttf_cap_s, notes)
             if not decided:
@@ -215,7 +199,7 @@ def check_cap_and_rate(search: Search, answer: Answer) -> Answer:
             if search.stats_of(top).hangs == 0:
                 status = "inconclusive"
                 notes.append("the grown set was not seen to hang in its certification run")
-    return Answer(top, status, cap, answer.posterior)
+    return Answer(top, status, cap, answer.posterior, rate_added)
 
 
 def soak_for_modifiers(search: Search, answer: Answer) -> None:
@@ -231,14 +215,13 @@ def soak_for_modifiers(search: Search, answer: Answer) -> None:
 def give_verdicts(
     search: Search,
     answer: Answer,
-    result: Callable[..., BisectResult],
+    notes: list[str],
     alternatives: Mapping[str, Sequence[Any]] | None,
     context: Mapping[str, str],
     context_elements: Sequence[Element],
-) -> BisectResult:
-    """Phase 5: the set's MTTF and certified soak, other values of its flags, a verdict per flag,
-    and the result (`result` builds it with what every phase saw)."""
-    s, notes, elements = search.s, search.notes, search.elements
+) -> Verdicts:
+    """Phase 5: the set's MTTF and certified soak, other values of its flags, a verdict per flag."""
+    s, elements = search.s, search.elements
     top, status, cap = answer.top, answer.status, answer.cap
     outside = [cs for m, cs in search.configs.items() if cs.hangs and (m & top) != top]
     if outside:
@@ -271,32 +254,67 @@ def give_verdicts(
         # the regression test runs the set alone, without the modifiers that make the hang come sooner
         certified *= speedup
         notes.append(f"certified soak lengthened x{speedup:.1f}: the set alone runs without its modifiers")
-    out = result(status, top, answer.posterior, notes, values, cap, minimal_est, certified, per_flag)
-    if shrunk:
-        out.minimal_flags = search.flags_of(top, **shrunk)
-        out.shrunk = {name: {"from": search.failing[name], "to": value} for name, value in shrunk.items()}
-    return out
+    return Verdicts(minimal_est, certified, values, shrunk, per_flag)
 
 
-def _search(search: Search) -> int:
+def _result(
+    search: Search,
+    calibration: Calibration,
+    answer: Answer,
+    verdicts: Verdicts,
+    notes: list[str],
+    context: Mapping[str, str],
+    signature_source: str,
+) -> BisectResult:
+    """The result, from what each phase handed on and the probe ledger."""
+    elements, top, found = search.elements, answer.top, answer.status == "found"
+    return BisectResult(
+        status=answer.status,
+        signature=search.signature,
+        elements=list(elements),
+        context=dict(context),
+        minimal=[e.name for i, e in enumerate(elements) if top >> i & 1],
+        posterior=answer.posterior,
+        confidence=search.s.confidence,
+        mttf_cap_s=answer.cap,
+        failing=calibration.failing,
+        minimal_mttf=verdicts.minimal_mttf,
+        certified_soak_s=verdicts.certified_soak_s,
+        verdicts=list(verdicts.per_flag),
+        configs=list(search.configs.values()) + search.extra_configs,
+        values=list(verdicts.values),
+        probes=search.probes,
+        gpu_hours=search.gpu_hours,
+        notes=notes,
+        log=search.log,
+        minimal_flags=search.flags_of(top, **verdicts.shrunk) if found else {},
+        gpu_hours_by_role=dict(search.spent),
+        rate_added=[e.name for i, e in enumerate(elements) if (top & answer.rate_added) >> i & 1],
+        signature_source=signature_source,
+        other_signatures=other_signatures(search.log, search.signature),
+        shrunk={name: {"from": search.failing[name], "to": value} for name, value in verdicts.shrunk.items()},
+    )
+
+
+def _search(search: Search, notes: list[str]) -> tuple[int, bool, int]:
     """The search phase: the answer's mask, the ablation's or (when the ablation cannot decide) the
-    posterior search's likeliest set; sets `search.decided` when it can vouch for it."""
+    posterior search's likeliest set; whether it can vouch for it; the flags the rate check added."""
+    rate_added = 0
     if search.s.ablation:
-        answer = ablation_search(search)
-        if answer is not None:
-            search.decided = True
-            return answer
+        ablation = ablation_search(search, notes)
+        if ablation.keep is not None:
+            return ablation.keep, True, ablation.rate_added
+        rate_added = ablation.rate_added
         if not search.over_budget():
-            search.notes.append(
-                f"removing one flag at a time could not decide ({search.gave_up}): "
+            notes.append(
+                f"removing one flag at a time could not decide ({ablation.gave_up}): "
                 "searched every set of flags instead, with every probe so far"
             )
-            search.progress(search.notes[-1])
+            search.progress(notes[-1])
     posterior_search(search)
     lp = search.post.log_posterior()
     top = int(np.argmax(lp))
-    search.decided = math.exp(lp[top]) >= search.s.confidence
-    return top
+    return top, math.exp(lp[top]) >= search.s.confidence, rate_added
 
 
 def _take_history(search, history: HistoryExposure, gpus: int) -> list[str]:
@@ -310,37 +328,6 @@ def _take_history(search, history: HistoryExposure, gpus: int) -> list[str]:
     cs.exposure_s += history.exposure_s
     s, wanted = search.s, failing_hangs_wanted(search.s)
     return [describe(history, calibration_saved(history, wanted, gpus, s.startup_s), wanted)]
-
-
-def _restart_notes(search, restarting: RestartingOracle) -> list[str]:
-    """Put the other signatures that restarted a probe's server into its config's `other_hangs`
-    (the table's `+N*`), and say what the restarts cost and where a probe gave up."""
-    by_flags = {repr(sorted(cs.flags.items())): cs for cs in list(search.configs.values()) + search.extra_configs}
-    gave_up, idle = 0, 0
-    for r in search.log:
-        # the pieces that restarted the server (the search itself counts a last piece that ended the probe)
-        restarted = sum(r.extra.get("other_signatures", {}).values())
-        cs = by_flags.get(repr(sorted(r.probe.flags.items())))
-        if cs is not None:
-            cs.other_hangs += restarted
-        gave_up += bool(r.extra.get("gave_up"))
-        idle += "idle_starts" in r.extra
-    notes = []
-    if restarting.restarts:
-        notes.append(
-            f"hangs or crashes of other signatures restarted the server {restarting.restarts} time(s) "
-            "within probes (their start-ups are in the GPU-hours; the probes' load adds up over restarts)"
-        )
-    if gave_up:
-        notes.append(
-            f"{gave_up} probe(s) ended after {restarting.max_restarts} restarts: other signatures kept ending the soak"
-        )
-    if idle:
-        notes.append(
-            f"{idle} probe(s) ended with another signature on {restarting.max_idle_starts} starts in a row "
-            "before any load: that config was taken as one that cannot run"
-        )
-    return notes
 
 
 def _observed_without(search, top: int, notes: list[str]) -> int:

@@ -123,5 +123,9 @@ class Policy:
     @property
     def modifier_factors(self) -> tuple[float, ...]:
         """The rate check's slowdowns a modifier may bring: x6, x12, x24, x48 at the default
-        point_cap_factor (each twice the cap's reach, doubling)."""
+        point_cap_factor (log-uniform from twice the cap's reach up: a factor nearer the cap's would
+        be a coin toss on the cap's own noise)."""
         return tuple(2.0 * self.point_cap_factor * 2.0**i for i in range(4))
+
+
+DEFAULT_POLICY = Policy()  # the one default instance (a frozen value, shared)

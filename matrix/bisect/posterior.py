@@ -20,13 +20,13 @@ from scipy import special
 from scipy.stats import nbinom
 
 from .model import MAX_ELEMENTS
-from .policy import Policy
+from .policy import DEFAULT_POLICY, Policy
 
 
 class Posterior:
     """Log-posterior over every subset K of n elements, updated incrementally per observation."""
 
-    def __init__(self, n: int, cap_s: float, slow_zero_prior: float, policy: Policy = Policy()):
+    def __init__(self, n: int, cap_s: float, slow_zero_prior: float, policy: Policy = DEFAULT_POLICY):
         if n > MAX_ELEMENTS:
             raise ValueError(
                 f"{n} elements differ from the baseline; bisection handles at most "
@@ -36,7 +36,9 @@ class Posterior:
         self.cap = cap_s
         self.pi0 = slow_zero_prior
         self.K = np.arange(1 << n, dtype=np.int64)
-        self.size = sum((self.K >> i) & 1 for i in range(n)) if n else np.zeros(1, dtype=np.int64)
+        self.size = np.zeros(1 << n, dtype=np.int64)
+        for i in range(n):
+            self.size += (self.K >> i) & 1
         # prior: triggers are usually one to three flags: every set of 1-3 flags equally likely
         # (so a pair needs no more evidence than a single flag), larger sets x0.1 per extra flag,
         # the baseline itself (the empty set) unlikely

@@ -29,6 +29,8 @@ def posterior_search(search: Search) -> None:
     """Probe until the likeliest set has posterior >= confidence, every config it says is slow was
     soaked in full, each of its flags passes the necessity check, and the set was seen to hang."""
     s = search.s
+    full_soaked: set[int] = set()  # configs soaked at least once without staging
+    necessity_soaks: dict[int, int] = {}  # element -> soaks the necessity check asked for
     while not search.over_budget():
         lp = search.post.log_posterior()
         if search.s.mttf_cap_s is None:
@@ -36,19 +38,19 @@ def posterior_search(search: Search) -> None:
         top = int(np.argmax(lp))
         p_top = math.exp(lp[top])
         if p_top >= s.confidence:
-            doubtful = _staged_passes(search, top)
+            doubtful = _staged_passes(search, top, full_soaked)
             if doubtful is not None:
                 # the answer leans on a config that only ever passed a staged soak, read on a
                 # rate from a handful of hangs: soak it in full before believing it is slow
                 H, E = rate_pool(search, lp)
                 p_c = np.array([float(np.exp(lp)[search.post.subsets_of(doubtful)].sum())])
                 soak = float(_soak_for(search, np.maximum(p_c, 0.5), H, E, search.alpha / 2)[0])
-                search.full_soaked.add(doubtful)
+                full_soaked.add(doubtful)
                 search.run([(doubtful, soak, "search")])
                 continue
-            unproven = _unproven_necessity(search, top, lp)
+            unproven = _unproven_necessity(search, top, lp, necessity_soaks)
             if unproven is not None:
-                search.full_soaked.add(unproven[0])
+                full_soaked.add(unproven[0])
                 search.run([(unproven[0], unproven[1], "search")])
                 continue
             if search.stats_of(top).hangs > 0:
@@ -69,7 +71,7 @@ def posterior_search(search: Search) -> None:
         for _ in range(max(1, s.parallel)):
             mask, soak, staged = choose(search, lp, delta)
             if not staged:
-                search.full_soaked.add(mask)
+                full_soaked.add(mask)
             batch.append((mask, soak, "search"))
             if len(batch) < s.parallel:
                 # imagine the likelier outcome so the next pick in the batch asks something new
@@ -127,7 +129,7 @@ def rate_pool(search: Search, lp: np.ndarray) -> tuple[float, float]:
     return float(search.post.H[k]), float(search.post.E[k])
 
 
-def _staged_passes(search: Search, top: int) -> int | None:
+def _staged_passes(search: Search, top: int, full_soaked: set[int]) -> int | None:
     """A config that top says is slow, never hung, and was only ever soaked while the rate was
     vague (staged), or None."""
     for mask, cs in search.configs.items():
@@ -135,7 +137,7 @@ def _staged_passes(search: Search, top: int) -> int | None:
             top & ~mask
             and cs.hangs == 0
             and cs.exposure_s > 0
-            and mask not in search.full_soaked
+            and mask not in full_soaked
             and search.runnable[mask]
             and cs.role == "search"
         ):
@@ -143,7 +145,9 @@ def _staged_passes(search: Search, top: int) -> int | None:
     return None
 
 
-def _unproven_necessity(search: Search, top: int, lp: np.ndarray) -> tuple[int, float] | None:
+def _unproven_necessity(
+    search: Search, top: int, lp: np.ndarray, necessity_soaks: dict[int, int]
+) -> tuple[int, float] | None:
     """A flag of `top` whose absence was not yet soaked long enough to reject, on its own and
     at alpha / n, "as fast as the configs with top": the config to soak and for how long.
 
@@ -151,16 +155,16 @@ def _unproven_necessity(search: Search, top: int, lp: np.ndarray) -> tuple[int, 
     them), and each innocent flag probed is one more chance for an unlucky pass of a fast
     config; this test is the prior-free guard, Bonferroni over the n flags. Hangs without the
     flag in the wider configs may come from another trigger: then the narrowest config
-    (baseline + top without the flag) must show the slowdown itself."""
+    (baseline + top without the flag) must show the slowdown itself. `necessity_soaks` counts the
+    soaks asked for each flag (policy.necessity_soaks at most)."""
     H, E = rate_pool(search, lp)
     level = search.alpha / max(search.n, 1)
     for j in range(search.n):
         bit = 1 << j
-        if not top & bit or search.necessity_soaks.get(j, 0) >= search.policy.necessity_soaks:
+        if not top & bit or necessity_soaks.get(j, 0) >= search.policy.necessity_soaks:
             continue
         rest = top & ~bit
-        rows = [cs for m, cs in search.configs.items() if (m & rest) == rest and not m & bit]
-        h, e = sum(cs.hangs for cs in rows), sum(cs.exposure_s for cs in rows)
+        h, e = search.lacking(top, bit)
         if p_as_fast(h, e, H, E) <= level:
             continue
         target = search.full & ~bit
@@ -172,7 +176,7 @@ def _unproven_necessity(search: Search, top: int, lp: np.ndarray) -> tuple[int, 
             target = rest
         if not search.runnable[target]:
             continue
-        search.necessity_soaks[j] = search.necessity_soaks.get(j, 0) + 1
+        necessity_soaks[j] = necessity_soaks.get(j, 0) + 1
         return target, max(exposure_until(h, e, H, E, level) - e, search.s.startup_s)
     return None
 

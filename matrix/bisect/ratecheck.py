@@ -23,10 +23,6 @@ from soakmatrix.matrix.contracts.durations import format_duration
 if TYPE_CHECKING:
     from .search import Search
 
-# How much slower the hang may be without one flag outside the set (policy.modifier_factors):
-# log-uniform from twice the default cap's factor up (a factor nearer the cap's would be a coin
-# toss on the cap's own noise). The rate check's other constants are the policy's too.
-
 
 class ModifierModel:
     """Is the set enough to hang within the cap, or is one more flag needed for the rate?
@@ -39,9 +35,8 @@ class ModifierModel:
     cap_j derived from the configs with j when no cap was given).
 
     "The set is enough" also needs the prior-free guard (`enough`): the posterior leans on the
-    prior's 1 - modifier_prior for "none", and where a modifier is there (every run of the
-    benchmark's modifier rows; seed 002's autotune) 2-3 % of runs met a few lucky quick hangs
-    without it that tipped that prior."""
+    prior's 1 - modifier_prior for "none", which a few lucky quick hangs without a real modifier
+    can tip."""
 
     def __init__(self, search: Search, mask: int, candidates: list[int], cap: float | None):
         self.search, self.mask, self.candidates, self.cap = search, mask, candidates, cap
@@ -71,7 +66,9 @@ class ModifierModel:
         if cap is not None:
             caps = np.full(J, cap)
         else:
-            caps = np.array([search.cap_from(ha, ea) if ha > 0 else search.initial_cap for ha, ea in zip(HA, EA)])
+            caps = np.array(
+                [search.cap_from(ha, ea) if ha > 0 else search.initial_cap for ha, ea in zip(HA, EA, strict=True)]
+            )
         self.caps = caps
         # P(lambda < r / cap_j): the hang without j is slower than the cap
         self.p_slow = special.gammainc(max(self.H, 1e-9), self.r[None, :] / caps[:, None] * self.Eeff)

@@ -1,14 +1,16 @@
-"""The search state every phase reads and adds to: the elements, every config's stats, the probe log
-and its spend, the posterior; running a batch of probes, calibrating the failing cell, and the
-default cap that follows the pooled MTTF.
+"""The probe ledger every phase reads: the elements, every config's stats, the probe log and its
+spend, the posterior; running a batch of probes, calibrating the failing cell, and the default cap
+that follows the pooled MTTF.
 
-The phases that use it are functions of their own modules (pipeline.py calls them in turn):
-ablation.py, posterior_search.py, ratecheck.py, modifiers.py, verdicts.py. This module imports
-none of them.
+Only its own methods change it (a probe's outcome, the posterior and its cap); what a phase decides
+(the kept set, why ablation gave up, the flags the rate check added, the notes) is handed on
+explicitly in pipeline.py. The phases are functions of their own modules: ablation.py,
+posterior_search.py, ratecheck.py, modifiers.py, verdicts.py. This module imports none of them.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -52,14 +54,9 @@ class Search:
         self.gpu_hours = 0.0
         self.probes = 0
         self.alpha = 1.0 - settings.confidence
-        self.post: Posterior | None = None
-        self.full_soaked: set[int] = set()  # configs soaked at least once without staging
-        self.necessity_soaks: dict[int, int] = {}  # element -> soaks the necessity check asked for
-        self.decided = False  # the search reached an answer it can vouch for
+        self._post: Posterior | None = None  # from calibration on (start_posterior)
+        self.initial_cap = math.nan  # the cap calibration gave
         self.spent: dict[str, float] = {}  # GPU-hours by role (calibration, search, ...)
-        self.notes: list[str] = []
-        self.gave_up = ""  # why the ablation handed over to the posterior search
-        self.rate_added = 0  # flags the rate check added: their absence hangs, slowly
         self.cleared_groups: set[int] = set()  # group removals that ruled out a modifier among their flags
         masks = range(1 << self.n)
         if gpu_count is default_gpu_count and not any(e.name == "tp" for e in self.elements):
@@ -96,6 +93,17 @@ class Search:
             self.configs[mask] = ConfigStats(mask, self.label(mask), self.flags_of(mask))
         return self.configs[mask]
 
+    def pooled(self, mask: int) -> tuple[float, float]:
+        """Hangs and exposure pooled over every config that contains `mask`."""
+        rows = [cs for m, cs in self.configs.items() if (m & mask) == mask]
+        return float(sum(cs.hangs for cs in rows)), float(sum(cs.exposure_s for cs in rows))
+
+    def lacking(self, mask: int, bit: int) -> tuple[int, float]:
+        """Hangs and exposure pooled over every config that contains `mask` but for `bit`."""
+        rest = mask & ~bit
+        rows = [cs for m, cs in self.configs.items() if (m & rest) == rest and not m & bit]
+        return sum(cs.hangs for cs in rows), sum(cs.exposure_s for cs in rows)
+
     def over_budget(self) -> bool:
         s = self.s
         return self.probes >= s.max_probes or (s.budget_gpu_hours is not None and self.gpu_hours >= s.budget_gpu_hours)
@@ -106,7 +114,7 @@ class Search:
         probes = [Probe(self.flags_of(mask), soak, self.label(mask)) for mask, soak, _ in batch]
         results = self.oracle.run(probes)
         out = []
-        for (mask, soak, role), result in zip(batch, results):
+        for (mask, soak, role), result in zip(batch, results, strict=True):
             self.log.append(result)
             self.probes += 1
             self.gpu_hours += result.gpu_hours
@@ -125,8 +133,8 @@ class Search:
                 passed = float(result.extra.get("passed_exposure_s", 0.0))
                 if passed > 0:
                     cs.exposure_s += passed
-                    if self.post is not None:
-                        self.post.observe(mask, 0, passed)
+                    if self._post is not None:
+                        self._post.observe(mask, 0, passed)
                 out.append((mask, result))
                 continue
             if self.signature is None and result.hung_with(None):
@@ -137,8 +145,8 @@ class Search:
                 cs.hangs += 1
             elif result.hung:
                 cs.other_hangs += 1
-            if self.post is not None:
-                self.post.observe(mask, int(target), result.exposure_s)
+            if self._post is not None:
+                self._post.observe(mask, int(target), result.exposure_s)
             self.progress(
                 f"probe {self.probes}: {cs.label}: "
                 f"{'HANG ' + str(result.signature) if result.hung else 'no hang'} after "
@@ -146,6 +154,20 @@ class Search:
             )
             out.append((mask, result))
         return out
+
+    def run_aside(
+        self, flags: dict[str, Any], soak: float, label: str, config_label: str
+    ) -> tuple[ProbeResult, ConfigStats]:
+        """One shrink probe of flags no mask names (another value of a flag of the set): in the log
+        and the spend, its stats a config of its own; the caller reads the outcome into them."""
+        result = self.oracle.run([Probe(flags, soak, label)])[0]
+        self.log.append(result)
+        self.probes += 1
+        self.gpu_hours += result.gpu_hours
+        self.spent["shrink"] = self.spent.get("shrink", 0.0) + result.gpu_hours
+        cs = ConfigStats(-1, config_label, flags, role="shrink", probes=1, gpu_hours=result.gpu_hours)
+        self.extra_configs.append(cs)
+        return result, cs
 
     # -- calibration ------------------------------------------------------------------------------
 
@@ -171,6 +193,20 @@ class Search:
                 # other signatures kept ending the probes: as much load as one full soak, no target hang
                 return False, max_soak
         return cs.hangs > 0, max_soak
+
+    def start_posterior(self, cap: float) -> None:
+        """Calibration is done: the posterior over the sets starts at `cap`, from every probe so far."""
+        self.initial_cap = cap
+        self._post = Posterior(self.n, cap, self.s.slow_zero_prior, self.policy)
+        for mask, cs in self.configs.items():
+            self._post.observe(mask, cs.hangs, cs.exposure_s)
+
+    @property
+    def post(self) -> Posterior:
+        """The posterior over the sets (calibration starts it)."""
+        if self._post is None:
+            raise RuntimeError("the posterior starts once calibration is done")
+        return self._post
 
     # -- the cap ----------------------------------------------------------------------------------
 

@@ -15,9 +15,8 @@ from typing import TYPE_CHECKING, Any
 from soakmatrix.matrix.contracts import stats
 from soakmatrix.matrix.contracts.durations import format_duration
 
-from .model import ConfigStats, Element, FlagVerdict, ValueProbe
+from .model import Element, FlagVerdict, ValueProbe
 from .modifier_stats import called, thin_speedup
-from .oracle import Probe
 
 if TYPE_CHECKING:
     from .search import Search
@@ -40,15 +39,8 @@ def shrink_values(
             if reason:
                 out.append(ValueProbe(e.name, value, 0, 0.0, f"infeasible: {reason}"))
                 continue
-            result = search.oracle.run([Probe(flags, soak_s, f"{search.label(minimal_mask)} with {e.name}={value}")])[0]
-            search.log.append(result)
-            search.probes += 1
-            search.gpu_hours += result.gpu_hours
-            search.spent["shrink"] = search.spent.get("shrink", 0.0) + result.gpu_hours
-            cs = ConfigStats(
-                -1, f"minimal set with {e.name}={value}", flags, role="shrink", probes=1, gpu_hours=result.gpu_hours
-            )
-            search.extra_configs.append(cs)
+            label = f"{search.label(minimal_mask)} with {e.name}={value}"
+            result, cs = search.run_aside(flags, soak_s, label, f"minimal set with {e.name}={value}")
             if result.outcome in ("config_error", "infra_error"):
                 out.append(ValueProbe(e.name, value, 0, 0.0, f"{result.outcome}: {result.message}"))
                 continue
@@ -108,25 +100,11 @@ def smallest_values(
     if search.over_budget():
         return {}, f"the shrunk set ({shown}) was not soaked together (budget): the failing values stand"
     flags = search.flags_of(minimal_mask, **smallest)
-    result = search.oracle.run([Probe(flags, soak_s, f"{search.label(minimal_mask)} with {shown}")])[0]
-    search.log.append(result)
-    search.probes += 1
-    search.gpu_hours += result.gpu_hours
-    search.spent["shrink"] = search.spent.get("shrink", 0.0) + result.gpu_hours
-    hung = result.hung_with(search.signature)
-    search.extra_configs.append(
-        ConfigStats(
-            -1,
-            f"minimal set with {shown}",
-            flags,
-            role="shrink",
-            probes=1,
-            gpu_hours=result.gpu_hours,
-            hangs=int(hung),
-            other_hangs=int(result.hung and not hung),
-            exposure_s=result.exposure_s,
-        )
+    result, cs = search.run_aside(
+        flags, soak_s, f"{search.label(minimal_mask)} with {shown}", f"minimal set with {shown}"
     )
+    hung = result.hung_with(search.signature)
+    cs.hangs, cs.other_hangs, cs.exposure_s = int(hung), int(result.hung and not hung), result.exposure_s
     if hung:
         return smallest, (
             f"the shrunk set ({shown}) hung after {format_duration(result.exposure_s)} of its "
@@ -162,13 +140,10 @@ def flag_verdicts(
     for i, e in enumerate(search.elements):
         bit = 1 << i
         if minimal_mask & bit:
-            without = [cs for m, cs in search.configs.items() if (m & minimal_mask) == (minimal_mask & ~bit)]
-            h = sum(cs.hangs for cs in without)
-            exp = sum(cs.exposure_s for cs in without)
+            h, exp = search.lacking(minimal_mask, bit)
             if h:
-                with_ = [cs for m, cs in search.configs.items() if (m & minimal_mask) == minimal_mask]
-                rate = sum(cs.hangs for cs in with_) / max(sum(cs.exposure_s for cs in with_), 1e-9)
-                ratio = rate * exp / h
+                hangs_with, exposure_with = search.pooled(minimal_mask)
+                ratio = hangs_with / max(exposure_with, 1e-9) * exp / h
                 within = f"; needed to hang within the cap {format_duration(cap)}" if cap else ""
                 text = (
                     f"modifier x{ratio:.1f} (the hang was seen without it: {h} hang(s) in {format_duration(exp)}, "
