@@ -108,22 +108,7 @@ class Plan:
             "product_size": self.product_size,
             "soak_s": self.profile.soak_s,
             "validation": self.validation,
-            "cells": [
-                {
-                    "id": pc.id,
-                    "name": pc.name,
-                    "model": pc.cell.model,
-                    "gpu": pc.cell.gpu,
-                    "gpu_count": pc.gpu_count,
-                    "ray_label": pc.ray_label,
-                    "workload": pc.cell.workload,
-                    "flags": pc.cell.flag_dict,
-                    "command": redact_argv(pc.command),
-                    "env": redact_env(pc.env),
-                    "gpu_hours": round(pc.gpu_hours, 4),
-                }
-                for pc in self.cells
-            ],
+            "cells": planned_dicts(self.cells),
             "excluded": [{"combo": _jsonable(e.combo), "reason": e.reason, "count": e.count} for e in self.excluded],
             "excluded_count": self.excluded_count,
             "rejected": [{"combo": _jsonable(e.combo), "reason": e.reason} for e in self.rejected],
@@ -319,3 +304,23 @@ def planned_cell(
 
 def describe_combo(combo: Mapping[str, Any]) -> str:
     return ", ".join(f"{k}={format_value(v)}" for k, v in combo.items())
+
+
+def planned_dicts(cells: Sequence[PlannedCell]) -> list[dict[str, Any]]:
+    """The cells as `soakmatrix plan --json` and the history store's `planned` describe them."""
+    return [
+        {
+            "id": pc.id,
+            "name": pc.name,
+            "model": pc.cell.model,
+            "gpu": pc.cell.gpu,
+            "gpu_count": pc.gpu_count,
+            "ray_label": pc.ray_label,
+            "workload": pc.cell.workload,
+            "flags": pc.cell.flag_dict,
+            "command": redact_argv(pc.command),
+            "env": redact_env(pc.env),
+            "gpu_hours": round(pc.gpu_hours, 4),
+        }
+        for pc in cells
+    ]

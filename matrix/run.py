@@ -19,12 +19,12 @@ from typing import Any, TextIO
 from soakmatrix.jobs.soak_spec import SoakSpec
 from soakmatrix.matrix.contracts.durations import format_duration
 from soakmatrix.matrix.contracts.outcomes import EXIT_INFRA, EXIT_OK, Outcome, exit_code
-from soakmatrix.matrix.contracts.redact import redact_argv, redact_env, redact_text
+from soakmatrix.matrix.contracts.redact import redact_argv, redact_text
 from soakmatrix.matrix.contracts.result import CellResult
 from soakmatrix.matrix.contracts.yamlsrc import Problem, SpecError
 
 from .lasting_stream import divert_stderr
-from .plan import PlannedCell
+from .plan import PlannedCell, planned_dicts
 from .progress import Progress
 from .run_types import RunOptions, RunResult
 from .soak_specs import matrix_time_scale, soak_spec_for
@@ -67,26 +67,6 @@ def say_rejected(rejected: Any) -> None:
 
 def out_dir_of(matrix: Matrix, out: str | None) -> Path:
     return Path(out or Path("out") / matrix.name).resolve()
-
-
-def planned_dicts(cells: Sequence[PlannedCell]) -> list[dict[str, Any]]:
-    """The cells as the history store's `planned` and `soakmatrix plan --json` describe them."""
-    return [
-        {
-            "id": pc.id,
-            "name": pc.name,
-            "model": pc.cell.model,
-            "gpu": pc.cell.gpu,
-            "gpu_count": pc.gpu_count,
-            "ray_label": pc.ray_label,
-            "workload": pc.cell.workload,
-            "flags": pc.cell.flag_dict,
-            "command": redact_argv(pc.command),
-            "env": redact_env(pc.env),
-            "gpu_hours": round(pc.gpu_hours, 4),
-        }
-        for pc in cells
-    ]
 
 
 def verdict_ids(results: Sequence[CellResult]) -> set[str]:
