@@ -201,4 +201,4 @@ def pytest_collection_modifyitems(config, items):
         if "pytester" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.slow)
     if hasattr(config, "workerinput"):   # the order a worker reports is the order units are handed out
-        xdist_suite.real_engine_first(items)
+        xdist_suite.suite_order(items, int(config.workerinput.get("workercount", 1)))

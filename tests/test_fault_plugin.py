@@ -385,12 +385,25 @@ def test_readers_work_on_the_installed_vllms_config():
         config = AsyncEngineArgs.from_cli_args(args).create_engine_config()
         print("FLAGS=" + json.dumps(canonical_flags(config)))
         print("READERS=" + json.dumps(sorted(CONFIG_READERS)))
+        # every site lands on this vLLM's own classes: each patched method now wraps the original
+        from soakmatrix.fixtures.fault_plugin import PATCHES
+        from vllm.v1.core.sched.scheduler import Scheduler
+        from vllm.v1.worker.worker_base import WorkerWrapperBase
+        from vllm.v1.worker.cpu_model_runner import CPUModelRunner
+        for patch in PATCHES.values():
+            patch(None)
+        wrapped = {name: hasattr(vars(cls)[method], "__wrapped__") for name, cls, method in (
+            ("scheduler", Scheduler, "schedule"), ("worker", WorkerWrapperBase, "execute_model"),
+            ("cpu_model_runner", CPUModelRunner, "_to_list"))}
+        print("WRAPPED=" + json.dumps(wrapped))
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     line = lambda p: json.loads(next(l for l in out.stdout.splitlines() if l.startswith(p))[len(p):])
     flags, readers = line("FLAGS="), line("READERS=")
     assert sorted(flags) == readers        # every reader finds its setting in this vLLM
+    # the three planted sites (scheduler, worker step, the CPU runner's output copy) exist here
+    assert line("WRAPPED=") == {"scheduler": True, "worker": True, "cpu_model_runner": True}
     # what the CPU platform made of the argv, not the argv itself
     assert flags["cudagraph_mode"] == "NONE" and flags["async_scheduling"] is False
     assert (flags["prefix_caching"], flags["max_num_seqs"], flags["kv_cache_dtype"]) == (False, 5, "fp8")

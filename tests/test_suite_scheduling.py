@@ -1,6 +1,7 @@
-"""How `make test` hands the suite to two xdist workers (tests/xdist_suite.py): the real engine's tests
-first, so that work stealing leaves them all on one worker; a test whose worker dies under it runs
-once more on a new worker."""
+"""How `make test` hands the suite to xdist workers (tests/xdist_suite.py): the real engine's tests in
+two chains by module, each at the head of its own worker's share, so that work stealing leaves two
+engines starting side by side, never more; a test whose worker dies under it runs once more on a new
+worker."""
 
 from __future__ import annotations
 
@@ -12,29 +13,53 @@ from types import SimpleNamespace
 import pytest
 
 from tests.conftest import REPO
-from tests.xdist_suite import real_engine_first, runs_the_real_engine
+from tests.xdist_suite import engine_starts, runs_the_real_engine, suite_order, two_chains
 
 pytestmark = pytest.mark.slow   # each test runs a small suite of its own on two xdist workers
 
 
 class Item:
-    def __init__(self, nodeid: str, vllm: bool = False):
-        self.nodeid, self.vllm = nodeid, vllm
+    def __init__(self, nodeid: str, starts: int | None = None):
+        self.nodeid, self.starts = nodeid, starts
 
     def get_closest_marker(self, name: str):
-        return SimpleNamespace(name=name) if name == "vllm" and self.vllm else None
+        if name != "vllm" or self.starts is None:
+            return None
+        return SimpleNamespace(name=name, kwargs={"starts": self.starts} if self.starts else {})
+
+    def __repr__(self) -> str:
+        return self.nodeid
 
 
-def test_the_real_engine_tests_go_first_and_the_order_is_otherwise_kept():
-    items = [Item("tests/test_a.py::test_1"), Item("tests/test_e.py::test_x", vllm=True),
-             Item("tests/test_b.py::T::test_2[1]"), Item("tests/test_e.py::test_y", vllm=True), Item("tests/test_a.py::test_3")]
-    expected = [items[1], items[3], items[0], items[2], items[4]]
-    real_engine_first(items)
-    assert items == expected
+def ids(items) -> list[str]:
+    return [item.nodeid for item in items]
 
 
-def test_the_real_engine_tests_are_the_ones_marked_vllm():
-    assert runs_the_real_engine(Item("t::x", vllm=True)) and not runs_the_real_engine(Item("t::y"))
+def test_the_real_engine_tests_are_the_ones_marked_vllm_and_their_starts_are_declared():
+    assert runs_the_real_engine(Item("t::x", starts=0)) and not runs_the_real_engine(Item("t::y"))
+    assert engine_starts(Item("t::x", starts=4)) == 4
+    assert engine_starts(Item("t::x", starts=0)) == 0 and engine_starts(Item("t::y")) == 0
+
+
+def test_the_real_engine_modules_split_into_two_chains_of_about_equal_starts_a_module_never_split():
+    hangs = [Item(f"tests/test_h.py::t{i}", starts=4) for i in range(3)]
+    bisect, builds = Item("tests/test_b.py::t", starts=3), Item("tests/test_u.py::t", starts=2)
+    plugin, imports = Item("tests/test_p.py::t", starts=1), Item("tests/test_i.py::t", starts=0)
+    first, second = two_chains([imports, *hangs, bisect, plugin, builds])
+    assert ids(first) == ids([*hangs, plugin, imports]) and ids(second) == ids([bisect, builds])
+
+
+def test_each_chain_heads_its_own_workers_share_and_the_rest_keeps_its_order():
+    rest = [Item(f"tests/test_s.py::t{i}") for i in range(20)]
+    a, b = Item("tests/test_a.py::t", starts=3), Item("tests/test_b.py::t", starts=2)
+    items = [rest[0], a, *rest[1:10], b, *rest[10:]]
+    suite_order(items, workers=3)
+    share = len(items) // 3        # worksteal hands the first worker the first third
+    assert items[0] is a and items[share] is b
+    assert ids([item for item in items if item not in (a, b)]) == ids(rest)
+    single = [rest[0], a, *rest[1:10], b, *rest[10:]]
+    suite_order(single, workers=1)          # one worker: both chains first
+    assert ids(single[:2]) == ids([a, b]) and ids(single[2:]) == ids(rest)
 
 
 DIES = '''

