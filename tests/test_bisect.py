@@ -663,24 +663,6 @@ def test_the_failing_cell_gets_another_hang_while_it_shortens_the_necessity_soak
     assert pays(8, 0b0001) and not pays(14, 0b0001) and pays(14, keep)
 
 
-def test_the_step_down_loosens_the_rule_out_of_the_flags_left_once_one_is_called():
-    # three kept flags: f0's absence soaked far past its rule-out, f1 and f2 short of it; at
-    # alpha / k each, f1 and f2 still need the x8 rule-out at alpha / 3; stepping down (Holm),
-    # f0 called at alpha / 3 leaves them alpha / 2, so they need less soak
-    from soakmatrix.matrix.bisect import ablation
-    keep = 0b0111
-    data = {0b1111: (40, 40 * MTTF), 0b1110: (0, 80 * MTTF), 0b1101: (0, 20 * MTTF), 0b1011: (0, 20 * MTTF)}
-
-    def needs(least: int) -> dict[int, float]:
-        search = _search_with(data, settings=Settings(confidence=0.99, policy=Policy(holm_least=least)))
-        H, E = search.pooled(keep)
-        factor = (8.0, search.alpha, ablation._reference_of(search, keep))
-        return dict(ablation._unrefuted(search, keep, keep, H, E, 1.0, factor)[1])
-    each, stepped = needs(0), needs(2)
-    assert 0 not in each and set(each) == set(stepped) == {1, 2}
-    assert all(stepped[j] < each[j] for j in (1, 2))
-
-
 def test_a_modifier_soak_runs_on_to_where_a_pass_would_decide():
     # a group's removal soaks on to where, without a hang, it would look slower than the failing
     # cell; a flag's removal on to where it would be called: a pass of that length decides, 97 % of

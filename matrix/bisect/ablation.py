@@ -233,44 +233,34 @@ def _unrefuted(
     goal: float,
     factor: tuple[float, float, Reference] | None = None,
 ) -> tuple[int, list[tuple[int, float]]]:
-    """Of `flags` (all in `keep`): those whose absence was seen to hang (to drop), and the
-    others whose absence has not yet rejected "as fast as the configs with `keep`" at `goal`
-    (and, with `factor` = (F, alpha, reference), "F x slower than the reference rate" at alpha / k,
-    k the kept flags; with policy.holm_least, stepping down from alpha / k to alpha / holm_least as flags are
-    called), with the exposure still needed, fewest first."""
+    """Of `flags` (all in `keep`): those whose absence was seen to hang (to drop), and the others
+    whose absence has not yet rejected "as fast as the configs with `keep`" at `goal` (and, with
+    `factor` = (F, alpha, reference), "F x slower than the reference rate" at _rule_out_level),
+    with the exposure still needed, fewest first."""
     dropped = 0
     rows: list[tuple[int, float, float]] = []  # flag, exposure without it, exposure needed
     for j in range(search.n):
-        bit = 1 << j
-        if not flags & bit:
-            continue
-        h, e = search.lacking(keep, bit)
-        if h > 0:
-            dropped |= bit
-            continue
-        need = exposure_until(0, e, H, E, goal) if p_as_fast(0, e, H, E) > goal else 0.0
-        rows.append((j, e, need))
+        if flags >> j & 1:
+            h, e = search.lacking(keep, 1 << j)
+            if h > 0:
+                dropped |= 1 << j
+            else:
+                rows.append((j, e, exposure_until(0, e, H, E, goal) if p_as_fast(0, e, H, E) > goal else 0.0))
     if factor is not None and rows:
         f, alpha, ref = factor
         # no hang in e at rate lambda / f is no hang in e / f at lambda
         p = {j: ref.p_no_hang(e / f) for j, e, _ in rows}
-        holm_least = search.policy.holm_least
-        if holm_least:
-            kept = bin(keep & ~dropped).count("1")
-            least = min(holm_least, kept)
-            called = 0
-            for j in sorted(p, key=lambda j: p[j]):
-                if p[j] > alpha / max(kept - called, least, 1):
-                    break
-                called += 1
-            level = alpha / max(kept - called, least, 1)
-        else:
-            level = alpha / max(bin(keep).count("1"), 1)
-        rows = [
-            (j, e, max(need, f * ref.exposure_until(e / f, level)) if p[j] > level else need) for j, e, need in rows
-        ]
+        level = _rule_out_level(p, keep, dropped, alpha)
+        rows = [(j, e, max(need, f * ref.exposure_until(e / f, level)) if p[j] > level else need) for j, e, need in rows]
     todo = [(j, need - e) for j, e, need in rows if need > e]
     return dropped, sorted(todo, key=lambda t: t[1])
+
+
+def _rule_out_level(p_no_hang: dict[int, float], keep: int, dropped: int, alpha: float) -> float:
+    """The rule-outs' level: alpha / k for each of the k kept flags (Bonferroni). A step-down
+    (Holm) is what the floor allows, but it cost seed 002 its 0.95 right: benchmarks/bench_bisect.py's
+    --holm-least swaps this function for one, as a diagnostic."""
+    return alpha / max(bin(keep).count("1"), 1)
 
 
 def _another_reference_hang_pays(

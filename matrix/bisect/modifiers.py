@@ -207,12 +207,8 @@ def _split(search: Search, minimal_mask: int, group: list[int], target: int) -> 
 
 def _likeliest(search: Search, minimal_mask: int, group: list[int], target: int) -> int | None:
     """The flag of `group` whose removals other than `target` look slowest against the failing
-    cell, if at policy.peel_level or below (a tie: the later flag); None when none does. Told the
-    modifier (policy.told_modifier, a benchmark's diagnostic): that flag if in `group`, else None."""
-    told = search.policy.told_modifier
-    if told is not None:
-        j = next((i for i, e in enumerate(search.elements) if e.name == told), None)
-        return j if j in group else None
+    cell, if at policy.peel_level or below (a tie: the later flag); None when none does.
+    benchmarks/bench_bisect.py's --told-modifier swaps this function for one told the answer."""
     cell = search.stats_of(search.full)
     best, best_p = None, search.policy.peel_level
     for j in group:

@@ -61,11 +61,6 @@ class Policy:
     first_parts: int = 3
     # The rate check's probes for a kept set that does not hang (else: two triggers).
     rescue_probes: int = 12
-    # The x rule_out_factor rule-outs of the kept flags: 0 is alpha / k for each (Bonferroni, the
-    # default); K > 0 steps down (Holm) to alpha / K at the loosest. Holm is what the floor allows,
-    # but it cost seed 002 its 0.95 (0.947 at K = 2, 0.921 at K = 1): a diagnostic
-    # (`bench_bisect --holm-least`).
-    holm_least: int = 0
 
     # -- the modifier verdicts' soaks (modifiers.py) -----------------------------------------------
     # Hangs of the failing cell and of a suspect's removal before a verdict needs no more.
@@ -97,9 +92,6 @@ class Policy:
     peel_level: float = 0.05
     # Each step of finding a group's modifier from the set's side (0.02, 0.1, 0.2 tried: within 1 %).
     locate_level: float = 0.05
-    # A diagnostic (`bench_bisect --told-modifier`): the modifier verdicts' search is told which
-    # flag is the modifier, so a row shows what its verdicts cost once the flag is known. None: not told.
-    told_modifier: str | None = None
 
     # -- verdicts (modifier_stats.py) ----------------------------------------------------------------
     # A "faster without it" call needs this many hangs without the flag: false calls on one quick
@@ -115,10 +107,6 @@ class Policy:
     max_modifier_probes: int = 100
     # The set alone hangs at least this often: every modifier verdict's "without" side.
     modifier_evidence_hangs: int = 3
-
-    def __post_init__(self) -> None:
-        if self.holm_least < 0:
-            raise ValueError(f"holm_least: 0 or more, not {self.holm_least}")
 
     @property
     def modifier_factors(self) -> tuple[float, ...]:
