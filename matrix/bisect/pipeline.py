@@ -23,7 +23,8 @@ import numpy as np
 from soakmatrix.matrix.contracts import stats
 
 from .ablation import ablation_search
-from .history_exposure import HistoryExposure, calibration_saved, describe, failing_hangs_wanted
+from .cap_check import drop_modifiers, observed_without
+from .history_exposure import HistoryExposure, take_history
 from .model import (
     DEFAULT_SETTINGS,
     BisectResult,
@@ -41,7 +42,7 @@ from .modifiers import measure
 from .oracle import ProbeOracle
 from .oracle_restart import RestartingOracle, other_signatures, restart_notes
 from .posterior_search import posterior_search
-from .ratecheck import drop_modifiers, rate_check, recheck_members, soak_the_set_alone
+from .ratecheck import rate_check, recheck_members, soak_the_set_alone
 from .search import Search
 from .verdicts import flag_verdicts, shrink_values, smallest_values
 
@@ -116,7 +117,7 @@ def bisect_flags(
     # knows it (none before the calibration's first hang: then only a hang ends a probe)
     restarting = RestartingOracle(oracle, lambda: search.signature)
     search = Search(failing_flags, elements, restarting, s, signature, feasible, gpu_count, progress)
-    said_history = _take_history(search, history, gpu_count(failing_flags)) if history is not None else []
+    said_history = take_history(search, history, gpu_count(failing_flags)) if history is not None else []
     notes: list[str] = []  # what each phase says, in order, for the report
     calibration = calibrate(search, notes)
 
@@ -183,7 +184,7 @@ def check_cap_and_rate(search: Search, answer: Answer, notes: list[str]) -> Answ
     if status == "found" and s.verify_cap:
         top = drop_modifiers(search, top, cap, notes)
     if status == "found" and s.mttf_cap_s is None:
-        top = _observed_without(search, top, notes)
+        top = observed_without(search, top, notes)
     if status == "found" and s.mttf_cap_s is not None:
         grown, rate_cap = rate_check(search, top, s.mttf_cap_s, notes)
         if rate_cap is None:
@@ -315,32 +316,3 @@ def _search(search: Search, notes: list[str]) -> tuple[int, bool, int]:
     lp = search.post.log_posterior()
     top = int(np.argmax(lp))
     return top, math.exp(lp[top]) >= search.s.confidence, rate_added
-
-
-def _take_history(search, history: HistoryExposure, gpus: int) -> list[str]:
-    """The history's hangs and load become the failing cell's before its calibration; the note says
-    how much and what that spared."""
-    if search.signature != history.signature:
-        raise ValueError(f"the history is for {history.signature}, the bisection for {search.signature}")
-    cs = search.stats_of(search.full)
-    cs.role = "calibration"
-    cs.hangs += history.hangs
-    cs.exposure_s += history.exposure_s
-    s, wanted = search.s, failing_hangs_wanted(search.s)
-    return [describe(history, calibration_saved(history, wanted, gpus, s.startup_s), wanted)]
-
-
-def _observed_without(search, top: int, notes: list[str]) -> int:
-    """By default a flag of the set without which the hang was seen (baseline + the rest of the set
-    hung) is a modifier, never necessary: it leaves the set."""
-    for i, e in enumerate(search.elements):
-        bit = 1 << i
-        if not top & bit:
-            continue
-        rest = top & ~bit
-        # baseline + the rest of the set, exactly: wider configs may hang through another trigger
-        narrow = search.configs.get(rest)
-        if narrow is not None and narrow.hangs:
-            notes.append(f"{e.name} left the set: the hang was seen without it")
-            top = rest
-    return top

@@ -5,8 +5,7 @@ the rate drop by a factor without one flag outside the set (ModifierModel) and s
 that tell until it is sure whether the hang without that flag is slower than the cap (the flag then
 joins the set, and each flag the search had put there is asked again with it on: recheck_members).
 "The set is enough" also needs a prior-free Bayes factor of 2 / alpha against the mildest slowdown
-that would make a flag needed. With an explicit cap, each flag of the set is also soaked out to the
-cap (drop_modifiers).
+that would make a flag needed.
 """
 
 from __future__ import annotations
@@ -269,42 +268,3 @@ def soak_the_set_alone(search: Search, mask: int, cap: float) -> None:
         search.run([(mask, max(soak, search.s.startup_s), "certification")])
         if cs.hangs == before:
             return
-
-
-def _without(search: Search, mask: int, bit: int) -> tuple[int, float]:
-    """Hangs and exposure of baseline + the set but for one element (that exact config: configs
-    with more flags may hang through another trigger)."""
-    cs = search.configs.get(mask & ~bit)
-    return (cs.hangs, cs.exposure_s) if cs else (0, 0.0)
-
-
-def drop_modifiers(search: Search, mask: int, cap: float, notes: list[str]) -> int:
-    """An element whose removal still hangs within the cap only changes how often: drop it.
-
-    Hangs seen without it count; with an explicit cap (`verify_cap`), each element is also soaked
-    out until "MTTF > cap at the stated confidence" holds or it hangs.
-    """
-    s = search.s
-    changed = True
-    while changed and not search.over_budget():
-        changed = False
-        for i, e in enumerate(search.elements):
-            bit = 1 << i
-            if not mask & bit:
-                continue
-            h, exposure = _without(search, mask, bit)
-            need = stats.soak_for_detection(cap, s.confidence) - exposure
-            if h == 0 and s.verify_cap and need > 0 and search.runnable[mask & ~bit]:
-                search.stats_of(mask & ~bit).role = "cap check"
-                search.run([(mask & ~bit, need, "cap check")])
-                h, exposure = _without(search, mask, bit)
-            if s.verify_cap and h > 0 and exposure / h <= cap:
-                notes.append(
-                    f"{e.name} is not needed for the hang within the cap: without it "
-                    f"{h} hang(s) in {format_duration(exposure)} (MTTF ~{format_duration(exposure / h)} "
-                    f"<= cap {format_duration(cap)})"
-                )
-                mask &= ~bit
-                changed = True
-                break
-    return mask
