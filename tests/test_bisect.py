@@ -196,17 +196,16 @@ def test_a_group_that_ruled_out_a_modifier_stays_cleared_when_the_failing_cell_h
     cell = ConfigStats(0b1111111111, "failing cell", {}, hangs=8, exposure_s=26896.0)
     group = ConfigStats(0b0000001001, "baseline +f0 +f3", {}, hangs=5, exposure_s=18139.0)
 
-    def search_with(cleared):
-        return SimpleNamespace(full=cell.mask, cleared_groups=cleared, stats_of=lambda m: cell if m == cell.mask else group,
-                               s=Settings(confidence=0.99), policy=Policy())
-
-    search = search_with(set())
-    assert modifier_reads.rules_out(search, group)
+    search = SimpleNamespace(full=cell.mask, stats_of=lambda m: cell if m == cell.mask else group,
+                             s=Settings(confidence=0.99), policy=Policy())
+    cleared: set[int] = set()   # what the modifier soaks hand from one call to the next
+    assert modifier_reads.rules_out(search, group, cleared) and cleared == {group.mask}
     cell.hangs, cell.exposure_s = 12, 33131.0
-    assert modifier_reads.rules_out(search, group)
-    assert modifier_reads.cleared_flags(SimpleNamespace(**vars(search), configs={cell.mask: cell, group.mask: group}), 0b1) == 0b1111110110
+    assert modifier_reads.rules_out(search, group, cleared)
+    with_configs = SimpleNamespace(**vars(search), configs={cell.mask: cell, group.mask: group})
+    assert modifier_reads.cleared_flags(with_configs, 0b1, cleared) == 0b1111110110
     # read afresh, the same numbers do not rule it out: the call stands because it was made
-    assert not modifier_reads.rules_out(search_with(set()), group)
+    assert not modifier_reads.rules_out(search, group, set())
 
 
 def test_a_flag_whose_removal_hung_once_at_once_is_not_called_a_modifier_that_slows_the_hang():
@@ -684,6 +683,6 @@ def test_a_modifier_soak_runs_on_to_where_a_pass_would_decide():
 
     def is_called(exposure_s):
         search.stats_of(without_f3).exposure_s = exposure_s
-        return 3 not in modifier_reads.flags_to_soak(search, set_alone, longest)
+        return 3 not in modifier_reads.flags_to_soak(search, set_alone, longest, set())
     assert is_called(until)
     assert not is_called(2 * MTTF + 0.97 * (until - 2 * MTTF))

@@ -23,7 +23,7 @@ import numpy as np
 from soakmatrix.matrix.contracts import stats
 
 from .modifier_reads import measure_length, reference_pool
-from .modifiers import halves, measure
+from .modifiers import halves, measure, top_up_cell
 from .posterior import Reference, exposure_until, p_as_fast
 from .ratecheck import rate_check
 
@@ -33,12 +33,13 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Ablation:
-    """What ablation found: the kept set (None when it cannot decide, and why), and the flags the
-    rate check added to it."""
+    """What ablation found: the kept set (None when it cannot decide, and why), the flags the rate
+    check added to it, and the group removals its modifier soaks cleared (modifiers.measure)."""
 
     keep: int | None
     gave_up: str = ""
     rate_added: int = 0
+    cleared: frozenset[int] = frozenset()
 
 
 def ablation_search(search: Search, notes: list[str]) -> Ablation:
@@ -64,17 +65,20 @@ def ablation_search(search: Search, notes: list[str]) -> Ablation:
     guarded = s.modifier_prior <= 0 or s.mttf_cap_s is None
     rescued: set[int] = set()
     measured: set[int] = set()
+    cleared: frozenset[int] = frozenset()  # group removals the modifier soaks cleared
+
+    def done(kept: int | None, why: str = "") -> Ablation:
+        return Ablation(kept, why, rate_added, cleared)
+
     while not search.over_budget():
         H, E = search.pooled(keep)
         search.track_cap(H, E)
         narrow = search.stats_of(keep)
         if narrow.hangs == 0:
             if keep == 0:
-                return Ablation(
-                    None, "every flag's removal still hung: two triggers, or the baseline hangs", rate_added
-                )
+                return done(None, "every flag's removal still hung: two triggers, or the baseline hangs")
             if not search.runnable[keep]:
-                return Ablation(None, "baseline + the kept flags cannot run", rate_added)
+                return done(None, "baseline + the kept flags cannot run")
             if narrow.probes < p.certification_soaks:
                 _certify(search, keep, H, E)
                 continue
@@ -82,13 +86,13 @@ def ablation_search(search: Search, notes: list[str]) -> Ablation:
             # needed for the rate (a modifier the cap makes part of the set) or holds a second
             # trigger; the rate check gets a few probes to find the first
             if keep in rescued or s.mttf_cap_s is None:
-                return Ablation(None, "baseline + the kept flags does not hang", rate_added)
+                return done(None, "baseline + the kept flags does not hang")
             rescued.add(keep)
             rescue_notes: list[str] = []
             grown, rate_cap = rate_check(search, keep, s.mttf_cap_s, rescue_notes, p.rescue_probes)
             if grown == keep or rate_cap is None:
                 why = "baseline + the kept flags does not hang, and no one flag more makes it"
-                return Ablation(None, why, rate_added)
+                return done(None, why)
             notes += rescue_notes
             rate_added |= grown & ~keep
             keep = grown
@@ -104,14 +108,14 @@ def ablation_search(search: Search, notes: list[str]) -> Ablation:
                 # the modifier verdicts' soaks come first: their hangs (the failing cell's and each
                 # innocent removal's) are the reference rate the rule-out soaks read
                 measured.add(keep)
-                measure(search, keep, measure_length(search))
+                cleared = measure(search, keep, measure_length(search), cleared)
                 continue
             ref = _reference_of(search, keep)
-            if ref.hangs < p.reference_hangs and _reference(search, p.reference_hangs):
+            if ref.hangs < p.reference_hangs and top_up_cell(search, p.reference_hangs, reference=True):
                 continue
             factor = (s.rule_out_factor, search.alpha, ref)
             if _another_reference_hang_pays(search, keep & ~rate_added, keep, H, E, goal, factor):
-                _reference(search, int(search.stats_of(search.full).hangs) + 1)
+                top_up_cell(search, int(search.stats_of(search.full).hangs) + 1, reference=True)
                 continue
         dropped, todo = _unrefuted(search, keep & ~rate_added, keep, H, E, goal, factor)
         if dropped:
@@ -124,7 +128,7 @@ def ablation_search(search: Search, notes: list[str]) -> Ablation:
             keep = grown
             continue
         if not todo:
-            return Ablation(keep, rate_added=rate_added)
+            return done(keep)
         # with fewer flags to soak than --parallel, each flag's exposure is split over copies
         width = max(1, s.parallel)
         todo = todo[:width]
@@ -135,14 +139,14 @@ def ablation_search(search: Search, notes: list[str]) -> Ablation:
             if not search.runnable[target]:
                 target = keep & ~(1 << j)
             if not search.runnable[target]:
-                return Ablation(None, f"no config without {search.elements[j].name} can run", rate_added)
+                return done(None, f"no config without {search.elements[j].name} can run")
             # once the reference rate is fixed, a stage boundary buys no new information and costs a
             # start-up (an MTTF at MTTF 10 min); a hang ends the probe either way
             whole = factor is not None
             soak = max(need / n_copies if whole else min(need / n_copies, _stage(search, target)), s.startup_s)
             batch += [(target, soak, "search")] * n_copies
         search.run(batch)
-    return Ablation(None, "", rate_added)
+    return done(None, "")
 
 
 def _ablate_each(search: Search) -> tuple[int | None, str]:
@@ -284,21 +288,6 @@ def _reference_of(search: Search, keep: int) -> Reference:
     that look like it."""
     h_ref, e_ref = reference_pool(search, keep)
     return Reference(h_ref, np.array([e_ref]), np.array([1.0]))
-
-
-def _reference(search: Search, hangs: int) -> bool:
-    """Top the failing cell up to `hangs` hangs, the rate the rule-out soaks are read against (two
-    calibration hangs leave its predictive so wide that each necessary flag would need some 85
-    MTTFs; eight bring that to about 38). Returns whether it ran a probe."""
-    cell = search.stats_of(search.full)
-    if cell.hangs >= hangs or search.over_budget():
-        return False
-    mttf = cell.exposure_s / max(cell.hangs, 1)
-    need = hangs - cell.hangs
-    search.run(
-        [(search.full, max(4.0 * mttf, search.s.startup_s), "calibration")] * max(1, min(search.s.parallel, need))
-    )
-    return True
 
 
 def _stage(search: Search, mask: int | None = None) -> float:

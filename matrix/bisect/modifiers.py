@@ -32,24 +32,28 @@ if TYPE_CHECKING:
     from .search import Search
 
 
-def measure(search: Search, minimal_mask: int, longest_s: float) -> None:
+def measure(search: Search, minimal_mask: int, longest_s: float, cleared: frozenset[int]) -> frozenset[int]:
     """Soak what the modifier verdicts need (module docstring); `longest_s` bounds each removal's
-    total exposure (a flag whose removal slows the hang past it is left undecided: irrelevant)."""
+    total exposure (a flag whose removal slows the hang past it is left undecided: irrelevant).
+    `cleared`: the group removals an earlier call cleared; returned with the ones this call cleared."""
+    found = set(cleared)
+    _measure(search, minimal_mask, longest_s, found)
+    return frozenset(found)
+
+
+def _measure(search: Search, minimal_mask: int, longest_s: float, cleared: set[int]) -> None:
     full = search.full
-    if full == minimal_mask:
-        return
-    suspects = flags_to_soak(search, minimal_mask, longest_s)
-    if not suspects:
+    if full == minimal_mask or not flags_to_soak(search, minimal_mask, longest_s, cleared):
         return
     p = search.policy
     cell = search.stats_of(full)
-    _top_up_cell(search, p.cell_first_hangs)
-    _group_check(search, minimal_mask, longest_s)
+    top_up_cell(search, p.cell_first_hangs)
+    _group_check(search, minimal_mask, longest_s, cleared)
     while not search.over_budget():
-        suspects = flags_to_soak(search, minimal_mask, longest_s)
+        suspects = flags_to_soak(search, minimal_mask, longest_s, cleared)
         if not suspects:
             return
-        _top_up_cell(search, p.cell_hangs)
+        top_up_cell(search, p.cell_hangs)
         # with fewer suspects than --parallel, the width is dealt out round-robin: copies of a
         # removal are independent soaks whose exposure pools
         width = max(1, search.s.parallel)
@@ -69,15 +73,22 @@ def measure(search: Search, minimal_mask: int, longest_s: float) -> None:
         search.run(batch)
 
 
-def _top_up_cell(search: Search, hangs: int) -> None:
-    """Soak the failing cell until it has hung `hangs` times."""
-    cell = search.stats_of(search.full)
-    while cell.hangs < hangs and not search.over_budget():
+def top_up_cell(search: Search, hangs: int, reference: bool = False) -> bool:
+    """Soak the failing cell until it has hung `hangs` times, in soaks of policy.top_up_mttfs of its
+    MTTF; for the rule-outs' `reference`, one batch of policy.reference_top_up_mttfs (no more copies
+    than hangs missing), which ablation looks at before the next. Returns whether it soaked."""
+    cell, p = search.stats_of(search.full), search.policy
+    soaked = False
+    while cell.hangs < hangs and not search.over_budget() and not (reference and soaked):
         mttf = cell.exposure_s / max(cell.hangs, 1)
-        search.run([(search.full, max(3.0 * mttf, search.s.startup_s), "modifiers")] * max(1, search.s.parallel))
+        mttfs, role = (p.reference_top_up_mttfs, "calibration") if reference else (p.top_up_mttfs, "modifiers")
+        copies = min(search.s.parallel, hangs - cell.hangs) if reference else search.s.parallel
+        search.run([(search.full, max(mttfs * mttf, search.s.startup_s), role)] * max(1, copies))
+        soaked = True
+    return soaked
 
 
-def _group_check(search: Search, minimal_mask: int, longest_s: float) -> None:
+def _group_check(search: Search, minimal_mask: int, longest_s: float, cleared: set[int]) -> None:
     """Once the failing cell's rate is known, the suspects that look innocent so far (their
     removal hung, not much slower than the failing cell, or they were dropped with a group in the
     ablation) are removed together, and the group's removal is soaked until its hangs rule out an
@@ -93,7 +104,7 @@ def _group_check(search: Search, minimal_mask: int, longest_s: float) -> None:
     # a suspect whose removal was never soaked alone was dropped with a group whose removal hung
     group = [
         j
-        for j in flags_to_soak(search, minimal_mask, longest_s)
+        for j in flags_to_soak(search, minimal_mask, longest_s, cleared)
         if (search.full & ~(1 << j)) not in search.configs
         or (comps[j].hangs_without > 0 and comps[j].ratio < search.policy.group_ratio)
     ]
@@ -101,8 +112,8 @@ def _group_check(search: Search, minimal_mask: int, longest_s: float) -> None:
         return
     # flags an earlier group cleared (before the set shrank) join a later one: a flag the necessity
     # soaks dropped then needs no soaks of its own either (its group is mostly the set alone)
-    cleared = cleared_flags(search, minimal_mask)
-    group += [j for j in range(search.n) if cleared >> j & 1 and j not in group]
+    gone = cleared_flags(search, minimal_mask, cleared)
+    group += [j for j in range(search.n) if gone >> j & 1 and j not in group]
     pending = [group]
     untils: dict[int, float] = {}
     while pending and not search.over_budget():
@@ -116,19 +127,19 @@ def _group_check(search: Search, minimal_mask: int, longest_s: float) -> None:
         cs = search.stats_of(target)
         until = untils.setdefault(target, cs.exposure_s + search.policy.group_mttfs * mttf)
         while (
-            not rules_out(search, cs)
+            not rules_out(search, cs, cleared)
             and not looks_slow(search, cs)
             and cs.exposure_s < until
             and not search.over_budget()
         ):
             _soak_on(search, target, cs, until, mttf, search.policy.group_slow_level)
-        if not rules_out(search, cs) and search.stats_of(search.full).hangs < search.policy.cell_hangs:
+        if not rules_out(search, cs, cleared) and search.stats_of(search.full).hangs < search.policy.cell_hangs:
             # the group did not clear: the failing cell's side of every comparison first
-            _top_up_cell(search, search.policy.cell_hangs)
+            top_up_cell(search, search.policy.cell_hangs)
             pending.insert(0, group)
             continue
-        if not rules_out(search, cs):
-            if _locate(search, minimal_mask, group, target, mttf):
+        if not rules_out(search, cs, cleared):
+            if _locate(search, minimal_mask, group, target, mttf, cleared):
                 continue
             # a modifier among them, likely: its likeliest one alone, or each half a group of its
             # own (a modifier among 9 flags costs a level or a few of groups, not 8 innocent flags'
@@ -136,7 +147,7 @@ def _group_check(search: Search, minimal_mask: int, longest_s: float) -> None:
             pending += _split(search, minimal_mask, group, target)
 
 
-def _locate(search: Search, minimal_mask: int, group: list[int], target: int, mttf: float) -> bool:
+def _locate(search: Search, minimal_mask: int, group: list[int], target: int, mttf: float, cleared: set[int]) -> bool:
     """A group that did not clear: find its modifier from the other side, then clear the rest at once.
     `target` (the failing cell without the group; most often the set alone) is slow when a modifier
     is among the group, so flags added back to it show where: `target` plus the half that holds the
@@ -175,10 +186,13 @@ def _locate(search: Search, minimal_mask: int, group: list[int], target: int, mt
     cs = search.stats_of(joint)
     until = cs.exposure_s + p.group_mttfs * mttf
     while (
-        not rules_out(search, cs) and not looks_slow(search, cs) and cs.exposure_s < until and not search.over_budget()
+        not rules_out(search, cs, cleared)
+        and not looks_slow(search, cs)
+        and cs.exposure_s < until
+        and not search.over_budget()
     ):
         _soak_on(search, joint, cs, until, mttf, p.group_slow_level)
-    return rules_out(search, cs)
+    return rules_out(search, cs, cleared)
 
 
 def _soak_on(search: Search, mask: int, cs, until: float, mttf: float, level: float) -> None:

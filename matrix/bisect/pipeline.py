@@ -22,7 +22,7 @@ import numpy as np
 
 from soakmatrix.matrix.contracts import stats
 
-from .ablation import ablation_search
+from .ablation import Ablation, ablation_search
 from .cap_check import drop_modifiers, observed_without
 from .history_exposure import HistoryExposure, take_history
 from .model import (
@@ -60,14 +60,16 @@ class Calibration:
 @dataclass(frozen=True)
 class Answer:
     """What the search hands the phases after it: the set (a mask of the elements), found or
-    inconclusive, the cap its hang must come within, its posterior, and the flags the rate check
-    added to it (their absence hangs, slowly)."""
+    inconclusive, the cap its hang must come within, its posterior, the flags the rate check
+    added to it (their absence hangs, slowly), and the group removals the ablation's modifier soaks
+    cleared (the modifier soaks go on from them)."""
 
     top: int
     status: str
     cap: float
     posterior: float
     rate_added: int = 0
+    cleared: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -160,9 +162,9 @@ def calibrate(search: Search, notes: list[str]) -> Calibration:
 def search_for_the_set(search: Search, cap: float, notes: list[str]) -> Answer:
     """Phase 2: the likeliest set, found when the search can vouch for it and it was seen to hang."""
     if search.n == 0:
-        lp, top, decided, rate_added = np.zeros(1), 0, True, 0
+        lp, top, decided, ablation = np.zeros(1), 0, True, Ablation(0)
     else:
-        top, decided, rate_added = _search(search, notes)
+        top, decided, ablation = _search(search, notes)
         lp = search.post.log_posterior()
         cap = search.post.cap
     p_top = float(np.exp(lp[top]))
@@ -171,7 +173,7 @@ def search_for_the_set(search: Search, cap: float, notes: list[str]) -> Answer:
         notes.append(
             f"stopped by the probe or GPU-hour budget: the best set has posterior {p_top:.3f} < {search.s.confidence}"
         )
-    return Answer(top, status, cap, p_top, rate_added)
+    return Answer(top, status, cap, p_top, ablation.rate_added, ablation.cleared)
 
 
 def check_cap_and_rate(search: Search, answer: Answer, notes: list[str]) -> Answer:
@@ -200,7 +202,7 @@ def check_cap_and_rate(search: Search, answer: Answer, notes: list[str]) -> Answ
             if search.stats_of(top).hangs == 0:
                 status = "inconclusive"
                 notes.append("the grown set was not seen to hang in its certification run")
-    return Answer(top, status, cap, answer.posterior, rate_added)
+    return Answer(top, status, cap, answer.posterior, rate_added, answer.cleared)
 
 
 def soak_for_modifiers(search: Search, answer: Answer) -> None:
@@ -210,7 +212,7 @@ def soak_for_modifiers(search: Search, answer: Answer) -> None:
     if answer.status == "found" and s.modifier_prior > 0 and s.mttf_cap_s is not None:
         soak_the_set_alone(search, answer.top, answer.cap)
     if answer.status == "found" and s.measure_modifiers:
-        measure(search, answer.top, measure_length(search))
+        measure(search, answer.top, measure_length(search), answer.cleared)
 
 
 def give_verdicts(
@@ -297,15 +299,14 @@ def _result(
     )
 
 
-def _search(search: Search, notes: list[str]) -> tuple[int, bool, int]:
+def _search(search: Search, notes: list[str]) -> tuple[int, bool, Ablation]:
     """The search phase: the answer's mask, the ablation's or (when the ablation cannot decide) the
-    posterior search's likeliest set; whether it can vouch for it; the flags the rate check added."""
-    rate_added = 0
+    posterior search's likeliest set; whether it can vouch for it; what the ablation found."""
+    ablation = Ablation(None)
     if search.s.ablation:
         ablation = ablation_search(search, notes)
         if ablation.keep is not None:
-            return ablation.keep, True, ablation.rate_added
-        rate_added = ablation.rate_added
+            return ablation.keep, True, ablation
         if not search.over_budget():
             notes.append(
                 f"removing one flag at a time could not decide ({ablation.gave_up}): "
@@ -315,4 +316,4 @@ def _search(search: Search, notes: list[str]) -> tuple[int, bool, int]:
     posterior_search(search)
     lp = search.post.log_posterior()
     top = int(np.argmax(lp))
-    return top, math.exp(lp[top]) >= search.s.confidence, rate_added
+    return top, math.exp(lp[top]) >= search.s.confidence, ablation

@@ -81,6 +81,10 @@ class Policy:
     group_slow_level: float = 0.05
     # A removal joins the failing cell's reference rate unless told apart at this level.
     reference_level: float = 0.05
+    # The failing cell's top-up soaks for the modifier verdicts, in its MTTFs (most end at a hang) ...
+    top_up_mttfs: float = 3.0
+    # ... and for the rule-outs' reference rate, one batch at a time between the ablation's looks.
+    reference_top_up_mttfs: float = 4.0
     # A group clears its flags at (1 - confidence) / this (6 tried: dearer, no better).
     group_rule_out_share: float = 3.0
     # A modifier soak: at least this many failing-cell MTTFs (4 tried: 1-2 % cheaper at 10 min, seed

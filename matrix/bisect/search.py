@@ -57,7 +57,6 @@ class Search:
         self._post: Posterior | None = None  # from calibration on (start_posterior)
         self.initial_cap = math.nan  # the cap calibration gave
         self.spent: dict[str, float] = {}  # GPU-hours by role (calibration, search, ...)
-        self.cleared_groups: set[int] = set()  # group removals that ruled out a modifier among their flags
         masks = range(1 << self.n)
         if gpu_count is default_gpu_count and not any(e.name == "tp" for e in self.elements):
             self.cost = np.full(1 << self.n, float(gpu_count(self.failing)))
