@@ -1,20 +1,16 @@
 """Ablation, the search's first way: the failing cell without each flag (from
 policy.group_ablation_flags flags on, without a group of them first, then halves of the groups
-whose removal did not hang).
-
-A removal that hangs drops its flags (the rest still holds the trigger, and the hang pools into the
-rate); baseline + the kept flags must hang (certification); each kept flag's absence is screened at
-a loose level, then soaked until it rejects "as fast as the configs with the set" at alpha / (3 n)
-on its own evidence. That is the shape of the lower bound (bound.py): the evidence against "one
-flag fewer is enough" is the cost any procedure pays, and ablation spends little else. By default
-(no cap) those soaks also rule out "rule_out_factor x slower than the failing cell"
-(benchmarks/bound_default.py), read against the rate the modifier soaks (modifiers.py, run first)
-pool for the failing cell (modifier_reads.reference_pool). When ablation cannot decide, the
-posterior search (posterior_search.py) goes on from every probe so far.
+whose removal did not hang). Its necessity soaks are the shape of the lower bound (bound.py): the
+evidence against "one flag fewer is enough" is the cost any procedure pays, and ablation spends
+little else. By default (no cap) they also rule out "rule_out_factor x slower than the failing
+cell" (benchmarks/bound_default.py) against the rate the modifier soaks pool for the failing cell
+(modifier_reads.reference_pool). When ablation cannot decide, the posterior search
+(posterior_search.py) goes on from every probe so far.
 """
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -43,16 +39,14 @@ class Ablation:
 
 
 def ablation_search(search: Search, notes: list[str]) -> Ablation:
-    """Soak the failing cell without each flag in turn: a hang drops the flag (what is left
-    still holds the trigger), a removal that does not hang keeps it. Then baseline + the kept
-    flags must hang (certification); every kept flag's absence is screened at a loose level
-    (an innocent flag kept by an unlucky first soak hangs here); the rate check looks for a
-    flag outside the set that the rate needs; and each kept flag's absence is soaked until it
-    rejects "as fast as the configs with the set" at alpha / (3 n) (policy.necessity_split).
-
-    The kept set is None when ablation cannot decide (a removal that cannot run, every removal
-    hanging, a kept set that does not hang and the rate check cannot say why: two triggers), for
-    the posterior search to go on from, with every probe's data. Its notes go to `notes`."""
+    """A removal that hangs drops its flags (the rest still holds the trigger), one that does not
+    keeps them. Then baseline + the kept flags must hang (certification); each kept flag's absence
+    is screened at a loose level (an innocent flag kept by an unlucky first soak hangs here); under
+    an explicit cap the rate check looks for a flag outside the set that the rate needs; and each
+    kept flag's absence is soaked until it rejects "as fast as the configs with the set" at
+    alpha / (policy.necessity_split n). The kept set is None when ablation cannot decide (a
+    removal that cannot run, every removal hanging, a kept set that does not hang and the rate
+    check cannot say why: two triggers)."""
     s, p = search.s, search.policy
     keep, why = _ablate_each(search)
     if keep is None:
@@ -177,19 +171,12 @@ def _ablate_each(search: Search) -> tuple[int | None, str]:
                     return None, f"the failing cell without {search.elements[group[0]].name} cannot run"
                 untested += halves(group)
                 continue
+            stage = soak
             if grouped and len(group) == 1:
-                # split out of a group whose removal did not hang, so likelier a culprit than a flag
-                # taken at random; a culprit's soak counts toward its necessity soak, and the longer
-                # it is, the more often that soak is its last (one start-up fewer)
-                batch.append(
-                    (
-                        target,
-                        max(min(soak * p.single_stage_mttfs / p.ablation_stage_mttfs, longest), s.startup_s),
-                        "search",
-                    )
-                )
-            else:
-                batch.append((target, soak, "search"))
+                # split out of a group whose removal did not hang: likelier a culprit, and a
+                # culprit's longer soak more often is its necessity soak's last (a start-up fewer)
+                stage = max(min(soak * p.single_stage_mttfs / p.ablation_stage_mttfs, longest), s.startup_s)
+            batch.append((target, stage, "search"))
             groups.append(group)
         for group, (mask, result) in zip(groups, search.run(batch), strict=True):
             if result.hung_with(search.signature):
@@ -203,12 +190,8 @@ def _parts(flags: list[int], count: int) -> list[list[int]]:
     """`flags` in `count` groups of sizes as equal as can be (the larger first)."""
     count = max(1, min(count, len(flags)))
     size, extra = divmod(len(flags), count)
-    out, at = [], 0
-    for i in range(count):
-        n = size + (1 if i < extra else 0)
-        out.append(flags[at : at + n])
-        at += n
-    return out
+    starts = [i * size + min(i, extra) for i in range(count + 1)]
+    return [flags[a:b] for a, b in itertools.pairwise(starts)]
 
 
 def _certify(search: Search, keep: int, H: float, E: float) -> None:
@@ -223,7 +206,7 @@ def _certify(search: Search, keep: int, H: float, E: float) -> None:
             stats.soak_for_detection(mttf, 1 - search.alpha / 2),
             stats.soak_for_detection(search.post.cap, 1 - search.alpha / 2),
         )
-    soak = max(soak, 2.0 * search.stats_of(keep).longest_s)
+    soak = max(soak, search.policy.again_factor * search.stats_of(keep).longest_s)
     search.stats_of(keep).role = "certification"
     search.run([(keep, max(soak, search.s.startup_s), "certification")])
 
@@ -255,7 +238,9 @@ def _unrefuted(
         # no hang in e at rate lambda / f is no hang in e / f at lambda
         p = {j: ref.p_no_hang(e / f) for j, e, _ in rows}
         level = _rule_out_level(p, keep, dropped, alpha)
-        rows = [(j, e, max(need, f * ref.exposure_until(e / f, level)) if p[j] > level else need) for j, e, need in rows]
+        rows = [
+            (j, e, max(need, f * ref.exposure_until(e / f, level)) if p[j] > level else need) for j, e, need in rows
+        ]
     todo = [(j, need - e) for j, e, need in rows if need > e]
     return dropped, sorted(todo, key=lambda t: t[1])
 
@@ -291,18 +276,15 @@ def _reference_of(search: Search, keep: int) -> Reference:
 
 
 def _stage(search: Search, mask: int | None = None) -> float:
-    """The longest soak the ablation gives one config at a time: policy.ablation_stage_mttfs x an MTTF
-    that neither lucky early hangs nor the kept flags' passes can pull far off, and at least
-    twice `mask`'s longest soak so far: a hang that needs a long unbroken run under load (seed
-    000 came hours into a chat) is never seen by soaks that stay short, however many.
+    """The longest soak the ablation gives one config at a time: policy.ablation_stage_mttfs x an
+    MTTF that neither lucky early hangs nor the kept flags' passes can pull far off, and at least
+    policy.again_factor x `mask`'s longest soak so far.
 
     The MTTF is the rate's maximum likelihood over every hang so far, each hang's time read as
-    truncated at its probe's soak (a probe stopped at its soak could only have hung within it:
-    read plainly, short soaks make the rate look fast, and short soaks come from a fast-looking
-    rate). Passes do not count, since a kept flag's removal never hangs; the MTTF read from
-    every probe, passes included, bounds it from above. An innocent flag's removal then rarely
-    passes a stage; such a pass would keep the flag, and its exposure out of the pooled rate."""
-    again = 2.0 * search.configs[mask].longest_s if mask in search.configs else 0.0
+    truncated at its probe's soak (read plainly, short soaks make the rate look fast, and short
+    soaks come from a fast-looking rate). Passes do not count (a kept flag's removal never hangs);
+    the MTTF read from every probe, passes included, bounds it from above."""
+    again = search.policy.again_factor * search.configs[mask].longest_s if mask in search.configs else 0.0
     hangs = [(r.exposure_s, r.probe.soak_s) for r in search.log if r.hung_with(search.signature)]
     everything = sum(cs.exposure_s for cs in search.configs.values())
     slowest = everything / max(len(hangs), 1)

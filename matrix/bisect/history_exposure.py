@@ -24,7 +24,7 @@ from .model import Settings
 if TYPE_CHECKING:
     from .search import Search
 
-LOADED = ("passed", "hang", "crash")
+LOADED = ("passed", "hang", "crash")  # the outcomes whose soaks carried load (a definition, not a tuning)
 
 
 @dataclass(frozen=True)

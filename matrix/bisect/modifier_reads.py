@@ -78,7 +78,7 @@ def until_called(search: Search, minimal_mask: int, j: int, longest_s: float) ->
 
     def called_at(exposure_s: float) -> bool:
         rows[target] = (cell.hangs, cell.exposure_s, hangs, exposure_s)
-        c = compare(list(rows.values()), search.s.confidence, interval=False)
+        c = compare(list(rows.values()), search.s.confidence)
         return called_early(c, hangs, level, search.policy.innocent_hangs)
 
     low, high = now, max(longest_s, now)
@@ -103,7 +103,7 @@ def clear_level(search: Search, minimal_mask: int) -> float:
     """The level at which a flag is called early: a third of its Holm share, so that looking after
     every soak does not spend the family's error budget on the innocent flags."""
     outside = search.n - bin(minimal_mask).count("1")
-    return (1.0 - search.s.confidence) / (3.0 * max(outside, 1))
+    return (1.0 - search.s.confidence) / (search.policy.clear_share * max(outside, 1))
 
 
 def rules_out(search: Search, cs, cleared: set[int]) -> bool:
@@ -168,7 +168,8 @@ def measure_length(search: Search) -> float:
     """The most a modifier verdict soaks one removal: the exposure in which a removal
     rule_out_factor x slower than the failing cell hangs policy.measure_hangs times, and some."""
     cell = search.stats_of(search.full)
-    return search.s.rule_out_factor * cell.exposure_s / max(cell.hangs, 1) * (search.policy.measure_hangs + 2)
+    p = search.policy
+    return search.s.rule_out_factor * cell.exposure_s / max(cell.hangs, 1) * (p.measure_hangs + p.measure_spare_hangs)
 
 
 def reference_pool(search: Search, minimal_mask: int) -> tuple[float, float]:
@@ -183,7 +184,7 @@ def reference_pool(search: Search, minimal_mask: int) -> tuple[float, float]:
         # removals of flags outside the set, alone or in groups (the ablation's and the groups')
         if m == search.full or (m & minimal_mask) != minimal_mask or cs.exposure_s <= 0 or cell.exposure_s <= 0:
             continue
-        c = compare([(cell.hangs, cell.exposure_s, cs.hangs, cs.exposure_s)], search.s.confidence, interval=False)
+        c = compare([(cell.hangs, cell.exposure_s, cs.hangs, cs.exposure_s)], search.s.confidence)
         # a group's removal joins only while it looks as fast (a modifier among its flags would slow
         # the reference, and each necessary flag's rule-out with it)
         p = search.policy

@@ -7,8 +7,7 @@
 4. modifier soaks: what the modifier verdicts and the rule-outs read;
 5. verdicts: other values of the set's flags, a verdict per flag, the result.
 
-Each phase is a function of this module over the search state (search.py) and what the phase
-before handed on (`Calibration`, `Answer`); every constant it uses is `settings.policy`'s.
+Each phase is a function over the probe ledger (search.py) and what the phase before handed on.
 """
 
 from __future__ import annotations
@@ -117,7 +116,7 @@ def bisect_flags(
         s = replace(s, verify_cap=s.mttf_cap_s is not None)
     # another signature restarts the server instead of ending the probe: the target as the search
     # knows it (none before the calibration's first hang: then only a hang ends a probe)
-    restarting = RestartingOracle(oracle, lambda: search.signature)
+    restarting = RestartingOracle(oracle, lambda: search.signature, s.policy)
     search = Search(failing_flags, elements, restarting, s, signature, feasible, gpu_count, progress)
     said_history = take_history(search, history, gpu_count(failing_flags)) if history is not None else []
     notes: list[str] = []  # what each phase says, in order, for the report
@@ -161,12 +160,21 @@ def calibrate(search: Search, notes: list[str]) -> Calibration:
 
 def search_for_the_set(search: Search, cap: float, notes: list[str]) -> Answer:
     """Phase 2: the likeliest set, found when the search can vouch for it and it was seen to hang."""
-    if search.n == 0:
-        lp, top, decided, ablation = np.zeros(1), 0, True, Ablation(0)
-    else:
-        top, decided, ablation = _search(search, notes)
-        lp = search.post.log_posterior()
-        cap = search.post.cap
+    ablation = Ablation(0 if search.n == 0 else None)
+    if search.n and search.s.ablation:
+        ablation = ablation_search(search, notes)
+        if ablation.keep is None and not search.over_budget():
+            notes.append(
+                f"removing one flag at a time could not decide ({ablation.gave_up}): "
+                "searched every set of flags instead, with every probe so far"
+            )
+            search.progress(notes[-1])
+    if ablation.keep is None:
+        posterior_search(search)
+    lp = search.post.log_posterior() if search.n else np.zeros(1)
+    top = int(np.argmax(lp)) if ablation.keep is None else ablation.keep
+    decided = ablation.keep is not None or math.exp(lp[top]) >= search.s.confidence
+    cap = search.post.cap if search.n else cap
     p_top = float(np.exp(lp[top]))
     status = "found" if decided and search.stats_of(top).hangs > 0 else "inconclusive"
     if status == "inconclusive":
@@ -297,23 +305,3 @@ def _result(
         other_signatures=other_signatures(search.log, search.signature),
         shrunk={name: {"from": search.failing[name], "to": value} for name, value in verdicts.shrunk.items()},
     )
-
-
-def _search(search: Search, notes: list[str]) -> tuple[int, bool, Ablation]:
-    """The search phase: the answer's mask, the ablation's or (when the ablation cannot decide) the
-    posterior search's likeliest set; whether it can vouch for it; what the ablation found."""
-    ablation = Ablation(None)
-    if search.s.ablation:
-        ablation = ablation_search(search, notes)
-        if ablation.keep is not None:
-            return ablation.keep, True, ablation
-        if not search.over_budget():
-            notes.append(
-                f"removing one flag at a time could not decide ({ablation.gave_up}): "
-                "searched every set of flags instead, with every probe so far"
-            )
-            search.progress(notes[-1])
-    posterior_search(search)
-    lp = search.post.log_posterior()
-    top = int(np.argmax(lp))
-    return top, math.exp(lp[top]) >= search.s.confidence, ablation

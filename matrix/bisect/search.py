@@ -176,7 +176,8 @@ class Search:
         cs.role = "calibration"
         max_soak = s.calibration_max_soak_s
         if max_soak is None:
-            max_soak = 8.0 * s.mttf_cap_s if s.mttf_cap_s else 24 * 3600.0
+            p = self.policy
+            max_soak = p.calibration_soak_caps * s.mttf_cap_s if s.mttf_cap_s else p.calibration_soak_s
         misses = 0
         while cs.hangs < s.calibration_hangs and not self.over_budget():
             need = s.calibration_hangs - cs.hangs
@@ -216,12 +217,12 @@ class Search:
         )
 
     def track_cap(self, H: float, E: float) -> bool:
-        """Move a default cap to the one H hangs in E give, when that differs by over 10 %.
+        """Move a default cap to the one H hangs in E give, when that differs by over policy.cap_move.
         Returns whether it moved."""
         if self.s.mttf_cap_s is not None or H <= 0:
             return False
         cap = self.cap_from(H, E)
-        if abs(cap - self.post.cap) <= 0.1 * self.post.cap:
+        if abs(cap - self.post.cap) <= self.policy.cap_move * self.post.cap:
             return False
         self.post.set_cap(cap)
         return True
