@@ -123,12 +123,8 @@ def ablation_search(search: Search, notes: list[str]) -> Ablation:
             continue
         if not todo:
             return done(keep)
-        # with fewer flags to soak than --parallel, each flag's exposure is split over copies
-        width = max(1, s.parallel)
-        todo = todo[:width]
         batch: list[tuple[int, float, str]] = []
-        for i, (j, need) in enumerate(todo):
-            n_copies = len(range(i, width, len(todo)))  # the width dealt out round-robin
+        for (j, need), n_copies in search.dealt(todo):
             target = search.full & ~(1 << j)
             if not search.runnable[target]:
                 target = keep & ~(1 << j)
@@ -198,14 +194,9 @@ def _certify(search: Search, keep: int, H: float, E: float) -> None:
     """Soak baseline + the kept flags long enough to see it hang if it is as fast as the
     configs with more flags (the slower of the pooled MTTF and the one read from every probe)."""
     mttf = max(E / max(H, 1.0), _stage(search) / search.policy.ablation_stage_mttfs)
-    if search.s.mttf_cap_s is None:
-        # the set alone may hang only rule_out_factor x slower (the modifiers left out of it)
-        soak = stats.soak_for_detection(search.s.rule_out_factor * mttf, 1 - search.alpha / 2)
-    else:
-        soak = min(
-            stats.soak_for_detection(mttf, 1 - search.alpha / 2),
-            stats.soak_for_detection(search.post.cap, 1 - search.alpha / 2),
-        )
+    # with no cap the set alone may hang only rule_out_factor x slower (the modifiers left out of it)
+    mttf = search.s.rule_out_factor * mttf if search.s.mttf_cap_s is None else min(mttf, search.post.cap)
+    soak = stats.soak_for_detection(mttf, 1 - search.alpha / 2)
     soak = max(soak, search.policy.again_factor * search.stats_of(keep).longest_s)
     search.stats_of(keep).role = "certification"
     search.run([(keep, max(soak, search.s.startup_s), "certification")])

@@ -54,16 +54,11 @@ def _measure(search: Search, minimal_mask: int, longest_s: float, cleared: set[i
         if not suspects:
             return
         top_up_cell(search, p.cell_hangs)
-        # with fewer suspects than --parallel, the width is dealt out round-robin: copies of a
-        # removal are independent soaks whose exposure pools
-        width = max(1, search.s.parallel)
-        picked = suspects[:width]
+        mttf = cell.exposure_s / max(cell.hangs, 1)
         batch = []
-        for i, j in enumerate(picked):
-            copies = len(range(i, width, len(picked)))
+        for j, copies in search.dealt(suspects):
             target = full & ~(1 << j)
             cs = search.stats_of(target)
-            mttf = cell.exposure_s / max(cell.hangs, 1)
             run_on = (until_called(search, minimal_mask, j, longest_s) - cs.exposure_s) / copies
             soak = min(
                 max(p.soak_mttfs * mttf, cs.exposure_s / max(cs.hangs, 1), run_on, search.s.startup_s),
@@ -126,21 +121,12 @@ def _group_check(search: Search, minimal_mask: int, longest_s: float, cleared: s
             continue
         cs = search.stats_of(target)
         until = untils.setdefault(target, cs.exposure_s + search.policy.group_mttfs * mttf)
-        while (
-            not rules_out(search, cs, cleared)
-            and not looks_slow(search, cs)
-            and cs.exposure_s < until
-            and not search.over_budget()
-        ):
-            _soak_on(search, target, cs, until, mttf, search.policy.group_slow_level)
-        if not rules_out(search, cs, cleared) and search.stats_of(search.full).hangs < search.policy.cell_hangs:
+        ruled_out = _soak_group(search, target, cs, until, mttf, cleared)
+        if not ruled_out and search.stats_of(search.full).hangs < search.policy.cell_hangs:
             # the group did not clear: the failing cell's side of every comparison first
             top_up_cell(search, search.policy.cell_hangs)
             pending.insert(0, group)
-            continue
-        if not rules_out(search, cs, cleared):
-            if _locate(search, minimal_mask, group, target, mttf, cleared):
-                continue
+        elif not ruled_out and not _locate(search, minimal_mask, group, target, mttf, cleared):
             # a modifier among them, likely: its likeliest one alone, or each half a group of its
             # own (a modifier among 9 flags costs a level or a few of groups, not 8 innocent flags'
             # 4 hangs each)
@@ -184,14 +170,19 @@ def _locate(search: Search, minimal_mask: int, group: list[int], target: int, mt
     if not search.runnable[joint]:
         return False
     cs = search.stats_of(joint)
-    until = cs.exposure_s + p.group_mttfs * mttf
+    return _soak_group(search, joint, cs, cs.exposure_s + p.group_mttfs * mttf, mttf, cleared)
+
+
+def _soak_group(search: Search, mask: int, cs, until: float, mttf: float, cleared: set[int]) -> bool:
+    """Soak a group's removal until its hangs rule out a modifier among its flags, it looks slow,
+    or its exposure reaches `until`. Returns whether it ruled out."""
     while (
         not rules_out(search, cs, cleared)
         and not looks_slow(search, cs)
         and cs.exposure_s < until
         and not search.over_budget()
     ):
-        _soak_on(search, joint, cs, until, mttf, p.group_slow_level)
+        _soak_on(search, mask, cs, until, mttf, search.policy.group_slow_level)
     return rules_out(search, cs, cleared)
 
 

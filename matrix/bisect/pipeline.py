@@ -58,10 +58,8 @@ class Calibration:
 
 @dataclass(frozen=True)
 class Answer:
-    """What the search hands the phases after it: the set (a mask of the elements), found or
-    inconclusive, the cap its hang must come within, its posterior, the flags the rate check
-    added to it (their absence hangs, slowly), and the group removals the ablation's modifier soaks
-    cleared (the modifier soaks go on from them)."""
+    """What the search hands on: the set (a mask), found or inconclusive, the cap its hang must come
+    within, its posterior, the flags the rate check added, the groups the modifier soaks cleared."""
 
     top: int
     status: str
@@ -73,8 +71,8 @@ class Answer:
 
 @dataclass(frozen=True)
 class Verdicts:
-    """What the last phase found: the set's MTTF and certified soak, the other values of its flags
-    tried (and the smaller ones that stand), a verdict per flag."""
+    """The set's MTTF and certified soak, its flags' other values tried (and the smaller ones that
+    stand), a verdict per flag."""
 
     minimal_mttf: stats.MttfEstimate | None = None
     certified_soak_s: float | None = None
@@ -105,10 +103,8 @@ def bisect_flags(
     their baseline value; `context` names flags that cannot move and why (`context_elements`).
     `alternatives[name]` lists values to try, in order toward the baseline, once the set is known.
     `signature`: count only hangs with this signature (default: the calibration's first hang, never
-    a crash); `signature_source` says where it came from, for the report. `history`: what the history
-    store measured on the failing cell for that signature, counted as the failing cell's before the
-    calibration (history_exposure.py). `settings.policy` holds every tuning constant.
-    """
+    a crash; `signature_source` says where it came from). `history`: what the history store
+    measured on the failing cell for that signature (history_exposure.py)."""
     if history is not None and signature is None:
         signature, signature_source = history.signature, signature_source or "the history store"
     s = settings
@@ -123,12 +119,6 @@ def bisect_flags(
     calibration = calibrate(search, notes)
 
     if not calibration.reproduced:
-        cal = search.stats_of(search.full)
-        bound = stats.mttf_lower_bound(cal.exposure_s, s.confidence)
-        notes.append(
-            f"the failing cell did not hang with the expected signature in {cal.exposure_s:.0f}s of load: "
-            f"MTTF > {bound:.0f}s at {s.confidence:.0%}; nothing to bisect"
-        )
         answer, verdicts = Answer(0, "not_reproduced", math.nan, 0.0), Verdicts()
     else:
         answer = search_for_the_set(search, calibration.cap, notes)
@@ -143,13 +133,17 @@ def bisect_flags(
 
 
 def calibrate(search: Search, notes: list[str]) -> Calibration:
-    """Phase 1: the failing cell soaked to its first hangs; on a hang, the cap and the posterior
-    (every probe so far observed)."""
+    """Phase 1: the failing cell soaked to its first hangs; on a hang, the cap and the posterior."""
     s = search.s
     ok, _ = search.calibrate()
     cal = search.stats_of(search.full)
     failing = cal.mttf(s.confidence) if cal.exposure_s > 0 else None
     if not ok:
+        bound = stats.mttf_lower_bound(cal.exposure_s, s.confidence)
+        notes.append(
+            f"the failing cell did not hang with the expected signature in {cal.exposure_s:.0f}s of load: "
+            f"MTTF > {bound:.0f}s at {s.confidence:.0%}; nothing to bisect"
+        )
         return Calibration(False, failing, math.nan)
     cap = s.mttf_cap_s if s.mttf_cap_s else default_cap(cal.hangs, cal.exposure_s, s.cap_factor, s.policy)
     if cal.hangs < s.calibration_hangs:
@@ -185,10 +179,9 @@ def search_for_the_set(search: Search, cap: float, notes: list[str]) -> Answer:
 
 
 def check_cap_and_rate(search: Search, answer: Answer, notes: list[str]) -> Answer:
-    """Phase 3: a flag whose absence hangs within the cap leaves the set (verify_cap); by default one
-    without which the hang was seen leaves it too; an explicit cap asks for the set that hangs
+    """Phase 3: flags leave the set (cap_check.py); an explicit cap asks for the set that hangs
     *within* it, so a flag without which the hang is slower joins it (its verdict still says the
-    hang was seen without it), and each flag is asked again."""
+    hang was seen without it), and each flag is asked again (ratecheck.py)."""
     s = search.s
     top, status, cap, rate_added = answer.top, answer.status, answer.cap, answer.rate_added
     if status == "found" and s.verify_cap:

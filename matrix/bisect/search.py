@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from .model import ConfigStats, Element, FeasibleFn, GpuCountFn, Settings, default_cap, default_gpu_count
 from .oracle import Probe, ProbeOracle, ProbeResult
 from .posterior import Posterior
+
+T = TypeVar("T")
 
 
 class Search:
@@ -102,6 +104,13 @@ class Search:
         rest = mask & ~bit
         rows = [cs for m, cs in self.configs.items() if (m & rest) == rest and not m & bit]
         return sum(cs.hangs for cs in rows), sum(cs.exposure_s for cs in rows)
+
+    def dealt(self, items: list[T]) -> list[tuple[T, int]]:
+        """The first --parallel items, each with its copies: with fewer items than the width, the
+        width is dealt out round-robin (copies of a config are independent soaks whose exposure pools)."""
+        width = max(1, self.s.parallel)
+        picked = items[:width]
+        return [(item, len(range(i, width, len(picked)))) for i, item in enumerate(picked)]
 
     def over_budget(self) -> bool:
         s = self.s
