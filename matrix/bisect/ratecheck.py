@@ -103,14 +103,17 @@ class ModifierModel:
         """The config and soak whose outcome tells most about which flag (if any) is needed, per
         expected GPU-hour."""
         s = self.search
-        J = len(self.candidates)
-        # the answer variable: 0 = the set is enough, 1 + i = candidate i is needed
         lam_none = max(self.H, 0.5) / max(self.E, 1e-9)
         lam = np.maximum(self.H, 0.5) / self.Eeff  # J x R
         mttf = 1.0 / lam_none
         # each (j, r) splits into "j needed" and "the set is enough"
         need = self.post * self.p_slow
         enough = self.post * (1 - self.p_slow)
+
+        def joint(q_none: float, q: np.ndarray) -> np.ndarray:
+            """P(answer, an outcome of probability q), answer 0 = the set is enough, 1 + i = candidate i."""
+            return np.concatenate([[self.p_none * q_none + (enough * q).sum()], (need * q).sum(axis=1)])
+
         options = {self.mask}
         for j in self.candidates:
             options.add(self.mask | 1 << j)
@@ -123,23 +126,11 @@ class ModifierModel:
             rate = np.where(has[:, None], lam, lam / self.r[None, :])  # J x R
             for k in s.policy.modifier_soaks:
                 soak = k * mttf
-                p_h_none = -math.expm1(-lam_none * soak)
-                p_h = -np.expm1(-rate * soak)
-                # joint P(answer, hang)
-                joint_h = np.zeros(J + 1)
-                joint_n = np.zeros(J + 1)
-                joint_h[0] = self.p_none * p_h_none
-                joint_n[0] = self.p_none * (1 - p_h_none)
-                joint_h[1:] = (need * p_h).sum(axis=1)
-                joint_n[1:] = (need * (1 - p_h)).sum(axis=1)
-                joint_h[0] += (enough * p_h).sum()
-                joint_n[0] += (enough * (1 - p_h)).sum()
-                info = _mutual_information(joint_h, joint_n)
+                p_h_none, p_h = -math.expm1(-lam_none * soak), -np.expm1(-rate * soak)
+                info = _mutual_information(joint(p_h_none, p_h), joint(1 - p_h_none, 1 - p_h))
                 mean_load_none = (1 - math.exp(-lam_none * soak)) / lam_none
-                mean_load = -np.expm1(-rate * soak) / rate
-                load = self.p_none * mean_load_none + float((self.post * mean_load).sum())
-                cost = s.cost[c] * (s.s.startup_s + load)
-                score = info / cost
+                load = self.p_none * mean_load_none + float((self.post * (-np.expm1(-rate * soak) / rate)).sum())
+                score = info / (s.cost[c] * (s.s.startup_s + load))
                 if score > best_score:
                     best, best_score = (c, soak), score
         return best
