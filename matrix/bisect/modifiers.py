@@ -84,15 +84,11 @@ def top_up_cell(search: Search, hangs: int, reference: bool = False) -> bool:
 
 
 def _group_check(search: Search, minimal_mask: int, longest_s: float, cleared: set[int]) -> None:
-    """Once the failing cell's rate is known, the suspects that look innocent so far (their
-    removal hung, not much slower than the failing cell, or they were dropped with a group in the
-    ablation) are removed together, and the group's removal is soaked until its hangs rule out an
-    x rule_out_factor modifier among them (rules_out: short of two that cancel, none of them is
-    one, and none needs soaks of its own), look slower than the failing cell (looks_slow) or it
-    has had policy.group_mttfs of load: then its modifier is looked for from the set's side (_locate),
-    and if that does not clear the rest, each part is a group of its own (_split), down to single
-    flags (which `measure` soaks one by one). All the flags outside the set together is the set
-    alone, whose earlier soaks count."""
+    """The suspects that look innocent so far (their removal hung, not much slower than the failing
+    cell, or they were dropped with a group in the ablation) removed together, soaked until the
+    group's hangs rule out an x rule_out_factor modifier among them (short of two that cancel) or
+    look slow, or it has had policy.group_mttfs of load. A group that does not clear has its
+    modifier looked for from the set's side (_locate), else is split (_split)."""
     cell = search.stats_of(search.full)
     mttf = cell.exposure_s / max(cell.hangs, 1)
     comps = comparisons(search, minimal_mask, interval=False)
@@ -135,16 +131,11 @@ def _group_check(search: Search, minimal_mask: int, longest_s: float, cleared: s
 
 def _locate(search: Search, minimal_mask: int, group: list[int], target: int, mttf: float, cleared: set[int]) -> bool:
     """A group that did not clear: find its modifier from the other side, then clear the rest at once.
-    `target` (the failing cell without the group; most often the set alone) is slow when a modifier
-    is among the group, so flags added back to it show where: `target` plus the half that holds the
-    modifier hangs as fast as the failing cell (a hang or two, at policy.locate_level), plus the other half
-    it stays slow. The likeliest modifier (_likeliest) is tried alone first, else the first half.
-    Each step is a loose call: what it finds is only a candidate. `target` plus that flag lacks
-    every other flag of the group, and its soak (rules_out, at the group rule-out's own level)
-    clears them all in one removal; its hangs against `target`'s also enter the candidate's own
-    verdict (the set plus it and the set alone differ in it alone). True when that removal cleared
-    them; False (a loose call went wrong, or two modifiers) leaves the group to _split, with every
-    soak here kept."""
+    `target` (the failing cell without the group) is slow, and `target` plus the part that holds the
+    modifier hangs as fast as the failing cell (a loose call at policy.locate_level): the likeliest
+    flag alone first, else halves. `target` plus the candidate lacks every other flag of the group,
+    so its soak clears them all in one removal (and its hangs enter the candidate's own verdict).
+    False (a loose call went wrong, or two modifiers) leaves the group to _split, every soak kept."""
     p = search.policy
     candidates = list(group)
     while len(candidates) > 1 and not search.over_budget():
@@ -197,10 +188,7 @@ def _soak_on(search: Search, mask: int, cs, until: float, mttf: float, level: fl
 
 
 def _split(search: Search, minimal_mask: int, group: list[int], target: int) -> list[list[int]]:
-    """A group that did not clear, split: its likeliest modifier alone and the rest, else halves.
-    The likeliest is the flag whose removals other than the group's own (the ablation's, single
-    or in groups) look slowest against the failing cell, if at policy.peel_level or below (a tie: the
-    later flag)."""
+    """A group that did not clear, split: its likeliest modifier (_likeliest) alone and the rest, else halves."""
     cell = search.stats_of(search.full)
     if cell.hangs == 0 or len(group) < 3:
         return halves(group)

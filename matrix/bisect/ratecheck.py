@@ -24,18 +24,12 @@ if TYPE_CHECKING:
 
 
 class ModifierModel:
-    """Is the set enough to hang within the cap, or is one more flag needed for the rate?
-
-    The search's model gives every config that contains the set one shared rate. Here the rate
-    may drop by a factor r (a grid, log-uniform) without one flag j outside the set: hypotheses
-    `none` (prior 1 - Settings.modifier_prior) and (j, r). With a 1/lambda prior, each has a closed-form
-    likelihood in the hangs and exposure of the configs containing the set, split by j. Under
-    (j, r), j is *needed* when the hang without it is slower than the cap (r / lambda > cap_j,
-    cap_j derived from the configs with j when no cap was given).
-
-    "The set is enough" also needs the prior-free guard (`enough`): the posterior leans on the
-    prior's 1 - modifier_prior for "none", which a few lucky quick hangs without a real modifier
-    can tip."""
+    """The rate may drop by a factor r (policy.modifier_factors) without one flag j outside the set:
+    hypotheses `none` (prior 1 - Settings.modifier_prior) and (j, r), each with a closed-form
+    likelihood (a 1/lambda prior) in the hangs and exposure of the configs containing the set,
+    split by j. Under (j, r), j is *needed* when the hang without it is slower than the cap
+    (r / lambda > cap_j, cap_j derived from the configs with j when no cap was given). "Enough"
+    also needs the prior-free guard (`enough`): a few lucky quick hangs can tip the prior's "none"."""
 
     def __init__(self, search: Search, mask: int, candidates: list[int], cap: float | None):
         self.search, self.mask, self.candidates, self.cap = search, mask, candidates, cap
@@ -180,9 +174,7 @@ def rate_check(
 
     Returns the grown set and, with a default cap, the cap derived from the configs that share the
     set's rate."""
-    s = search.s
-    max_probes = search.policy.max_modifier_probes if max_probes is None else max_probes
-    alpha = 1.0 - s.confidence
+    alpha = 1.0 - search.s.confidence
     cap_out = cap if cap is not None else search.post.cap
     for _ in range(search.n):
         candidates = [j for j in range(search.n) if not mask >> j & 1]
