@@ -48,8 +48,7 @@ from .verdicts import flag_verdicts, shrink_values, smallest_values
 
 @dataclass(frozen=True)
 class Calibration:
-    """What calibration hands on: whether the failing cell hung with the target signature, its MTTF
-    as calibrated, and the cap the search starts from (nan when it did not hang)."""
+    """Whether the failing cell hung with the target signature, its MTTF, the search's first cap."""
 
     reproduced: bool
     failing: stats.MttfEstimate | None
@@ -270,7 +269,6 @@ def _result(
     context: Mapping[str, str],
     signature_source: str,
 ) -> BisectResult:
-    """The result, from what each phase handed on and the probe ledger."""
     elements, top, found = search.elements, answer.top, answer.status == "found"
     return BisectResult(
         status=answer.status,

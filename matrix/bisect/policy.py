@@ -108,7 +108,6 @@ class Policy:
     peel_level: float = 0.05
     # Each step of finding a group's modifier from the set's side (0.02, 0.1, 0.2 tried: within 1 %).
     locate_level: float = 0.05
-
     # A flag is called early at its Holm share / this: looking after every soak must not spend the
     # family's error budget on the innocent flags.
     clear_share: float = 3.0
