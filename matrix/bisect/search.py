@@ -123,10 +123,7 @@ class Search:
         results = self.oracle.run(probes)
         out = []
         for (mask, soak, role), result in zip(batch, results, strict=True):
-            self.log.append(result)
-            self.probes += 1
-            self.gpu_hours += result.gpu_hours
-            self.spent[role] = self.spent.get(role, 0.0) + result.gpu_hours
+            self._spend(result, role)
             cs = self.stats_of(mask)
             if cs.role == "search" and role != "search":
                 cs.role = role
@@ -163,16 +160,20 @@ class Search:
             out.append((mask, result))
         return out
 
+    def _spend(self, result: ProbeResult, role: str) -> None:
+        """A probe into the log, the probe count and the spend (by role)."""
+        self.log.append(result)
+        self.probes += 1
+        self.gpu_hours += result.gpu_hours
+        self.spent[role] = self.spent.get(role, 0.0) + result.gpu_hours
+
     def run_aside(
         self, flags: dict[str, Any], soak: float, label: str, config_label: str
     ) -> tuple[ProbeResult, ConfigStats]:
         """One shrink probe of flags no mask names (another value of a flag of the set): in the log
         and the spend, its stats a config of its own; the caller reads the outcome into them."""
         result = self.oracle.run([Probe(flags, soak, label)])[0]
-        self.log.append(result)
-        self.probes += 1
-        self.gpu_hours += result.gpu_hours
-        self.spent["shrink"] = self.spent.get("shrink", 0.0) + result.gpu_hours
+        self._spend(result, "shrink")
         cs = ConfigStats(-1, config_label, flags, role="shrink", probes=1, gpu_hours=result.gpu_hours)
         self.extra_configs.append(cs)
         return result, cs
