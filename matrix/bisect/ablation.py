@@ -140,15 +140,10 @@ def ablation_search(search: Search, notes: list[str]) -> Ablation:
 
 
 def _ablate_each(search: Search) -> tuple[int | None, str]:
-    """The first round: the failing cell without a group of flags, one soak each
-    (policy.ablation_stage_mttfs x the MTTF read so far, never longer than a config at the cap needs
-    to show itself). The flags go in policy.first_parts groups first (not halves: with two or three
-    culprits both halves nearly always hold one, and a pass of a group missing two culprits counts
-    for neither one's necessity). A group whose removal hangs drops all its flags (the rest still
-    holds the trigger); one that does not is split in two, down to single flags, which soak
-    policy.single_stage_mttfs. With fewer than policy.group_ablation_flags flags each flag is
-    removed alone from the start.
-    Returns the flags whose removal did not hang, or None and why if a flag's removal cannot run."""
+    """The first round: the failing cell without a group of flags (policy.first_parts groups, then
+    halves of those whose removal did not hang, down to single flags), one soak each (_stage, never
+    longer than a config at the cap needs to show itself). Returns the flags whose removal did not
+    hang, or None and why if a flag's removal cannot run."""
     s, p = search.s, search.policy
     keep = search.full
     longest = stats.soak_for_detection(search.post.cap, 1 - search.alpha / max(search.n, 1))

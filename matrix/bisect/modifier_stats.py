@@ -1,17 +1,12 @@
 """The statistics of the modifier verdicts: does a flag outside the set change how often the hang
-comes, and by how much, read only between configs that differ in that flag alone.
+comes, and by how much (modifiers.py decides what to soak; this module only reads the soaks).
 
-A flag j outside the set is compared only between configs that differ in j alone (strata: the
-failing cell and the failing cell without j, the set alone and the set plus j, ...). Pooling every
-config with j against every config without it mixes in the other flags' effects: with seed 002's
-autotune (8x) left out of the set, the configs without an innocent flag include the slow set alone
-and those with it do not, and the innocent flag looked like a modifier in a fifth of the runs.
-Within a stratum the hangs split binomially by exposure under "no effect"; the strata's sum is
-tested exactly (a convolution), and the rate ratio gets the interval that inverts the same test.
-Over the flags outside the set the verdicts are controlled family-wise (Holm): all of them
-irrelevant, they are called modifiers at most 1 - confidence of the time in total.
-
-What to soak for these verdicts is modifiers.py's; this module only reads the soaks.
+A flag j is compared only between configs that differ in j alone (strata: the failing cell and it
+without j, the set alone and the set plus j, ...): pooling every config with j against every one
+without it mixes in the other flags' effects (with seed 002's x8 autotune left out of the set, an
+innocent flag looked like a modifier in a fifth of the runs). Within a stratum the hangs split
+binomially by exposure under "no effect"; the strata's sum is tested exactly (a convolution), the
+ratio's interval inverts the same test, and the calls are family-wise over the flags (Holm).
 """
 
 from __future__ import annotations

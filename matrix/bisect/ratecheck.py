@@ -169,11 +169,9 @@ def rate_check(
     search: Search, mask: int, cap: float | None, notes: list[str], max_probes: int | None = None
 ) -> tuple[int, float | None]:
     """A flag outside the set without which the hang is slower than the cap is needed for the hang
-    *within the cap*: soak the configs that tell (the set alone, the set plus one flag, the failing
-    cell without one flag) until the modifier model is sure either way, and add such a flag.
-
-    Returns the grown set and, with a default cap, the cap derived from the configs that share the
-    set's rate."""
+    *within the cap*: soak the configs that tell until the modifier model is sure either way, and
+    add such a flag. Returns the grown set and, with a default cap, the cap the configs that share
+    the set's rate give (None: undecided)."""
     alpha = 1.0 - search.s.confidence
     cap_out = cap if cap is not None else search.post.cap
     for _ in range(search.n):
@@ -206,12 +204,10 @@ def rate_check(
 
 
 def recheck_members(search: Search, found: int, grown: int, cap: float | None, notes: list[str]) -> tuple[int, bool]:
-    """The rate check grew the search's set `found` to `grown`: is each flag of `found` still needed
-    with the added flags on? The search read configs without an added flag, which hang slowly
-    whatever else is on, so an innocent flag whose absence was seen only there looked necessary.
-    Each flag gets the rate check's question with the rest of the grown set fixed: that rest is
-    enough (drop the flag), or the hang without the flag is slower than the cap (keep it).
-    Returns the set and whether every flag was decided."""
+    """The rate check grew `found` to `grown`: is each flag of `found` still needed with the added
+    flags on? (The search read configs without an added flag, which hang slowly whatever else is on.)
+    Each flag gets the rate check's question with the rest of `grown` fixed. Returns the set and
+    whether every flag was decided."""
     alpha = 1.0 - search.s.confidence
     added = ", ".join(e.name for j, e in enumerate(search.elements) if (grown & ~found) >> j & 1)
     for i in range(search.n):

@@ -3,9 +3,8 @@ spend, the posterior; running a batch of probes, calibrating the failing cell, a
 that follows the pooled MTTF.
 
 Only its own methods change it (a probe's outcome, the posterior and its cap); what a phase decides
-(the kept set, why ablation gave up, the flags the rate check added, the notes) is handed on
-explicitly in pipeline.py. The phases are functions of their own modules: ablation.py,
-posterior_search.py, ratecheck.py, modifiers.py, verdicts.py. This module imports none of them.
+(the kept set, the flags the rate check added, the cleared groups, the notes) is handed on
+explicitly (pipeline.py). It imports no phase.
 """
 
 from __future__ import annotations
