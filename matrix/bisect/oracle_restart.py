@@ -11,9 +11,9 @@ the other signatures are counted in the result's `extra["other_signatures"]` for
 
 Before the target is known (`target()` is None) only a hang ends a probe, as `ProbeResult.hung_with`
 says: a crash is never the target a cell was reported for. Two bounds keep a config from restarting for
-ever: `max_idle_starts` starts in a row that ended with another signature before any load make the
-result a `config_error` (the config cannot be soaked: bisection treats it as unrunnable), and after
-`max_restarts` restarts the probe ends with the last other signature, as it did before restarts
+ever (the policy's, policy.py): `max_idle_starts` starts in a row that ended with another signature
+before any load make the result a `config_error` (the config cannot be soaked: bisection treats it as
+unrunnable), and after `max_restarts` restarts the probe ends with the last other signature, as it did before restarts
 existed, with the exposure so far and `extra["gave_up"]`.
 """
 
