@@ -196,17 +196,16 @@ def test_a_group_that_ruled_out_a_modifier_stays_cleared_when_the_failing_cell_h
     cell = ConfigStats(0b1111111111, "failing cell", {}, hangs=8, exposure_s=26896.0)
     group = ConfigStats(0b0000001001, "baseline +f0 +f3", {}, hangs=5, exposure_s=18139.0)
 
-    def search_with(cleared):
-        return SimpleNamespace(full=cell.mask, cleared_groups=cleared, stats_of=lambda m: cell if m == cell.mask else group,
-                               s=Settings(confidence=0.99), policy=Policy())
-
-    search = search_with(set())
-    assert modifier_reads.rules_out(search, group)
+    search = SimpleNamespace(full=cell.mask, stats_of=lambda m: cell if m == cell.mask else group,
+                             s=Settings(confidence=0.99), policy=Policy())
+    cleared: set[int] = set()   # what the modifier soaks hand from one call to the next
+    assert modifier_reads.rules_out(search, group, cleared) and cleared == {group.mask}
     cell.hangs, cell.exposure_s = 12, 33131.0
-    assert modifier_reads.rules_out(search, group)
-    assert modifier_reads.cleared_flags(SimpleNamespace(**vars(search), configs={cell.mask: cell, group.mask: group}), 0b1) == 0b1111110110
+    assert modifier_reads.rules_out(search, group, cleared)
+    with_configs = SimpleNamespace(**vars(search), configs={cell.mask: cell, group.mask: group})
+    assert modifier_reads.cleared_flags(with_configs, 0b1, cleared) == 0b1111110110
     # read afresh, the same numbers do not rule it out: the call stands because it was made
-    assert not modifier_reads.rules_out(search_with(set()), group)
+    assert not modifier_reads.rules_out(search, group, set())
 
 
 def test_a_flag_whose_removal_hung_once_at_once_is_not_called_a_modifier_that_slows_the_hang():
@@ -663,24 +662,6 @@ def test_the_failing_cell_gets_another_hang_while_it_shortens_the_necessity_soak
     assert pays(8, 0b0001) and not pays(14, 0b0001) and pays(14, keep)
 
 
-def test_the_step_down_loosens_the_rule_out_of_the_flags_left_once_one_is_called():
-    # three kept flags: f0's absence soaked far past its rule-out, f1 and f2 short of it; at
-    # alpha / k each, f1 and f2 still need the x8 rule-out at alpha / 3; stepping down (Holm),
-    # f0 called at alpha / 3 leaves them alpha / 2, so they need less soak
-    from soakmatrix.matrix.bisect import ablation
-    keep = 0b0111
-    data = {0b1111: (40, 40 * MTTF), 0b1110: (0, 80 * MTTF), 0b1101: (0, 20 * MTTF), 0b1011: (0, 20 * MTTF)}
-
-    def needs(least: int) -> dict[int, float]:
-        search = _search_with(data, settings=Settings(confidence=0.99, policy=Policy(holm_least=least)))
-        H, E = search.pooled(keep)
-        factor = (8.0, search.alpha, ablation._reference_of(search, keep))
-        return dict(ablation._unrefuted(search, keep, keep, H, E, 1.0, factor)[1])
-    each, stepped = needs(0), needs(2)
-    assert 0 not in each and set(each) == set(stepped) == {1, 2}
-    assert all(stepped[j] < each[j] for j in (1, 2))
-
-
 def test_a_modifier_soak_runs_on_to_where_a_pass_would_decide():
     # a group's removal soaks on to where, without a hang, it would look slower than the failing
     # cell; a flag's removal on to where it would be called: a pass of that length decides, 97 % of
@@ -702,6 +683,6 @@ def test_a_modifier_soak_runs_on_to_where_a_pass_would_decide():
 
     def is_called(exposure_s):
         search.stats_of(without_f3).exposure_s = exposure_s
-        return 3 not in modifier_reads.flags_to_soak(search, set_alone, longest)
+        return 3 not in modifier_reads.flags_to_soak(search, set_alone, longest, set())
     assert is_called(until)
     assert not is_called(2 * MTTF + 0.97 * (until - 2 * MTTF))

@@ -9,6 +9,7 @@ import pytest
 from soakmatrix.matrix.bisect import Element, Settings, bisect
 from soakmatrix.matrix.bisect.oracle import Probe, ProbeResult
 from soakmatrix.matrix.bisect.oracle_restart import RestartingOracle, other_signatures
+from soakmatrix.matrix.bisect.policy import Policy
 from soakmatrix.matrix.bisect.oracle_virtual import VirtualOracle
 from soakmatrix.matrix.bisect.report import render_text, to_json
 from soakmatrix.matrix.contracts import flags as flagmod
@@ -92,7 +93,7 @@ def test_continuations_of_a_batch_run_together():
 
 def test_a_config_that_crashes_on_every_start_is_a_config_error_not_a_loop():
     inner = Scripted([("crash", "crash", 0.0)] * 3 + [("passed", None, 0)])
-    (r,) = RestartingOracle(inner, "shm_broadcast_timeout", max_idle_starts=3).run([PROBE])
+    (r,) = RestartingOracle(inner, "shm_broadcast_timeout", policy=Policy(max_idle_starts=3)).run([PROBE])
     assert r.outcome == "config_error" and "3 starts in a row before any load" in r.message
     assert len(inner.asked) == 3 and r.extra["idle_starts"] == 3 and r.extra["other_signatures"] == {"crash": 3}
     assert r.gpu_hours == pytest.approx(3 * STARTUP / 3600.0)
@@ -101,13 +102,13 @@ def test_a_config_that_crashes_on_every_start_is_a_config_error_not_a_loop():
 def test_starts_with_load_in_between_are_not_idle():
     inner = Scripted([("crash", "crash", 0.0), ("crash", "crash", 0.0), ("crash", "crash", 50.0),
                       ("crash", "crash", 0.0), ("passed", None, 0)])
-    (r,) = RestartingOracle(inner, "x", max_idle_starts=3).run([PROBE])
+    (r,) = RestartingOracle(inner, "x", policy=Policy(max_idle_starts=3)).run([PROBE])
     assert r.outcome == "passed" and r.extra["restarts"] == 4
 
 
 def test_after_max_restarts_the_probe_ends_with_the_other_signature_and_its_load():
     inner = Scripted([("crash", "crash", 100.0)] * 10)
-    (r,) = RestartingOracle(inner, "shm_broadcast_timeout", max_restarts=4).run([PROBE])
+    (r,) = RestartingOracle(inner, "shm_broadcast_timeout", policy=Policy(max_restarts=4)).run([PROBE])
     assert len(inner.asked) == 5 and r.extra["gave_up"] and "gave up after 4 restarts" in r.message
     assert r.outcome == "crash" and r.exposure_s == pytest.approx(500.0) and not r.hung_with("shm_broadcast_timeout")
     # the last crash ended the probe (the search counts it); the four before restarted it
@@ -123,7 +124,7 @@ def test_errors_end_the_probe():
 
 def test_bounds_are_checked():
     with pytest.raises(ValueError):
-        RestartingOracle(Scripted([]), "x", max_idle_starts=0)
+        RestartingOracle(Scripted([]), "x", policy=Policy(max_idle_starts=0))
 
 
 def _background(seed: int) -> VirtualOracle:

@@ -11,6 +11,7 @@ the verdicts. `Settings.policy` (policy.py) holds every constant that changes an
 - ablation.py: the failing cell without each flag in turn, tried before the posterior search;
 - posterior_search.py: the search over every set when ablation cannot decide;
 - ratecheck.py: whether the set is enough to hang within the cap, or needs one flag more;
+- cap_check.py: the flags that leave the set after the search (within the cap, or seen without);
 - modifiers.py, modifier_reads.py, modifier_stats.py: the soaks for, and the calls of, modifiers;
 - verdicts.py: other values of the set's flags, and a verdict per flag.
 
@@ -25,7 +26,6 @@ oracle_lazy.py). Design notes: docs/design/bisection.md.
 """
 
 from .model import (
-    MAX_ELEMENTS,
     BisectResult,
     ConfigStats,
     Element,
@@ -44,7 +44,6 @@ from .posterior import exposure_until, p_as_fast
 bisect = bisect_flags  # the name the tests and older callers use: the same function
 
 __all__ = [
-    "MAX_ELEMENTS",
     "Policy",
     "BisectResult",
     "ConfigStats",

@@ -1,20 +1,16 @@
 """Ablation, the search's first way: the failing cell without each flag (from
 policy.group_ablation_flags flags on, without a group of them first, then halves of the groups
-whose removal did not hang).
-
-A removal that hangs drops its flags (the rest still holds the trigger, and the hang pools into the
-rate); baseline + the kept flags must hang (certification); each kept flag's absence is screened at
-a loose level, then soaked until it rejects "as fast as the configs with the set" at alpha / (3 n)
-on its own evidence. That is the shape of the lower bound (bound.py): the evidence against "one
-flag fewer is enough" is the cost any procedure pays, and ablation spends little else. By default
-(no cap) those soaks also rule out "rule_out_factor x slower than the failing cell"
-(benchmarks/bound_default.py), read against the rate the modifier soaks (modifiers.py, run first)
-pool for the failing cell (modifier_reads.reference_pool). When ablation cannot decide, the
-posterior search (posterior_search.py) goes on from every probe so far.
+whose removal did not hang). Its necessity soaks are the shape of the lower bound (bound.py): the
+evidence against "one flag fewer is enough" is the cost any procedure pays, and ablation spends
+little else. By default (no cap) they also rule out "rule_out_factor x slower than the failing
+cell" (benchmarks/bound_default.py) against the rate the modifier soaks pool for the failing cell
+(modifier_reads.reference_pool). When ablation cannot decide, the posterior search
+(posterior_search.py) goes on from every probe so far.
 """
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -23,7 +19,7 @@ import numpy as np
 from soakmatrix.matrix.contracts import stats
 
 from .modifier_reads import measure_length, reference_pool
-from .modifiers import halves, measure
+from .modifiers import halves, measure, top_up_cell
 from .posterior import Reference, exposure_until, p_as_fast
 from .ratecheck import rate_check
 
@@ -33,25 +29,24 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Ablation:
-    """What ablation found: the kept set (None when it cannot decide, and why), and the flags the
-    rate check added to it."""
+    """What ablation found: the kept set (None when it cannot decide, and why), the flags the rate
+    check added to it, and the group removals its modifier soaks cleared (modifiers.measure)."""
 
     keep: int | None
     gave_up: str = ""
     rate_added: int = 0
+    cleared: frozenset[int] = frozenset()
 
 
 def ablation_search(search: Search, notes: list[str]) -> Ablation:
-    """Soak the failing cell without each flag in turn: a hang drops the flag (what is left
-    still holds the trigger), a removal that does not hang keeps it. Then baseline + the kept
-    flags must hang (certification); every kept flag's absence is screened at a loose level
-    (an innocent flag kept by an unlucky first soak hangs here); the rate check looks for a
-    flag outside the set that the rate needs; and each kept flag's absence is soaked until it
-    rejects "as fast as the configs with the set" at alpha / (3 n) (policy.necessity_split).
-
-    The kept set is None when ablation cannot decide (a removal that cannot run, every removal
-    hanging, a kept set that does not hang and the rate check cannot say why: two triggers), for
-    the posterior search to go on from, with every probe's data. Its notes go to `notes`."""
+    """A removal that hangs drops its flags (the rest still holds the trigger), one that does not
+    keeps them. Then baseline + the kept flags must hang (certification); each kept flag's absence
+    is screened at a loose level (an innocent flag kept by an unlucky first soak hangs here); under
+    an explicit cap the rate check looks for a flag outside the set that the rate needs; and each
+    kept flag's absence is soaked until it rejects "as fast as the configs with the set" at
+    alpha / (policy.necessity_split n). The kept set is None when ablation cannot decide (a
+    removal that cannot run, every removal hanging, a kept set that does not hang and the rate
+    check cannot say why: two triggers)."""
     s, p = search.s, search.policy
     keep, why = _ablate_each(search)
     if keep is None:
@@ -64,17 +59,20 @@ def ablation_search(search: Search, notes: list[str]) -> Ablation:
     guarded = s.modifier_prior <= 0 or s.mttf_cap_s is None
     rescued: set[int] = set()
     measured: set[int] = set()
+    cleared: frozenset[int] = frozenset()  # group removals the modifier soaks cleared
+
+    def done(kept: int | None, why: str = "") -> Ablation:
+        return Ablation(kept, why, rate_added, cleared)
+
     while not search.over_budget():
         H, E = search.pooled(keep)
         search.track_cap(H, E)
         narrow = search.stats_of(keep)
         if narrow.hangs == 0:
             if keep == 0:
-                return Ablation(
-                    None, "every flag's removal still hung: two triggers, or the baseline hangs", rate_added
-                )
+                return done(None, "every flag's removal still hung: two triggers, or the baseline hangs")
             if not search.runnable[keep]:
-                return Ablation(None, "baseline + the kept flags cannot run", rate_added)
+                return done(None, "baseline + the kept flags cannot run")
             if narrow.probes < p.certification_soaks:
                 _certify(search, keep, H, E)
                 continue
@@ -82,13 +80,13 @@ def ablation_search(search: Search, notes: list[str]) -> Ablation:
             # needed for the rate (a modifier the cap makes part of the set) or holds a second
             # trigger; the rate check gets a few probes to find the first
             if keep in rescued or s.mttf_cap_s is None:
-                return Ablation(None, "baseline + the kept flags does not hang", rate_added)
+                return done(None, "baseline + the kept flags does not hang")
             rescued.add(keep)
             rescue_notes: list[str] = []
             grown, rate_cap = rate_check(search, keep, s.mttf_cap_s, rescue_notes, p.rescue_probes)
             if grown == keep or rate_cap is None:
                 why = "baseline + the kept flags does not hang, and no one flag more makes it"
-                return Ablation(None, why, rate_added)
+                return done(None, why)
             notes += rescue_notes
             rate_added |= grown & ~keep
             keep = grown
@@ -104,14 +102,14 @@ def ablation_search(search: Search, notes: list[str]) -> Ablation:
                 # the modifier verdicts' soaks come first: their hangs (the failing cell's and each
                 # innocent removal's) are the reference rate the rule-out soaks read
                 measured.add(keep)
-                measure(search, keep, measure_length(search))
+                cleared = measure(search, keep, measure_length(search), cleared)
                 continue
             ref = _reference_of(search, keep)
-            if ref.hangs < p.reference_hangs and _reference(search, p.reference_hangs):
+            if ref.hangs < p.reference_hangs and top_up_cell(search, p.reference_hangs, reference=True):
                 continue
             factor = (s.rule_out_factor, search.alpha, ref)
             if _another_reference_hang_pays(search, keep & ~rate_added, keep, H, E, goal, factor):
-                _reference(search, int(search.stats_of(search.full).hangs) + 1)
+                top_up_cell(search, int(search.stats_of(search.full).hangs) + 1, reference=True)
                 continue
         dropped, todo = _unrefuted(search, keep & ~rate_added, keep, H, E, goal, factor)
         if dropped:
@@ -124,37 +122,28 @@ def ablation_search(search: Search, notes: list[str]) -> Ablation:
             keep = grown
             continue
         if not todo:
-            return Ablation(keep, rate_added=rate_added)
-        # with fewer flags to soak than --parallel, each flag's exposure is split over copies
-        width = max(1, s.parallel)
-        todo = todo[:width]
+            return done(keep)
         batch: list[tuple[int, float, str]] = []
-        for i, (j, need) in enumerate(todo):
-            n_copies = len(range(i, width, len(todo)))  # the width dealt out round-robin
+        for (j, need), n_copies in search.dealt(todo):
             target = search.full & ~(1 << j)
             if not search.runnable[target]:
                 target = keep & ~(1 << j)
             if not search.runnable[target]:
-                return Ablation(None, f"no config without {search.elements[j].name} can run", rate_added)
+                return done(None, f"no config without {search.elements[j].name} can run")
             # once the reference rate is fixed, a stage boundary buys no new information and costs a
             # start-up (an MTTF at MTTF 10 min); a hang ends the probe either way
             whole = factor is not None
             soak = max(need / n_copies if whole else min(need / n_copies, _stage(search, target)), s.startup_s)
             batch += [(target, soak, "search")] * n_copies
         search.run(batch)
-    return Ablation(None, "", rate_added)
+    return done(None, "")
 
 
 def _ablate_each(search: Search) -> tuple[int | None, str]:
-    """The first round: the failing cell without a group of flags, one soak each
-    (policy.ablation_stage_mttfs x the MTTF read so far, never longer than a config at the cap needs
-    to show itself). The flags go in policy.first_parts groups first (not halves: with two or three
-    culprits both halves nearly always hold one, and a pass of a group missing two culprits counts
-    for neither one's necessity). A group whose removal hangs drops all its flags (the rest still
-    holds the trigger); one that does not is split in two, down to single flags, which soak
-    policy.single_stage_mttfs. With fewer than policy.group_ablation_flags flags each flag is
-    removed alone from the start.
-    Returns the flags whose removal did not hang, or None and why if a flag's removal cannot run."""
+    """The first round: the failing cell without a group of flags (policy.first_parts groups, then
+    halves of those whose removal did not hang, down to single flags), one soak each (_stage, never
+    longer than a config at the cap needs to show itself). Returns the flags whose removal did not
+    hang, or None and why if a flag's removal cannot run."""
     s, p = search.s, search.policy
     keep = search.full
     longest = stats.soak_for_detection(search.post.cap, 1 - search.alpha / max(search.n, 1))
@@ -173,19 +162,12 @@ def _ablate_each(search: Search) -> tuple[int | None, str]:
                     return None, f"the failing cell without {search.elements[group[0]].name} cannot run"
                 untested += halves(group)
                 continue
+            stage = soak
             if grouped and len(group) == 1:
-                # split out of a group whose removal did not hang, so likelier a culprit than a flag
-                # taken at random; a culprit's soak counts toward its necessity soak, and the longer
-                # it is, the more often that soak is its last (one start-up fewer)
-                batch.append(
-                    (
-                        target,
-                        max(min(soak * p.single_stage_mttfs / p.ablation_stage_mttfs, longest), s.startup_s),
-                        "search",
-                    )
-                )
-            else:
-                batch.append((target, soak, "search"))
+                # split out of a group whose removal did not hang: likelier a culprit, and a
+                # culprit's longer soak more often is its necessity soak's last (a start-up fewer)
+                stage = max(min(soak * p.single_stage_mttfs / p.ablation_stage_mttfs, longest), s.startup_s)
+            batch.append((target, stage, "search"))
             groups.append(group)
         for group, (mask, result) in zip(groups, search.run(batch), strict=True):
             if result.hung_with(search.signature):
@@ -199,27 +181,18 @@ def _parts(flags: list[int], count: int) -> list[list[int]]:
     """`flags` in `count` groups of sizes as equal as can be (the larger first)."""
     count = max(1, min(count, len(flags)))
     size, extra = divmod(len(flags), count)
-    out, at = [], 0
-    for i in range(count):
-        n = size + (1 if i < extra else 0)
-        out.append(flags[at : at + n])
-        at += n
-    return out
+    starts = [i * size + min(i, extra) for i in range(count + 1)]
+    return [flags[a:b] for a, b in itertools.pairwise(starts)]
 
 
 def _certify(search: Search, keep: int, H: float, E: float) -> None:
     """Soak baseline + the kept flags long enough to see it hang if it is as fast as the
     configs with more flags (the slower of the pooled MTTF and the one read from every probe)."""
     mttf = max(E / max(H, 1.0), _stage(search) / search.policy.ablation_stage_mttfs)
-    if search.s.mttf_cap_s is None:
-        # the set alone may hang only rule_out_factor x slower (the modifiers left out of it)
-        soak = stats.soak_for_detection(search.s.rule_out_factor * mttf, 1 - search.alpha / 2)
-    else:
-        soak = min(
-            stats.soak_for_detection(mttf, 1 - search.alpha / 2),
-            stats.soak_for_detection(search.post.cap, 1 - search.alpha / 2),
-        )
-    soak = max(soak, 2.0 * search.stats_of(keep).longest_s)
+    # with no cap the set alone may hang only rule_out_factor x slower (the modifiers left out of it)
+    mttf = search.s.rule_out_factor * mttf if search.s.mttf_cap_s is None else min(mttf, search.post.cap)
+    soak = stats.soak_for_detection(mttf, 1 - search.alpha / 2)
+    soak = max(soak, search.policy.again_factor * search.stats_of(keep).longest_s)
     search.stats_of(keep).role = "certification"
     search.run([(keep, max(soak, search.s.startup_s), "certification")])
 
@@ -233,44 +206,36 @@ def _unrefuted(
     goal: float,
     factor: tuple[float, float, Reference] | None = None,
 ) -> tuple[int, list[tuple[int, float]]]:
-    """Of `flags` (all in `keep`): those whose absence was seen to hang (to drop), and the
-    others whose absence has not yet rejected "as fast as the configs with `keep`" at `goal`
-    (and, with `factor` = (F, alpha, reference), "F x slower than the reference rate" at alpha / k,
-    k the kept flags; with policy.holm_least, stepping down from alpha / k to alpha / holm_least as flags are
-    called), with the exposure still needed, fewest first."""
+    """Of `flags` (all in `keep`): those whose absence was seen to hang (to drop), and the others
+    whose absence has not yet rejected "as fast as the configs with `keep`" at `goal` (and, with
+    `factor` = (F, alpha, reference), "F x slower than the reference rate" at _rule_out_level),
+    with the exposure still needed, fewest first."""
     dropped = 0
     rows: list[tuple[int, float, float]] = []  # flag, exposure without it, exposure needed
     for j in range(search.n):
-        bit = 1 << j
-        if not flags & bit:
-            continue
-        h, e = search.lacking(keep, bit)
-        if h > 0:
-            dropped |= bit
-            continue
-        need = exposure_until(0, e, H, E, goal) if p_as_fast(0, e, H, E) > goal else 0.0
-        rows.append((j, e, need))
+        if flags >> j & 1:
+            h, e = search.lacking(keep, 1 << j)
+            if h > 0:
+                dropped |= 1 << j
+            else:
+                rows.append((j, e, exposure_until(0, e, H, E, goal) if p_as_fast(0, e, H, E) > goal else 0.0))
     if factor is not None and rows:
         f, alpha, ref = factor
         # no hang in e at rate lambda / f is no hang in e / f at lambda
         p = {j: ref.p_no_hang(e / f) for j, e, _ in rows}
-        holm_least = search.policy.holm_least
-        if holm_least:
-            kept = bin(keep & ~dropped).count("1")
-            least = min(holm_least, kept)
-            called = 0
-            for j in sorted(p, key=lambda j: p[j]):
-                if p[j] > alpha / max(kept - called, least, 1):
-                    break
-                called += 1
-            level = alpha / max(kept - called, least, 1)
-        else:
-            level = alpha / max(bin(keep).count("1"), 1)
+        level = _rule_out_level(p, keep, dropped, alpha)
         rows = [
             (j, e, max(need, f * ref.exposure_until(e / f, level)) if p[j] > level else need) for j, e, need in rows
         ]
     todo = [(j, need - e) for j, e, need in rows if need > e]
     return dropped, sorted(todo, key=lambda t: t[1])
+
+
+def _rule_out_level(p_no_hang: dict[int, float], keep: int, dropped: int, alpha: float) -> float:
+    """The rule-outs' level: alpha / k for each of the k kept flags (Bonferroni). A step-down
+    (Holm) is what the floor allows, but it cost seed 002 its 0.95 right: benchmarks/bench_bisect.py's
+    --holm-least swaps this function for one, as a diagnostic."""
+    return alpha / max(bin(keep).count("1"), 1)
 
 
 def _another_reference_hang_pays(
@@ -296,34 +261,16 @@ def _reference_of(search: Search, keep: int) -> Reference:
     return Reference(h_ref, np.array([e_ref]), np.array([1.0]))
 
 
-def _reference(search: Search, hangs: int) -> bool:
-    """Top the failing cell up to `hangs` hangs, the rate the rule-out soaks are read against (two
-    calibration hangs leave its predictive so wide that each necessary flag would need some 85
-    MTTFs; eight bring that to about 38). Returns whether it ran a probe."""
-    cell = search.stats_of(search.full)
-    if cell.hangs >= hangs or search.over_budget():
-        return False
-    mttf = cell.exposure_s / max(cell.hangs, 1)
-    need = hangs - cell.hangs
-    search.run(
-        [(search.full, max(4.0 * mttf, search.s.startup_s), "calibration")] * max(1, min(search.s.parallel, need))
-    )
-    return True
-
-
 def _stage(search: Search, mask: int | None = None) -> float:
-    """The longest soak the ablation gives one config at a time: policy.ablation_stage_mttfs x an MTTF
-    that neither lucky early hangs nor the kept flags' passes can pull far off, and at least
-    twice `mask`'s longest soak so far: a hang that needs a long unbroken run under load (seed
-    000 came hours into a chat) is never seen by soaks that stay short, however many.
+    """The longest soak the ablation gives one config at a time: policy.ablation_stage_mttfs x an
+    MTTF that neither lucky early hangs nor the kept flags' passes can pull far off, and at least
+    policy.again_factor x `mask`'s longest soak so far.
 
     The MTTF is the rate's maximum likelihood over every hang so far, each hang's time read as
-    truncated at its probe's soak (a probe stopped at its soak could only have hung within it:
-    read plainly, short soaks make the rate look fast, and short soaks come from a fast-looking
-    rate). Passes do not count, since a kept flag's removal never hangs; the MTTF read from
-    every probe, passes included, bounds it from above. An innocent flag's removal then rarely
-    passes a stage; such a pass would keep the flag, and its exposure out of the pooled rate."""
-    again = 2.0 * search.configs[mask].longest_s if mask in search.configs else 0.0
+    truncated at its probe's soak (read plainly, short soaks make the rate look fast, and short
+    soaks come from a fast-looking rate). Passes do not count (a kept flag's removal never hangs);
+    the MTTF read from every probe, passes included, bounds it from above."""
+    again = search.policy.again_factor * search.configs[mask].longest_s if mask in search.configs else 0.0
     hangs = [(r.exposure_s, r.probe.soak_s) for r in search.log if r.hung_with(search.signature)]
     everything = sum(cs.exposure_s for cs in search.configs.values())
     slowest = everything / max(len(hangs), 1)

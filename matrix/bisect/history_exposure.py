@@ -15,13 +15,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from soakmatrix.matrix.contracts.durations import format_duration
 
 from .model import Settings
 
-LOADED = ("passed", "hang", "crash")
+if TYPE_CHECKING:
+    from .search import Search
+
+LOADED = ("passed", "hang", "crash")  # the outcomes whose soaks carried load (a definition, not a tuning)
 
 
 @dataclass(frozen=True)
@@ -108,6 +111,19 @@ def describe(history: HistoryExposure, saved_gpu_hours: float, wanted_hangs: int
     else:
         text += "; no hang of the target among them: the calibration still soaks for every hang"
     return text
+
+
+def take_history(search: Search, history: HistoryExposure, gpus: int) -> list[str]:
+    """The history's hangs and load become the failing cell's before its calibration; the note says
+    how much and what that spared."""
+    if search.signature != history.signature:
+        raise ValueError(f"the history is for {history.signature}, the bisection for {search.signature}")
+    cs = search.stats_of(search.full)
+    cs.role = "calibration"
+    cs.hangs += history.hangs
+    cs.exposure_s += history.exposure_s
+    wanted = failing_hangs_wanted(search.s)
+    return [describe(history, calibration_saved(history, wanted, gpus, search.s.startup_s), wanted)]
 
 
 def to_json(history: HistoryExposure, saved_gpu_hours: float) -> dict[str, Any]:

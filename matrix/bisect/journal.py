@@ -26,6 +26,8 @@ from typing import Any
 from .oracle import Probe, ProbeResult
 from .oracle_chunked import ChunkedOracle
 
+# The journal file's own format (what a reader checks before it trusts the file), not a tuning:
+# VERSION changes only with the layout of the lines.
 FORMAT = "soakmatrix bisect journal"
 VERSION = 1
 

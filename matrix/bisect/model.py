@@ -16,8 +16,6 @@ from soakmatrix.matrix.contracts import stats
 from .oracle import ProbeResult
 from .policy import DEFAULT_POLICY, Policy
 
-MAX_ELEMENTS = 16  # hypotheses are every subset: 2^16 of them is still milliseconds
-
 
 @dataclass(frozen=True)
 class Element:
@@ -35,7 +33,7 @@ class Settings:
     cap_factor: float = 2.0  # two calibration hangs in E start the cap at ~13 E
     startup_s: float = 600.0  # expected start-up per probe (for choosing probes)
     calibration_hangs: int = 2
-    calibration_max_soak_s: float | None = None  # per calibration probe; None: 24 h (or 8 x cap)
+    calibration_max_soak_s: float | None = None  # per calibration probe; None: the policy's (24 h, or 8 x cap)
     parallel: int = 1  # probes per batch
     max_probes: int = 200
     budget_gpu_hours: float | None = None

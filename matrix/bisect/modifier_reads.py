@@ -2,8 +2,8 @@
 the failing cell, how long it would need to soak for that, which flags a group's removal cleared,
 which flags still need soaks, and the failing cell's pooled reference rate.
 
-Reads only (modifiers.py decides what to soak from them), but for `rules_out`, which records a
-group's clearing in `search.cleared_groups` so that the call stands once made.
+Reads only (modifiers.py decides what to soak from them), but for `rules_out`, which adds a group
+that it clears to the `cleared` set the modifier soaks pass it, so that the call stands once made.
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def until_called(search: Search, minimal_mask: int, j: int, longest_s: float) ->
 
     def called_at(exposure_s: float) -> bool:
         rows[target] = (cell.hangs, cell.exposure_s, hangs, exposure_s)
-        c = compare(list(rows.values()), search.s.confidence, interval=False)
+        c = compare(list(rows.values()), search.s.confidence)
         return called_early(c, hangs, level, search.policy.innocent_hangs)
 
     low, high = now, max(longest_s, now)
@@ -103,28 +103,28 @@ def clear_level(search: Search, minimal_mask: int) -> float:
     """The level at which a flag is called early: a third of its Holm share, so that looking after
     every soak does not spend the family's error budget on the innocent flags."""
     outside = search.n - bin(minimal_mask).count("1")
-    return (1.0 - search.s.confidence) / (3.0 * max(outside, 1))
+    return (1.0 - search.s.confidence) / (search.policy.clear_share * max(outside, 1))
 
 
-def rules_out(search: Search, cs) -> bool:
+def rules_out(search: Search, cs, cleared: set[int]) -> bool:
     """The config's hangs against the failing cell's rule out "an x rule_out_factor modifier is
     among the flags it lacks" at a third of 1 - confidence (looked at after every soak). The call
-    stands once made (search.cleared_groups): the level holds for the first crossing, and the
+    stands once made (`cleared`, added to here): the level holds for the first crossing, and the
     failing cell's later hangs (its top-up to policy.cell_hangs) would otherwise take it back by chance
     and send each flag of the group to soaks of its own."""
-    if cs.mask in search.cleared_groups:
+    if cs.mask in cleared:
         return True
     cell = search.stats_of(search.full)
     if cs.hangs < 2 or cell.hangs == 0:
         return False
     p = p_as_strong([(cell.hangs, cell.exposure_s, cs.hangs, cs.exposure_s)], search.s.rule_out_factor)
     if p <= (1.0 - search.s.confidence) / search.policy.group_rule_out_share:
-        search.cleared_groups.add(cs.mask)
+        cleared.add(cs.mask)
         return True
     return False
 
 
-def cleared_flags(search: Search, minimal_mask: int) -> int:
+def cleared_flags(search: Search, minimal_mask: int, cleared: set[int]) -> int:
     """Flags outside the set removed together with others in a config whose hangs rule out an
     x rule_out_factor modifier among them (a group's removal, _group_check)."""
     out = 0
@@ -132,20 +132,20 @@ def cleared_flags(search: Search, minimal_mask: int) -> int:
         gone = search.full & ~m
         if (m & minimal_mask) != minimal_mask or bin(gone).count("1") < 2:
             continue
-        if rules_out(search, cs):
+        if rules_out(search, cs, cleared):
             out |= gone
     return out
 
 
-def flags_to_soak(search: Search, minimal_mask: int, longest_s: float) -> list[int]:
+def flags_to_soak(search: Search, minimal_mask: int, longest_s: float, cleared: set[int]) -> list[int]:
     """Flags outside the set whose verdict more soaking of their removal may still change."""
     p = search.policy
     comps = comparisons(search, minimal_mask, interval=False)
     clear = clear_level(search, minimal_mask)
     out = []
-    cleared = cleared_flags(search, minimal_mask)
+    gone = cleared_flags(search, minimal_mask, cleared)
     for j, c in comps.items():
-        if cleared >> j & 1:
+        if gone >> j & 1:
             continue
         target = search.full & ~(1 << j)
         if not search.runnable[target]:
@@ -168,7 +168,8 @@ def measure_length(search: Search) -> float:
     """The most a modifier verdict soaks one removal: the exposure in which a removal
     rule_out_factor x slower than the failing cell hangs policy.measure_hangs times, and some."""
     cell = search.stats_of(search.full)
-    return search.s.rule_out_factor * cell.exposure_s / max(cell.hangs, 1) * (search.policy.measure_hangs + 2)
+    p = search.policy
+    return search.s.rule_out_factor * cell.exposure_s / max(cell.hangs, 1) * (p.measure_hangs + p.measure_spare_hangs)
 
 
 def reference_pool(search: Search, minimal_mask: int) -> tuple[float, float]:
@@ -183,7 +184,7 @@ def reference_pool(search: Search, minimal_mask: int) -> tuple[float, float]:
         # removals of flags outside the set, alone or in groups (the ablation's and the groups')
         if m == search.full or (m & minimal_mask) != minimal_mask or cs.exposure_s <= 0 or cell.exposure_s <= 0:
             continue
-        c = compare([(cell.hangs, cell.exposure_s, cs.hangs, cs.exposure_s)], search.s.confidence, interval=False)
+        c = compare([(cell.hangs, cell.exposure_s, cs.hangs, cs.exposure_s)], search.s.confidence)
         # a group's removal joins only while it looks as fast (a modifier among its flags would slow
         # the reference, and each necessary flag's rule-out with it)
         p = search.policy

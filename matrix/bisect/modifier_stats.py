@@ -1,21 +1,17 @@
 """The statistics of the modifier verdicts: does a flag outside the set change how often the hang
-comes, and by how much, read only between configs that differ in that flag alone.
+comes, and by how much (modifiers.py decides what to soak; this module only reads the soaks).
 
-A flag j outside the set is compared only between configs that differ in j alone (strata: the
-failing cell and the failing cell without j, the set alone and the set plus j, ...). Pooling every
-config with j against every config without it mixes in the other flags' effects: with seed 002's
-autotune (8x) left out of the set, the configs without an innocent flag include the slow set alone
-and those with it do not, and the innocent flag looked like a modifier in a fifth of the runs.
-Within a stratum the hangs split binomially by exposure under "no effect"; the strata's sum is
-tested exactly (a convolution), and the rate ratio gets the interval that inverts the same test.
-Over the flags outside the set the verdicts are controlled family-wise (Holm): all of them
-irrelevant, they are called modifiers at most 1 - confidence of the time in total.
-
-What to soak for these verdicts is modifiers.py's; this module only reads the soaks.
+A flag j is compared only between configs that differ in j alone (strata: the failing cell and it
+without j, the set alone and the set plus j, ...): pooling every config with j against every one
+without it mixes in the other flags' effects (with seed 002's x8 autotune left out of the set, an
+innocent flag looked like a modifier in a fifth of the runs). Within a stratum the hangs split
+binomially by exposure under "no effect"; the strata's sum is tested exactly (a convolution), the
+ratio's interval inverts the same test, and the calls are family-wise over the flags (Holm).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -26,7 +22,11 @@ from scipy import stats as st
 if TYPE_CHECKING:
     from .search import Search
 
-RATIO_GRID = np.exp(np.linspace(math.log(1e-3), math.log(1e3), 481))
+
+@functools.cache
+def ratio_grid(low: float, high: float, points: int) -> np.ndarray:
+    """The log grid the rate ratio's interval is read on (policy.ratio_low, ratio_high, ratio_points)."""
+    return np.exp(np.linspace(math.log(low), math.log(high), points))
 
 
 @dataclass(frozen=True)
@@ -72,9 +72,9 @@ def _sum_pmf(ns: list[int], ps: np.ndarray) -> np.ndarray:
     return pmf
 
 
-def compare(rows: list[tuple[int, float, int, float]], confidence: float, interval: bool = True) -> Comparison:
-    """The stratified exact comparison of the rate with and without a flag (`interval`: with the
-    ratio's interval, which inverts the test over a grid of ratios: the slow part)."""
+def compare(rows: list[tuple[int, float, int, float]], confidence: float, grid: np.ndarray | None = None) -> Comparison:
+    """The stratified exact comparison of the rate with and without a flag (with a ratio `grid`,
+    the ratio's interval, which inverts the test over the grid: the slow part)."""
     ha = sum(r[0] for r in rows)
     hb = sum(r[2] for r in rows)
     ea = sum(r[1] for r in rows)
@@ -86,20 +86,20 @@ def compare(rows: list[tuple[int, float, int, float]], confidence: float, interv
     num = sum(r[0] * r[3] / (r[1] + r[3]) for r in used)
     den = sum(r[2] * r[1] / (r[1] + r[3]) for r in used)
     ratio = num / den if den > 0 else math.inf
-    grid = np.concatenate([[1.0], RATIO_GRID]) if interval else np.array([1.0])
+    ratios = np.concatenate([[1.0], grid]) if grid is not None else np.array([1.0])
     ea_s = np.array([r[1] for r in used])
     eb_s = np.array([r[3] for r in used])
-    ps = grid[:, None] * ea_s[None, :] / (grid[:, None] * ea_s[None, :] + eb_s[None, :])
+    ps = ratios[:, None] * ea_s[None, :] / (ratios[:, None] * ea_s[None, :] + eb_s[None, :])
     pmf = _sum_pmf(ns, ps)
     upper = pmf[:, ha:].sum(axis=1)  # P(X >= observed | ratio)
     lower = pmf[:, : ha + 1].sum(axis=1)  # P(X <= observed | ratio)
     p_value = float(min(1.0, 2.0 * min(upper[0], lower[0])))
-    if not interval:
+    if grid is None:
         return Comparison(ratio, math.nan, math.nan, p_value, ha, hb, ea, eb)
     a = (1.0 - confidence) / 2.0
     inside = (upper[1:] > a) & (lower[1:] > a)
-    low = float(RATIO_GRID[inside].min()) if inside.any() else math.nan
-    high = float(RATIO_GRID[inside].max()) if inside.any() else math.nan
+    low = float(grid[inside].min()) if inside.any() else math.nan
+    high = float(grid[inside].max()) if inside.any() else math.nan
     if inside.any() and inside[0]:
         low = 0.0
     if inside.any() and inside[-1]:
@@ -137,7 +137,9 @@ def comparisons(search: Search, minimal_mask: int, interval: bool = True) -> dic
         bit = 1 << j
         if minimal_mask & bit:
             continue
-        out[j] = compare(strata(search, bit, minimal_mask), search.s.confidence, interval)
+        p = search.policy
+        grid = ratio_grid(p.ratio_low, p.ratio_high, p.ratio_points) if interval else None
+        out[j] = compare(strata(search, bit, minimal_mask), search.s.confidence, grid)
     return out
 
 

@@ -32,34 +32,33 @@ if TYPE_CHECKING:
     from .search import Search
 
 
-def measure(search: Search, minimal_mask: int, longest_s: float) -> None:
+def measure(search: Search, minimal_mask: int, longest_s: float, cleared: frozenset[int]) -> frozenset[int]:
     """Soak what the modifier verdicts need (module docstring); `longest_s` bounds each removal's
-    total exposure (a flag whose removal slows the hang past it is left undecided: irrelevant)."""
+    total exposure (a flag whose removal slows the hang past it is left undecided: irrelevant).
+    `cleared`: the group removals an earlier call cleared; returned with the ones this call cleared."""
+    found = set(cleared)
+    _measure(search, minimal_mask, longest_s, found)
+    return frozenset(found)
+
+
+def _measure(search: Search, minimal_mask: int, longest_s: float, cleared: set[int]) -> None:
     full = search.full
-    if full == minimal_mask:
-        return
-    suspects = flags_to_soak(search, minimal_mask, longest_s)
-    if not suspects:
+    if full == minimal_mask or not flags_to_soak(search, minimal_mask, longest_s, cleared):
         return
     p = search.policy
     cell = search.stats_of(full)
-    _top_up_cell(search, p.cell_first_hangs)
-    _group_check(search, minimal_mask, longest_s)
+    top_up_cell(search, p.cell_first_hangs)
+    _group_check(search, minimal_mask, longest_s, cleared)
     while not search.over_budget():
-        suspects = flags_to_soak(search, minimal_mask, longest_s)
+        suspects = flags_to_soak(search, minimal_mask, longest_s, cleared)
         if not suspects:
             return
-        _top_up_cell(search, p.cell_hangs)
-        # with fewer suspects than --parallel, the width is dealt out round-robin: copies of a
-        # removal are independent soaks whose exposure pools
-        width = max(1, search.s.parallel)
-        picked = suspects[:width]
+        top_up_cell(search, p.cell_hangs)
+        mttf = cell.exposure_s / max(cell.hangs, 1)
         batch = []
-        for i, j in enumerate(picked):
-            copies = len(range(i, width, len(picked)))
+        for j, copies in search.dealt(suspects):
             target = full & ~(1 << j)
             cs = search.stats_of(target)
-            mttf = cell.exposure_s / max(cell.hangs, 1)
             run_on = (until_called(search, minimal_mask, j, longest_s) - cs.exposure_s) / copies
             soak = min(
                 max(p.soak_mttfs * mttf, cs.exposure_s / max(cs.hangs, 1), run_on, search.s.startup_s),
@@ -69,31 +68,34 @@ def measure(search: Search, minimal_mask: int, longest_s: float) -> None:
         search.run(batch)
 
 
-def _top_up_cell(search: Search, hangs: int) -> None:
-    """Soak the failing cell until it has hung `hangs` times."""
-    cell = search.stats_of(search.full)
-    while cell.hangs < hangs and not search.over_budget():
+def top_up_cell(search: Search, hangs: int, reference: bool = False) -> bool:
+    """Soak the failing cell until it has hung `hangs` times, in soaks of policy.top_up_mttfs of its
+    MTTF; for the rule-outs' `reference`, one batch of policy.reference_top_up_mttfs (no more copies
+    than hangs missing), which ablation looks at before the next. Returns whether it soaked."""
+    cell, p = search.stats_of(search.full), search.policy
+    soaked = False
+    while cell.hangs < hangs and not search.over_budget() and not (reference and soaked):
         mttf = cell.exposure_s / max(cell.hangs, 1)
-        search.run([(search.full, max(3.0 * mttf, search.s.startup_s), "modifiers")] * max(1, search.s.parallel))
+        mttfs, role = (p.reference_top_up_mttfs, "calibration") if reference else (p.top_up_mttfs, "modifiers")
+        copies = min(search.s.parallel, hangs - cell.hangs) if reference else search.s.parallel
+        search.run([(search.full, max(mttfs * mttf, search.s.startup_s), role)] * max(1, copies))
+        soaked = True
+    return soaked
 
 
-def _group_check(search: Search, minimal_mask: int, longest_s: float) -> None:
-    """Once the failing cell's rate is known, the suspects that look innocent so far (their
-    removal hung, not much slower than the failing cell, or they were dropped with a group in the
-    ablation) are removed together, and the group's removal is soaked until its hangs rule out an
-    x rule_out_factor modifier among them (rules_out: short of two that cancel, none of them is
-    one, and none needs soaks of its own), look slower than the failing cell (looks_slow) or it
-    has had policy.group_mttfs of load: then its modifier is looked for from the set's side (_locate),
-    and if that does not clear the rest, each part is a group of its own (_split), down to single
-    flags (which `measure` soaks one by one). All the flags outside the set together is the set
-    alone, whose earlier soaks count."""
+def _group_check(search: Search, minimal_mask: int, longest_s: float, cleared: set[int]) -> None:
+    """The suspects that look innocent so far (their removal hung, not much slower than the failing
+    cell, or they were dropped with a group in the ablation) removed together, soaked until the
+    group's hangs rule out an x rule_out_factor modifier among them (short of two that cancel) or
+    look slow, or it has had policy.group_mttfs of load. A group that does not clear has its
+    modifier looked for from the set's side (_locate), else is split (_split)."""
     cell = search.stats_of(search.full)
     mttf = cell.exposure_s / max(cell.hangs, 1)
     comps = comparisons(search, minimal_mask, interval=False)
     # a suspect whose removal was never soaked alone was dropped with a group whose removal hung
     group = [
         j
-        for j in flags_to_soak(search, minimal_mask, longest_s)
+        for j in flags_to_soak(search, minimal_mask, longest_s, cleared)
         if (search.full & ~(1 << j)) not in search.configs
         or (comps[j].hangs_without > 0 and comps[j].ratio < search.policy.group_ratio)
     ]
@@ -101,8 +103,8 @@ def _group_check(search: Search, minimal_mask: int, longest_s: float) -> None:
         return
     # flags an earlier group cleared (before the set shrank) join a later one: a flag the necessity
     # soaks dropped then needs no soaks of its own either (its group is mostly the set alone)
-    cleared = cleared_flags(search, minimal_mask)
-    group += [j for j in range(search.n) if cleared >> j & 1 and j not in group]
+    gone = cleared_flags(search, minimal_mask, cleared)
+    group += [j for j in range(search.n) if gone >> j & 1 and j not in group]
     pending = [group]
     untils: dict[int, float] = {}
     while pending and not search.over_budget():
@@ -115,39 +117,25 @@ def _group_check(search: Search, minimal_mask: int, longest_s: float) -> None:
             continue
         cs = search.stats_of(target)
         until = untils.setdefault(target, cs.exposure_s + search.policy.group_mttfs * mttf)
-        while (
-            not rules_out(search, cs)
-            and not looks_slow(search, cs)
-            and cs.exposure_s < until
-            and not search.over_budget()
-        ):
-            _soak_on(search, target, cs, until, mttf, search.policy.group_slow_level)
-        if not rules_out(search, cs) and search.stats_of(search.full).hangs < search.policy.cell_hangs:
+        ruled_out = _soak_group(search, target, cs, until, mttf, cleared)
+        if not ruled_out and search.stats_of(search.full).hangs < search.policy.cell_hangs:
             # the group did not clear: the failing cell's side of every comparison first
-            _top_up_cell(search, search.policy.cell_hangs)
+            top_up_cell(search, search.policy.cell_hangs)
             pending.insert(0, group)
-            continue
-        if not rules_out(search, cs):
-            if _locate(search, minimal_mask, group, target, mttf):
-                continue
+        elif not ruled_out and not _locate(search, minimal_mask, group, target, mttf, cleared):
             # a modifier among them, likely: its likeliest one alone, or each half a group of its
             # own (a modifier among 9 flags costs a level or a few of groups, not 8 innocent flags'
             # 4 hangs each)
             pending += _split(search, minimal_mask, group, target)
 
 
-def _locate(search: Search, minimal_mask: int, group: list[int], target: int, mttf: float) -> bool:
+def _locate(search: Search, minimal_mask: int, group: list[int], target: int, mttf: float, cleared: set[int]) -> bool:
     """A group that did not clear: find its modifier from the other side, then clear the rest at once.
-    `target` (the failing cell without the group; most often the set alone) is slow when a modifier
-    is among the group, so flags added back to it show where: `target` plus the half that holds the
-    modifier hangs as fast as the failing cell (a hang or two, at policy.locate_level), plus the other half
-    it stays slow. The likeliest modifier (_likeliest) is tried alone first, else the first half.
-    Each step is a loose call: what it finds is only a candidate. `target` plus that flag lacks
-    every other flag of the group, and its soak (rules_out, at the group rule-out's own level)
-    clears them all in one removal; its hangs against `target`'s also enter the candidate's own
-    verdict (the set plus it and the set alone differ in it alone). True when that removal cleared
-    them; False (a loose call went wrong, or two modifiers) leaves the group to _split, with every
-    soak here kept."""
+    `target` (the failing cell without the group) is slow, and `target` plus the part that holds the
+    modifier hangs as fast as the failing cell (a loose call at policy.locate_level): the likeliest
+    flag alone first, else halves. `target` plus the candidate lacks every other flag of the group,
+    so its soak clears them all in one removal (and its hangs enter the candidate's own verdict).
+    False (a loose call went wrong, or two modifiers) leaves the group to _split, every soak kept."""
     p = search.policy
     candidates = list(group)
     while len(candidates) > 1 and not search.over_budget():
@@ -173,12 +161,20 @@ def _locate(search: Search, minimal_mask: int, group: list[int], target: int, mt
     if not search.runnable[joint]:
         return False
     cs = search.stats_of(joint)
-    until = cs.exposure_s + p.group_mttfs * mttf
+    return _soak_group(search, joint, cs, cs.exposure_s + p.group_mttfs * mttf, mttf, cleared)
+
+
+def _soak_group(search: Search, mask: int, cs, until: float, mttf: float, cleared: set[int]) -> bool:
+    """Soak a group's removal until its hangs rule out a modifier among its flags, it looks slow,
+    or its exposure reaches `until`. Returns whether it ruled out."""
     while (
-        not rules_out(search, cs) and not looks_slow(search, cs) and cs.exposure_s < until and not search.over_budget()
+        not rules_out(search, cs, cleared)
+        and not looks_slow(search, cs)
+        and cs.exposure_s < until
+        and not search.over_budget()
     ):
-        _soak_on(search, joint, cs, until, mttf, p.group_slow_level)
-    return rules_out(search, cs)
+        _soak_on(search, mask, cs, until, mttf, search.policy.group_slow_level)
+    return rules_out(search, cs, cleared)
 
 
 def _soak_on(search: Search, mask: int, cs, until: float, mttf: float, level: float) -> None:
@@ -192,10 +188,7 @@ def _soak_on(search: Search, mask: int, cs, until: float, mttf: float, level: fl
 
 
 def _split(search: Search, minimal_mask: int, group: list[int], target: int) -> list[list[int]]:
-    """A group that did not clear, split: its likeliest modifier alone and the rest, else halves.
-    The likeliest is the flag whose removals other than the group's own (the ablation's, single
-    or in groups) look slowest against the failing cell, if at policy.peel_level or below (a tie: the
-    later flag)."""
+    """A group that did not clear, split: its likeliest modifier (_likeliest) alone and the rest, else halves."""
     cell = search.stats_of(search.full)
     if cell.hangs == 0 or len(group) < 3:
         return halves(group)
@@ -207,12 +200,8 @@ def _split(search: Search, minimal_mask: int, group: list[int], target: int) -> 
 
 def _likeliest(search: Search, minimal_mask: int, group: list[int], target: int) -> int | None:
     """The flag of `group` whose removals other than `target` look slowest against the failing
-    cell, if at policy.peel_level or below (a tie: the later flag); None when none does. Told the
-    modifier (policy.told_modifier, a benchmark's diagnostic): that flag if in `group`, else None."""
-    told = search.policy.told_modifier
-    if told is not None:
-        j = next((i for i, e in enumerate(search.elements) if e.name == told), None)
-        return j if j in group else None
+    cell, if at policy.peel_level or below (a tie: the later flag); None when none does.
+    benchmarks/bench_bisect.py's --told-modifier swaps this function for one told the answer."""
     cell = search.stats_of(search.full)
     best, best_p = None, search.policy.peel_level
     for j in group:

@@ -29,8 +29,6 @@ from typing import Any
 
 from .oracle import Probe, ProbeResult
 
-DEFAULT_MAX_SOAK_S = 12 * 3600.0  # real probes, unless --max-soak says otherwise
-
 
 @dataclass(frozen=True)
 class Pieces:

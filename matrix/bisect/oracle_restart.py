@@ -11,9 +11,9 @@ the other signatures are counted in the result's `extra["other_signatures"]` for
 
 Before the target is known (`target()` is None) only a hang ends a probe, as `ProbeResult.hung_with`
 says: a crash is never the target a cell was reported for. Two bounds keep a config from restarting for
-ever: `max_idle_starts` starts in a row that ended with another signature before any load make the
-result a `config_error` (the config cannot be soaked: bisection treats it as unrunnable), and after
-`max_restarts` restarts the probe ends with the last other signature, as it did before restarts
+ever (the policy's, policy.py): `max_idle_starts` starts in a row that ended with another signature
+before any load make the result a `config_error` (the config cannot be soaked: bisection treats it as
+unrunnable), and after `max_restarts` restarts the probe ends with the last other signature, as it did before restarts
 existed, with the exposure so far and `extra["gave_up"]`.
 """
 
@@ -23,31 +23,22 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .oracle import Probe, ProbeOracle, ProbeResult
-
-MAX_RESTARTS = 400  # ~24 h of soak with a crash every 4 min; beyond, the probe ends as before
-MAX_IDLE_STARTS = 3  # starts in a row that ended before any load: the config cannot run
-IDLE_LOAD_S = 1.0  # a piece with less load than this ended "before any load"
+from .policy import DEFAULT_POLICY, Policy
 
 
 class RestartingOracle:
     """Wraps any ProbeOracle; `target` returns the target signature (None while unknown)."""
 
     def __init__(
-        self,
-        inner: ProbeOracle,
-        target: Callable[[], str | None] | str | None = None,
-        *,
-        max_restarts: int = MAX_RESTARTS,
-        max_idle_starts: int = MAX_IDLE_STARTS,
-        idle_load_s: float = IDLE_LOAD_S,
+        self, inner: ProbeOracle, target: Callable[[], str | None] | str | None = None, policy: Policy = DEFAULT_POLICY
     ):
-        if max_restarts < 0 or max_idle_starts < 1:
+        if policy.max_restarts < 0 or policy.max_idle_starts < 1:
             raise ValueError("max_restarts must be >= 0 and max_idle_starts >= 1")
         self.inner = inner
         self._target = target if callable(target) else (lambda: target)
-        self.max_restarts = max_restarts
-        self.max_idle_starts = max_idle_starts
-        self.idle_load_s = idle_load_s
+        self.max_restarts = policy.max_restarts
+        self.max_idle_starts = policy.max_idle_starts
+        self.idle_load_s = policy.idle_load_s
         self.restarts = 0  # over every probe: how many extra server starts other signatures cost
 
     def run(self, probes: Sequence[Probe]) -> list[ProbeResult]:

@@ -7,8 +7,7 @@
 4. modifier soaks: what the modifier verdicts and the rule-outs read;
 5. verdicts: other values of the set's flags, a verdict per flag, the result.
 
-Each phase is a function of this module over the search state (search.py) and what the phase
-before handed on (`Calibration`, `Answer`); every constant it uses is `settings.policy`'s.
+Each phase is a function over the probe ledger (search.py) and what the phase before handed on.
 """
 
 from __future__ import annotations
@@ -22,8 +21,9 @@ import numpy as np
 
 from soakmatrix.matrix.contracts import stats
 
-from .ablation import ablation_search
-from .history_exposure import HistoryExposure, calibration_saved, describe, failing_hangs_wanted
+from .ablation import Ablation, ablation_search
+from .cap_check import drop_modifiers, observed_without
+from .history_exposure import HistoryExposure, take_history
 from .model import (
     DEFAULT_SETTINGS,
     BisectResult,
@@ -41,15 +41,14 @@ from .modifiers import measure
 from .oracle import ProbeOracle
 from .oracle_restart import RestartingOracle, other_signatures, restart_notes
 from .posterior_search import posterior_search
-from .ratecheck import drop_modifiers, rate_check, recheck_members, soak_the_set_alone
+from .ratecheck import rate_check, recheck_members, soak_the_set_alone
 from .search import Search
 from .verdicts import flag_verdicts, shrink_values, smallest_values
 
 
 @dataclass(frozen=True)
 class Calibration:
-    """What calibration hands on: whether the failing cell hung with the target signature, its MTTF
-    as calibrated, and the cap the search starts from (nan when it did not hang)."""
+    """Whether the failing cell hung with the target signature, its MTTF, the search's first cap."""
 
     reproduced: bool
     failing: stats.MttfEstimate | None
@@ -58,21 +57,21 @@ class Calibration:
 
 @dataclass(frozen=True)
 class Answer:
-    """What the search hands the phases after it: the set (a mask of the elements), found or
-    inconclusive, the cap its hang must come within, its posterior, and the flags the rate check
-    added to it (their absence hangs, slowly)."""
+    """What the search hands on: the set (a mask), found or inconclusive, the cap its hang must come
+    within, its posterior, the flags the rate check added, the groups the modifier soaks cleared."""
 
     top: int
     status: str
     cap: float
     posterior: float
     rate_added: int = 0
+    cleared: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True)
 class Verdicts:
-    """What the last phase found: the set's MTTF and certified soak, the other values of its flags
-    tried (and the smaller ones that stand), a verdict per flag."""
+    """The set's MTTF and certified soak, its flags' other values tried (and the smaller ones that
+    stand), a verdict per flag."""
 
     minimal_mttf: stats.MttfEstimate | None = None
     certified_soak_s: float | None = None
@@ -103,10 +102,8 @@ def bisect_flags(
     their baseline value; `context` names flags that cannot move and why (`context_elements`).
     `alternatives[name]` lists values to try, in order toward the baseline, once the set is known.
     `signature`: count only hangs with this signature (default: the calibration's first hang, never
-    a crash); `signature_source` says where it came from, for the report. `history`: what the history
-    store measured on the failing cell for that signature, counted as the failing cell's before the
-    calibration (history_exposure.py). `settings.policy` holds every tuning constant.
-    """
+    a crash; `signature_source` says where it came from). `history`: what the history store
+    measured on the failing cell for that signature (history_exposure.py)."""
     if history is not None and signature is None:
         signature, signature_source = history.signature, signature_source or "the history store"
     s = settings
@@ -114,19 +111,13 @@ def bisect_flags(
         s = replace(s, verify_cap=s.mttf_cap_s is not None)
     # another signature restarts the server instead of ending the probe: the target as the search
     # knows it (none before the calibration's first hang: then only a hang ends a probe)
-    restarting = RestartingOracle(oracle, lambda: search.signature)
+    restarting = RestartingOracle(oracle, lambda: search.signature, s.policy)
     search = Search(failing_flags, elements, restarting, s, signature, feasible, gpu_count, progress)
-    said_history = _take_history(search, history, gpu_count(failing_flags)) if history is not None else []
+    said_history = take_history(search, history, gpu_count(failing_flags)) if history is not None else []
     notes: list[str] = []  # what each phase says, in order, for the report
     calibration = calibrate(search, notes)
 
     if not calibration.reproduced:
-        cal = search.stats_of(search.full)
-        bound = stats.mttf_lower_bound(cal.exposure_s, s.confidence)
-        notes.append(
-            f"the failing cell did not hang with the expected signature in {cal.exposure_s:.0f}s of load: "
-            f"MTTF > {bound:.0f}s at {s.confidence:.0%}; nothing to bisect"
-        )
         answer, verdicts = Answer(0, "not_reproduced", math.nan, 0.0), Verdicts()
     else:
         answer = search_for_the_set(search, calibration.cap, notes)
@@ -141,13 +132,17 @@ def bisect_flags(
 
 
 def calibrate(search: Search, notes: list[str]) -> Calibration:
-    """Phase 1: the failing cell soaked to its first hangs; on a hang, the cap and the posterior
-    (every probe so far observed)."""
+    """Phase 1: the failing cell soaked to its first hangs; on a hang, the cap and the posterior."""
     s = search.s
     ok, _ = search.calibrate()
     cal = search.stats_of(search.full)
     failing = cal.mttf(s.confidence) if cal.exposure_s > 0 else None
     if not ok:
+        bound = stats.mttf_lower_bound(cal.exposure_s, s.confidence)
+        notes.append(
+            f"the failing cell did not hang with the expected signature in {cal.exposure_s:.0f}s of load: "
+            f"MTTF > {bound:.0f}s at {s.confidence:.0%}; nothing to bisect"
+        )
         return Calibration(False, failing, math.nan)
     cap = s.mttf_cap_s if s.mttf_cap_s else default_cap(cal.hangs, cal.exposure_s, s.cap_factor, s.policy)
     if cal.hangs < s.calibration_hangs:
@@ -158,32 +153,40 @@ def calibrate(search: Search, notes: list[str]) -> Calibration:
 
 def search_for_the_set(search: Search, cap: float, notes: list[str]) -> Answer:
     """Phase 2: the likeliest set, found when the search can vouch for it and it was seen to hang."""
-    if search.n == 0:
-        lp, top, decided, rate_added = np.zeros(1), 0, True, 0
-    else:
-        top, decided, rate_added = _search(search, notes)
-        lp = search.post.log_posterior()
-        cap = search.post.cap
+    ablation = Ablation(0 if search.n == 0 else None)
+    if search.n and search.s.ablation:
+        ablation = ablation_search(search, notes)
+        if ablation.keep is None and not search.over_budget():
+            notes.append(
+                f"removing one flag at a time could not decide ({ablation.gave_up}): "
+                "searched every set of flags instead, with every probe so far"
+            )
+            search.progress(notes[-1])
+    if ablation.keep is None:
+        posterior_search(search)
+    lp = search.post.log_posterior() if search.n else np.zeros(1)
+    top = int(np.argmax(lp)) if ablation.keep is None else ablation.keep
+    decided = ablation.keep is not None or math.exp(lp[top]) >= search.s.confidence
+    cap = search.post.cap if search.n else cap
     p_top = float(np.exp(lp[top]))
     status = "found" if decided and search.stats_of(top).hangs > 0 else "inconclusive"
     if status == "inconclusive":
         notes.append(
             f"stopped by the probe or GPU-hour budget: the best set has posterior {p_top:.3f} < {search.s.confidence}"
         )
-    return Answer(top, status, cap, p_top, rate_added)
+    return Answer(top, status, cap, p_top, ablation.rate_added, ablation.cleared)
 
 
 def check_cap_and_rate(search: Search, answer: Answer, notes: list[str]) -> Answer:
-    """Phase 3: a flag whose absence hangs within the cap leaves the set (verify_cap); by default one
-    without which the hang was seen leaves it too; an explicit cap asks for the set that hangs
+    """Phase 3: flags leave the set (cap_check.py); an explicit cap asks for the set that hangs
     *within* it, so a flag without which the hang is slower joins it (its verdict still says the
-    hang was seen without it), and each flag is asked again."""
+    hang was seen without it), and each flag is asked again (ratecheck.py)."""
     s = search.s
     top, status, cap, rate_added = answer.top, answer.status, answer.cap, answer.rate_added
     if status == "found" and s.verify_cap:
         top = drop_modifiers(search, top, cap, notes)
     if status == "found" and s.mttf_cap_s is None:
-        top = _observed_without(search, top, notes)
+        top = observed_without(search, top, notes)
     if status == "found" and s.mttf_cap_s is not None:
         grown, rate_cap = rate_check(search, top, s.mttf_cap_s, notes)
         if rate_cap is None:
@@ -199,7 +202,7 @@ def check_cap_and_rate(search: Search, answer: Answer, notes: list[str]) -> Answ
             if search.stats_of(top).hangs == 0:
                 status = "inconclusive"
                 notes.append("the grown set was not seen to hang in its certification run")
-    return Answer(top, status, cap, answer.posterior, rate_added)
+    return Answer(top, status, cap, answer.posterior, rate_added, answer.cleared)
 
 
 def soak_for_modifiers(search: Search, answer: Answer) -> None:
@@ -209,7 +212,7 @@ def soak_for_modifiers(search: Search, answer: Answer) -> None:
     if answer.status == "found" and s.modifier_prior > 0 and s.mttf_cap_s is not None:
         soak_the_set_alone(search, answer.top, answer.cap)
     if answer.status == "found" and s.measure_modifiers:
-        measure(search, answer.top, measure_length(search))
+        measure(search, answer.top, measure_length(search), answer.cleared)
 
 
 def give_verdicts(
@@ -266,7 +269,6 @@ def _result(
     context: Mapping[str, str],
     signature_source: str,
 ) -> BisectResult:
-    """The result, from what each phase handed on and the probe ledger."""
     elements, top, found = search.elements, answer.top, answer.status == "found"
     return BisectResult(
         status=answer.status,
@@ -294,53 +296,3 @@ def _result(
         other_signatures=other_signatures(search.log, search.signature),
         shrunk={name: {"from": search.failing[name], "to": value} for name, value in verdicts.shrunk.items()},
     )
-
-
-def _search(search: Search, notes: list[str]) -> tuple[int, bool, int]:
-    """The search phase: the answer's mask, the ablation's or (when the ablation cannot decide) the
-    posterior search's likeliest set; whether it can vouch for it; the flags the rate check added."""
-    rate_added = 0
-    if search.s.ablation:
-        ablation = ablation_search(search, notes)
-        if ablation.keep is not None:
-            return ablation.keep, True, ablation.rate_added
-        rate_added = ablation.rate_added
-        if not search.over_budget():
-            notes.append(
-                f"removing one flag at a time could not decide ({ablation.gave_up}): "
-                "searched every set of flags instead, with every probe so far"
-            )
-            search.progress(notes[-1])
-    posterior_search(search)
-    lp = search.post.log_posterior()
-    top = int(np.argmax(lp))
-    return top, math.exp(lp[top]) >= search.s.confidence, rate_added
-
-
-def _take_history(search, history: HistoryExposure, gpus: int) -> list[str]:
-    """The history's hangs and load become the failing cell's before its calibration; the note says
-    how much and what that spared."""
-    if search.signature != history.signature:
-        raise ValueError(f"the history is for {history.signature}, the bisection for {search.signature}")
-    cs = search.stats_of(search.full)
-    cs.role = "calibration"
-    cs.hangs += history.hangs
-    cs.exposure_s += history.exposure_s
-    s, wanted = search.s, failing_hangs_wanted(search.s)
-    return [describe(history, calibration_saved(history, wanted, gpus, s.startup_s), wanted)]
-
-
-def _observed_without(search, top: int, notes: list[str]) -> int:
-    """By default a flag of the set without which the hang was seen (baseline + the rest of the set
-    hung) is a modifier, never necessary: it leaves the set."""
-    for i, e in enumerate(search.elements):
-        bit = 1 << i
-        if not top & bit:
-            continue
-        rest = top & ~bit
-        # baseline + the rest of the set, exactly: wider configs may hang through another trigger
-        narrow = search.configs.get(rest)
-        if narrow is not None and narrow.hangs:
-            notes.append(f"{e.name} left the set: the hang was seen without it")
-            top = rest
-    return top

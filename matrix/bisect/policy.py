@@ -13,7 +13,19 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Policy:
-    # -- the default cap and the posterior search ---------------------------------------------------
+    # -- limits, calibration and the cap (search.py, posterior.py) ----------------------------------
+    # The most elements a bisection takes: the posterior holds every subset (2^16 is milliseconds).
+    max_elements: int = 16
+    # A calibration probe soaks at most a day without a cap (no soak is for a hang slower than that) ...
+    calibration_soak_s: float = 24 * 3600.0
+    # ... and this many caps with one (a failing cell that slow does not hang "within the cap").
+    calibration_soak_caps: float = 8.0
+    # A default cap moves only when the pooled MTTF's differs by over this share: each move re-reads
+    # the posterior, and noise would move it every probe.
+    cap_move: float = 0.1
+    # A config soaked again gets at least this many times its longest soak so far: a hang that needs
+    # a long unbroken run under load (seed 000 came hours into a chat) is never seen by short soaks.
+    again_factor: float = 2.0
     # The cap is at least the pooled MTTF's upper bound at this confidence: the rate that counts as
     # "hangs like the failing cell" must hold the failing cell's own rate almost surely.
     cap_bound_confidence: float = 0.99
@@ -61,11 +73,6 @@ class Policy:
     first_parts: int = 3
     # The rate check's probes for a kept set that does not hang (else: two triggers).
     rescue_probes: int = 12
-    # The x rule_out_factor rule-outs of the kept flags: 0 is alpha / k for each (Bonferroni, the
-    # default); K > 0 steps down (Holm) to alpha / K at the loosest. Holm is what the floor allows,
-    # but it cost seed 002 its 0.95 (0.947 at K = 2, 0.921 at K = 1): a diagnostic
-    # (`bench_bisect --holm-least`).
-    holm_least: int = 0
 
     # -- the modifier verdicts' soaks (modifiers.py) -----------------------------------------------
     # Hangs of the failing cell and of a suspect's removal before a verdict needs no more.
@@ -86,6 +93,10 @@ class Policy:
     group_slow_level: float = 0.05
     # A removal joins the failing cell's reference rate unless told apart at this level.
     reference_level: float = 0.05
+    # The failing cell's top-up soaks for the modifier verdicts, in its MTTFs (most end at a hang) ...
+    top_up_mttfs: float = 3.0
+    # ... and for the rule-outs' reference rate, one batch at a time between the ablation's looks.
+    reference_top_up_mttfs: float = 4.0
     # A group clears its flags at (1 - confidence) / this (6 tried: dearer, no better).
     group_rule_out_share: float = 3.0
     # A modifier soak: at least this many failing-cell MTTFs (4 tried: 1-2 % cheaper at 10 min, seed
@@ -97,11 +108,18 @@ class Policy:
     peel_level: float = 0.05
     # Each step of finding a group's modifier from the set's side (0.02, 0.1, 0.2 tried: within 1 %).
     locate_level: float = 0.05
-    # A diagnostic (`bench_bisect --told-modifier`): the modifier verdicts' search is told which
-    # flag is the modifier, so a row shows what its verdicts cost once the flag is known. None: not told.
-    told_modifier: str | None = None
+    # A flag is called early at its Holm share / this: looking after every soak must not spend the
+    # family's error budget on the innocent flags.
+    clear_share: float = 3.0
+    # A removal soaks at most to where an x rule_out_factor slower one hangs measure_hangs + this often.
+    measure_spare_hangs: int = 2
 
     # -- verdicts (modifier_stats.py) ----------------------------------------------------------------
+    # The rate ratio's interval is read on a log grid from ratio_low to ratio_high (the reported
+    # interval's resolution: 80 points a decade).
+    ratio_low: float = 1e-3
+    ratio_high: float = 1e3
+    ratio_points: int = 481
     # A "faster without it" call needs this many hangs without the flag: false calls on one quick
     # hang (46 -> 37 of 4000 runs at n=6, k=3), at the same cost.
     speedup_hangs: int = 4
@@ -116,9 +134,15 @@ class Policy:
     # The set alone hangs at least this often: every modifier verdict's "without" side.
     modifier_evidence_hangs: int = 3
 
-    def __post_init__(self) -> None:
-        if self.holm_least < 0:
-            raise ValueError(f"holm_least: 0 or more, not {self.holm_least}")
+    # -- the oracles around real probes (oracle_chunked.py, oracle_restart.py) -----------------------
+    # A real probe soaks in pieces of at most this much load (unless --max-soak): a lost node costs
+    # one piece, at one start-up per piece (about 1.4 % at a 10 min start-up).
+    max_soak_s: float = 12 * 3600.0
+    # Restarts of one probe at most: ~24 h of soak with a crash every 4 min; beyond, the probe ends.
+    max_restarts: int = 400
+    # Starts in a row that ended before any load (under idle_load_s of it): the config cannot run.
+    max_idle_starts: int = 3
+    idle_load_s: float = 1.0
 
     @property
     def modifier_factors(self) -> tuple[float, ...]:

@@ -19,7 +19,6 @@ import numpy as np
 from scipy import special
 from scipy.stats import nbinom
 
-from .model import MAX_ELEMENTS
 from .policy import DEFAULT_POLICY, Policy
 
 
@@ -27,10 +26,10 @@ class Posterior:
     """Log-posterior over every subset K of n elements, updated incrementally per observation."""
 
     def __init__(self, n: int, cap_s: float, slow_zero_prior: float, policy: Policy = DEFAULT_POLICY):
-        if n > MAX_ELEMENTS:
+        if n > policy.max_elements:
             raise ValueError(
                 f"{n} elements differ from the baseline; bisection handles at most "
-                f"{MAX_ELEMENTS}: move more flags to the baseline or fix them in the cell"
+                f"{policy.max_elements}: move more flags to the baseline or fix them in the cell"
             )
         self.n = n
         self.cap = cap_s

@@ -26,8 +26,7 @@ def _h2(p: np.ndarray) -> np.ndarray:
 
 
 def posterior_search(search: Search) -> None:
-    """Probe until the likeliest set has posterior >= confidence, every config it says is slow was
-    soaked in full, each of its flags passes the necessity check, and the set was seen to hang."""
+    """Probe until the stop of the module docstring holds (or the budget is spent)."""
     s = search.s
     full_soaked: set[int] = set()  # configs soaked at least once without staging
     necessity_soaks: dict[int, int] = {}  # element -> soaks the necessity check asked for

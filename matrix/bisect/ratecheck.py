@@ -5,8 +5,7 @@ the rate drop by a factor without one flag outside the set (ModifierModel) and s
 that tell until it is sure whether the hang without that flag is slower than the cap (the flag then
 joins the set, and each flag the search had put there is asked again with it on: recheck_members).
 "The set is enough" also needs a prior-free Bayes factor of 2 / alpha against the mildest slowdown
-that would make a flag needed. With an explicit cap, each flag of the set is also soaked out to the
-cap (drop_modifiers).
+that would make a flag needed.
 """
 
 from __future__ import annotations
@@ -25,18 +24,12 @@ if TYPE_CHECKING:
 
 
 class ModifierModel:
-    """Is the set enough to hang within the cap, or is one more flag needed for the rate?
-
-    The search's model gives every config that contains the set one shared rate. Here the rate
-    may drop by a factor r (a grid, log-uniform) without one flag j outside the set: hypotheses
-    `none` (prior 1 - Settings.modifier_prior) and (j, r). With a 1/lambda prior, each has a closed-form
-    likelihood in the hangs and exposure of the configs containing the set, split by j. Under
-    (j, r), j is *needed* when the hang without it is slower than the cap (r / lambda > cap_j,
-    cap_j derived from the configs with j when no cap was given).
-
-    "The set is enough" also needs the prior-free guard (`enough`): the posterior leans on the
-    prior's 1 - modifier_prior for "none", which a few lucky quick hangs without a real modifier
-    can tip."""
+    """The rate may drop by a factor r (policy.modifier_factors) without one flag j outside the set:
+    hypotheses `none` (prior 1 - Settings.modifier_prior) and (j, r), each with a closed-form
+    likelihood (a 1/lambda prior) in the hangs and exposure of the configs containing the set,
+    split by j. Under (j, r), j is *needed* when the hang without it is slower than the cap
+    (r / lambda > cap_j, cap_j derived from the configs with j when no cap was given). "Enough"
+    also needs the prior-free guard (`enough`): a few lucky quick hangs can tip the prior's "none"."""
 
     def __init__(self, search: Search, mask: int, candidates: list[int], cap: float | None):
         self.search, self.mask, self.candidates, self.cap = search, mask, candidates, cap
@@ -104,14 +97,17 @@ class ModifierModel:
         """The config and soak whose outcome tells most about which flag (if any) is needed, per
         expected GPU-hour."""
         s = self.search
-        J = len(self.candidates)
-        # the answer variable: 0 = the set is enough, 1 + i = candidate i is needed
         lam_none = max(self.H, 0.5) / max(self.E, 1e-9)
         lam = np.maximum(self.H, 0.5) / self.Eeff  # J x R
         mttf = 1.0 / lam_none
         # each (j, r) splits into "j needed" and "the set is enough"
         need = self.post * self.p_slow
         enough = self.post * (1 - self.p_slow)
+
+        def joint(q_none: float, q: np.ndarray) -> np.ndarray:
+            """P(answer, an outcome of probability q), answer 0 = the set is enough, 1 + i = candidate i."""
+            return np.concatenate([[self.p_none * q_none + (enough * q).sum()], (need * q).sum(axis=1)])
+
         options = {self.mask}
         for j in self.candidates:
             options.add(self.mask | 1 << j)
@@ -124,23 +120,11 @@ class ModifierModel:
             rate = np.where(has[:, None], lam, lam / self.r[None, :])  # J x R
             for k in s.policy.modifier_soaks:
                 soak = k * mttf
-                p_h_none = -math.expm1(-lam_none * soak)
-                p_h = -np.expm1(-rate * soak)
-                # joint P(answer, hang)
-                joint_h = np.zeros(J + 1)
-                joint_n = np.zeros(J + 1)
-                joint_h[0] = self.p_none * p_h_none
-                joint_n[0] = self.p_none * (1 - p_h_none)
-                joint_h[1:] = (need * p_h).sum(axis=1)
-                joint_n[1:] = (need * (1 - p_h)).sum(axis=1)
-                joint_h[0] += (enough * p_h).sum()
-                joint_n[0] += (enough * (1 - p_h)).sum()
-                info = _mutual_information(joint_h, joint_n)
+                p_h_none, p_h = -math.expm1(-lam_none * soak), -np.expm1(-rate * soak)
+                info = _mutual_information(joint(p_h_none, p_h), joint(1 - p_h_none, 1 - p_h))
                 mean_load_none = (1 - math.exp(-lam_none * soak)) / lam_none
-                mean_load = -np.expm1(-rate * soak) / rate
-                load = self.p_none * mean_load_none + float((self.post * mean_load).sum())
-                cost = s.cost[c] * (s.s.startup_s + load)
-                score = info / cost
+                load = self.p_none * mean_load_none + float((self.post * (-np.expm1(-rate * soak) / rate)).sum())
+                score = info / (s.cost[c] * (s.s.startup_s + load))
                 if score > best_score:
                     best, best_score = (c, soak), score
         return best
@@ -185,14 +169,10 @@ def rate_check(
     search: Search, mask: int, cap: float | None, notes: list[str], max_probes: int | None = None
 ) -> tuple[int, float | None]:
     """A flag outside the set without which the hang is slower than the cap is needed for the hang
-    *within the cap*: soak the configs that tell (the set alone, the set plus one flag, the failing
-    cell without one flag) until the modifier model is sure either way, and add such a flag.
-
-    Returns the grown set and, with a default cap, the cap derived from the configs that share the
-    set's rate."""
-    s = search.s
-    max_probes = search.policy.max_modifier_probes if max_probes is None else max_probes
-    alpha = 1.0 - s.confidence
+    *within the cap*: soak the configs that tell until the modifier model is sure either way, and
+    add such a flag. Returns the grown set and, with a default cap, the cap the configs that share
+    the set's rate give (None: undecided)."""
+    alpha = 1.0 - search.s.confidence
     cap_out = cap if cap is not None else search.post.cap
     for _ in range(search.n):
         candidates = [j for j in range(search.n) if not mask >> j & 1]
@@ -224,12 +204,10 @@ def rate_check(
 
 
 def recheck_members(search: Search, found: int, grown: int, cap: float | None, notes: list[str]) -> tuple[int, bool]:
-    """The rate check grew the search's set `found` to `grown`: is each flag of `found` still needed
-    with the added flags on? The search read configs without an added flag, which hang slowly
-    whatever else is on, so an innocent flag whose absence was seen only there looked necessary.
-    Each flag gets the rate check's question with the rest of the grown set fixed: that rest is
-    enough (drop the flag), or the hang without the flag is slower than the cap (keep it).
-    Returns the set and whether every flag was decided."""
+    """The rate check grew `found` to `grown`: is each flag of `found` still needed with the added
+    flags on? (The search read configs without an added flag, which hang slowly whatever else is on.)
+    Each flag gets the rate check's question with the rest of `grown` fixed. Returns the set and
+    whether every flag was decided."""
     alpha = 1.0 - search.s.confidence
     added = ", ".join(e.name for j, e in enumerate(search.elements) if (grown & ~found) >> j & 1)
     for i in range(search.n):
@@ -269,42 +247,3 @@ def soak_the_set_alone(search: Search, mask: int, cap: float) -> None:
         search.run([(mask, max(soak, search.s.startup_s), "certification")])
         if cs.hangs == before:
             return
-
-
-def _without(search: Search, mask: int, bit: int) -> tuple[int, float]:
-    """Hangs and exposure of baseline + the set but for one element (that exact config: configs
-    with more flags may hang through another trigger)."""
-    cs = search.configs.get(mask & ~bit)
-    return (cs.hangs, cs.exposure_s) if cs else (0, 0.0)
-
-
-def drop_modifiers(search: Search, mask: int, cap: float, notes: list[str]) -> int:
-    """An element whose removal still hangs within the cap only changes how often: drop it.
-
-    Hangs seen without it count; with an explicit cap (`verify_cap`), each element is also soaked
-    out until "MTTF > cap at the stated confidence" holds or it hangs.
-    """
-    s = search.s
-    changed = True
-    while changed and not search.over_budget():
-        changed = False
-        for i, e in enumerate(search.elements):
-            bit = 1 << i
-            if not mask & bit:
-                continue
-            h, exposure = _without(search, mask, bit)
-            need = stats.soak_for_detection(cap, s.confidence) - exposure
-            if h == 0 and s.verify_cap and need > 0 and search.runnable[mask & ~bit]:
-                search.stats_of(mask & ~bit).role = "cap check"
-                search.run([(mask & ~bit, need, "cap check")])
-                h, exposure = _without(search, mask, bit)
-            if s.verify_cap and h > 0 and exposure / h <= cap:
-                notes.append(
-                    f"{e.name} is not needed for the hang within the cap: without it "
-                    f"{h} hang(s) in {format_duration(exposure)} (MTTF ~{format_duration(exposure / h)} "
-                    f"<= cap {format_duration(cap)})"
-                )
-                mask &= ~bit
-                changed = True
-                break
-    return mask

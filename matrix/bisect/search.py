@@ -3,22 +3,23 @@ spend, the posterior; running a batch of probes, calibrating the failing cell, a
 that follows the pooled MTTF.
 
 Only its own methods change it (a probe's outcome, the posterior and its cap); what a phase decides
-(the kept set, why ablation gave up, the flags the rate check added, the notes) is handed on
-explicitly in pipeline.py. The phases are functions of their own modules: ablation.py,
-posterior_search.py, ratecheck.py, modifiers.py, verdicts.py. This module imports none of them.
+(the kept set, the flags the rate check added, the cleared groups, the notes) is handed on
+explicitly (pipeline.py). It imports no phase.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from .model import ConfigStats, Element, FeasibleFn, GpuCountFn, Settings, default_cap, default_gpu_count
 from .oracle import Probe, ProbeOracle, ProbeResult
 from .posterior import Posterior
+
+T = TypeVar("T")
 
 
 class Search:
@@ -57,7 +58,6 @@ class Search:
         self._post: Posterior | None = None  # from calibration on (start_posterior)
         self.initial_cap = math.nan  # the cap calibration gave
         self.spent: dict[str, float] = {}  # GPU-hours by role (calibration, search, ...)
-        self.cleared_groups: set[int] = set()  # group removals that ruled out a modifier among their flags
         masks = range(1 << self.n)
         if gpu_count is default_gpu_count and not any(e.name == "tp" for e in self.elements):
             self.cost = np.full(1 << self.n, float(gpu_count(self.failing)))
@@ -104,6 +104,13 @@ class Search:
         rows = [cs for m, cs in self.configs.items() if (m & rest) == rest and not m & bit]
         return sum(cs.hangs for cs in rows), sum(cs.exposure_s for cs in rows)
 
+    def dealt(self, items: list[T]) -> list[tuple[T, int]]:
+        """The first --parallel items, each with its copies: with fewer items than the width, the
+        width is dealt out round-robin (copies of a config are independent soaks whose exposure pools)."""
+        width = max(1, self.s.parallel)
+        picked = items[:width]
+        return [(item, len(range(i, width, len(picked)))) for i, item in enumerate(picked)]
+
     def over_budget(self) -> bool:
         s = self.s
         return self.probes >= s.max_probes or (s.budget_gpu_hours is not None and self.gpu_hours >= s.budget_gpu_hours)
@@ -115,10 +122,7 @@ class Search:
         results = self.oracle.run(probes)
         out = []
         for (mask, soak, role), result in zip(batch, results, strict=True):
-            self.log.append(result)
-            self.probes += 1
-            self.gpu_hours += result.gpu_hours
-            self.spent[role] = self.spent.get(role, 0.0) + result.gpu_hours
+            self._spend(result, role)
             cs = self.stats_of(mask)
             if cs.role == "search" and role != "search":
                 cs.role = role
@@ -155,16 +159,20 @@ class Search:
             out.append((mask, result))
         return out
 
+    def _spend(self, result: ProbeResult, role: str) -> None:
+        """A probe into the log, the probe count and the spend (by role)."""
+        self.log.append(result)
+        self.probes += 1
+        self.gpu_hours += result.gpu_hours
+        self.spent[role] = self.spent.get(role, 0.0) + result.gpu_hours
+
     def run_aside(
         self, flags: dict[str, Any], soak: float, label: str, config_label: str
     ) -> tuple[ProbeResult, ConfigStats]:
         """One shrink probe of flags no mask names (another value of a flag of the set): in the log
         and the spend, its stats a config of its own; the caller reads the outcome into them."""
         result = self.oracle.run([Probe(flags, soak, label)])[0]
-        self.log.append(result)
-        self.probes += 1
-        self.gpu_hours += result.gpu_hours
-        self.spent["shrink"] = self.spent.get("shrink", 0.0) + result.gpu_hours
+        self._spend(result, "shrink")
         cs = ConfigStats(-1, config_label, flags, role="shrink", probes=1, gpu_hours=result.gpu_hours)
         self.extra_configs.append(cs)
         return result, cs
@@ -177,7 +185,8 @@ class Search:
         cs.role = "calibration"
         max_soak = s.calibration_max_soak_s
         if max_soak is None:
-            max_soak = 8.0 * s.mttf_cap_s if s.mttf_cap_s else 24 * 3600.0
+            p = self.policy
+            max_soak = p.calibration_soak_caps * s.mttf_cap_s if s.mttf_cap_s else p.calibration_soak_s
         misses = 0
         while cs.hangs < s.calibration_hangs and not self.over_budget():
             need = s.calibration_hangs - cs.hangs
@@ -217,12 +226,12 @@ class Search:
         )
 
     def track_cap(self, H: float, E: float) -> bool:
-        """Move a default cap to the one H hangs in E give, when that differs by over 10 %.
+        """Move a default cap to the one H hangs in E give, when that differs by over policy.cap_move.
         Returns whether it moved."""
         if self.s.mttf_cap_s is not None or H <= 0:
             return False
         cap = self.cap_from(H, E)
-        if abs(cap - self.post.cap) <= 0.1 * self.post.cap:
+        if abs(cap - self.post.cap) <= self.policy.cap_move * self.post.cap:
             return False
         self.post.set_cap(cap)
         return True

@@ -132,11 +132,11 @@ def _check_signature(signature: str, virtual: bool, hang_model: str | None, matr
 def max_soak_s(opts: BisectOptions) -> float | None:
     """The longest piece of load one probe soaks in: 12 h with real probes, none in virtual time
     (whose GPU-hours are then the benchmark's)."""
-    from soakmatrix.matrix.bisect.oracle_chunked import DEFAULT_MAX_SOAK_S
+    from soakmatrix.matrix.bisect.policy import DEFAULT_POLICY
 
     if opts.max_soak_s is not None:
         return opts.max_soak_s
-    return None if opts.virtual else DEFAULT_MAX_SOAK_S
+    return None if opts.virtual else DEFAULT_POLICY.max_soak_s
 
 
 def open_journal(opts: BisectOptions, kind: str, header: dict, progress: Say | None):
@@ -173,7 +173,7 @@ def flag_run(
     progress: Say | None,
 ) -> FlagBisection:
     """The flag bisection of `pc` once set up: its answer, nothing recorded yet."""
-    from soakmatrix.matrix.bisect import MAX_ELEMENTS, Settings, bisect_flags
+    from soakmatrix.matrix.bisect import Settings, bisect_flags
     from soakmatrix.matrix.bisect.history_exposure import calibration_saved, failing_hangs_wanted
     from soakmatrix.matrix.bisect.history_exposure import to_json as history_json
     from soakmatrix.matrix.bisect.journal import journaled
@@ -187,8 +187,6 @@ def flag_run(
 
     # only the flag bisection moves flags: a build bisection keeps the cell's flags as they are
     movable, fixed, why = elements_of(pc, matrix)
-    if len(movable) > MAX_ELEMENTS:
-        raise UsageError(f"{len(movable)} flags differ from the baseline; at most {MAX_ELEMENTS}")
     settings = Settings(
         confidence=opts.confidence,
         mttf_cap_s=opts.mttf_cap_s,
@@ -201,6 +199,8 @@ def flag_run(
         modifier_prior=Settings.modifier_prior if opts.modifier_prior is None else opts.modifier_prior,
         measure_modifiers=opts.measure_modifiers,
     )
+    if len(movable) > settings.policy.max_elements:
+        raise UsageError(f"{len(movable)} flags differ from the baseline; at most {settings.policy.max_elements}")
     # the journal before Ray: one that cannot be used is a usage error before a cluster starts
     steering = {k: v for k, v in asdict(settings).items() if k not in ("max_probes", "budget_gpu_hours", "policy")}
     journal = open_journal(
