@@ -52,6 +52,10 @@ class Tuning:
     # there answered 7 of 20 x4 rate changes "not a regression" (n = 16, MTTF 30 min) before the rates
     # either side of the change were told apart; a hang that is really old hangs there again soon.
     old_hangs: int = 3
+    # With a hang of the target below the likeliest change point (a rate change) and that change
+    # point holding this much of the posterior, only it and the build below are probed
+    # (`planner.aim_at`).
+    aim_mass: float = 0.5
 
     def __post_init__(self):
         if not 0.0 <= self.rate_change_prior < 1.0:
