@@ -208,3 +208,28 @@ def test_the_dashboard_view_lists_each_signature_s_answer():
     rows = dict(view["verdicts"])
     assert rows["signature shm_broadcast_timeout (target)"].startswith("rate change at b9: MTTF before >= ")
     assert "signature nccl_watchdog_timeout" in rows
+
+
+def test_the_stall_count_restarts_when_the_likeliest_answer_changes():
+    from soakmatrix.matrix.build_bisect.algorithm import _Run
+
+    run = _Run(names(4), None, BuildSettings(signature="s", tuning=Tuning(stall_probes=3)))  # type: ignore[arg-type]
+    post = run.book.posteriors["s"]
+
+    def evidence(ev):
+        for i, b in enumerate(post.builds):
+            b.hangs, b.exposure_s = ev.get(i, (0, 0.0))
+
+    evidence({i: (3, 8 * M) for i in range(4)})                     # one rate: the good build likeliest
+    assert post.group_probabilities()[0][int(post.probabilities().argmax())] == (0, 0)
+    assert not run.stalled()
+    run.probes = 3
+    assert run.stalled()                                            # no gain for 3 probes
+    evidence({0: (1, 10 * M), 1: (0, 3 * M), 2: (0, 3 * M), 3: (3, 2 * M)})   # b3's change, less sure
+    top = float(post.probabilities().max())
+    assert int(post.probabilities().argmax()) == 3 and top < 0.95
+    assert not run.stalled()                                        # a new answer: its own count
+    run.probes = 5
+    assert not run.stalled()
+    run.probes = 6
+    assert run.stalled()
