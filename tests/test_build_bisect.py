@@ -201,7 +201,7 @@ def test_the_posterior_groups_untestable_builds_and_rules_out_above_a_hang():
     post.observe(3, "hang", True, 50.0, 0.1)
     assert post.groups() == [(0, 0), (1, 1), (2, 3), (4, 4), (5, 5)]
     p = post.probabilities()
-    assert p[4:].sum() < 0.01                       # build 3 hung: the first bad is at or below it, unless
+    assert p[4:].sum() < 0.02                       # build 3 hung: the first bad is at or below it, unless
     clean = ChangePointPosterior(6, tuning=Tuning(rate_change_prior=0.0))   # its hang is old (a rate change)
     clean.builds = post.builds
     assert clean.probabilities()[4:].sum() == 0.0

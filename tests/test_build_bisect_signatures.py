@@ -125,12 +125,12 @@ def test_one_early_hang_on_the_good_build_does_not_make_a_rate_change_old():
     with pytest.raises(ValueError, match="old_hangs"):
         Tuning(old_hangs=0)
     # two hangs on the good build, the one rate everywhere at 0.9-0.995 of the posterior
-    post = posterior(4, {0: (2, 8 * M), 1: (2, 8 * M), 2: (2, 8 * M), 3: (2, 8 * M)})
+    post = posterior(4, {0: (2, 8 * M), 1: (2, 8 * M), 2: (2, 8 * M), 3: (2, 8 * M)}, rate_change_prior=0.05)
     mass = post.probabilities()[0]
     assert 0.9 <= mass < AIM
     assert verdict("s", post, AIM, C).verdict == UNDECIDED
     assert verdict("s", post, AIM, C, named=False) == verdict("s", post, AIM, C)
-    three = posterior(4, {0: (3, 8 * M), 1: (2, 8 * M), 2: (2, 8 * M), 3: (2, 8 * M)})
+    three = posterior(4, {0: (3, 8 * M), 1: (2, 8 * M), 2: (2, 8 * M), 3: (2, 8 * M)}, rate_change_prior=0.05)
     if 0.9 <= three.probabilities()[0] < AIM:
         assert verdict("s", three, AIM, C).verdict == OLD      # the relaxed answer, unnamed
         assert verdict("s", three, AIM, C, named=True).verdict == UNDECIDED
@@ -139,7 +139,7 @@ def test_one_early_hang_on_the_good_build_does_not_make_a_rate_change_old():
 def test_a_named_target_is_answered_old_only_at_the_confidence_asked():
     # the relaxed "old" (Tuning.old_posterior) is for signatures nobody named; a named target's
     # "not a regression" is the headline, stated at the confidence asked
-    post = posterior(4, {0: (3, 8 * M), 1: (3, 8 * M), 2: (3, 8 * M), 3: (3, 8 * M)})
+    post = posterior(4, {0: (3, 8 * M), 1: (3, 8 * M), 2: (3, 8 * M), 3: (3, 8 * M)}, rate_change_prior=0.05)
     mass = post.probabilities()[0]
     assert 0.9 <= mass < AIM
     assert verdict("s", post, AIM, C).verdict == OLD
