@@ -201,12 +201,49 @@ def test_the_posterior_groups_untestable_builds_and_rules_out_above_a_hang():
     post.observe(3, "hang", True, 50.0, 0.1)
     assert post.groups() == [(0, 0), (1, 1), (2, 3), (4, 4), (5, 5)]
     p = post.probabilities()
-    assert p[4:].sum() < 0.01                       # build 3 hung: the first bad is at or below it, unless
+    assert p[4:].sum() < 0.02                       # build 3 hung: the first bad is at or below it, unless
     clean = ChangePointPosterior(6, tuning=Tuning(rate_change_prior=0.0))   # its hang is old (a rate change)
     clean.builds = post.builds
     assert clean.probabilities()[4:].sum() == 0.0
     assert p[2] == pytest.approx(p[3])              # the untestable build cannot be told from the next
     assert post.known_bad_pool() == (2.0, 150.0)
+
+
+def _posterior(n: int, evidence: dict[int, tuple[int, float]]) -> ChangePointPosterior:
+    post = ChangePointPosterior(n)
+    for index, (hangs, load) in evidence.items():
+        post.builds[index].hangs, post.builds[index].exposure_s = hangs, load
+    return post
+
+
+def test_a_rate_change_aims_at_its_two_builds():
+    from soakmatrix.matrix.build_bisect.planner import aim_at
+    groups = [(i, i) for i in range(5)]
+    mass = np.array([0.05, 0.05, 0.1, 0.7, 0.1])
+    assert aim_at(groups, mass, np.array([1.0, 0, 0, 4, 2]), 0.5) == 3      # a hang below the likeliest
+    assert aim_at(groups, mass, np.array([0.0, 0, 0, 4, 2]), 0.5) is None   # none: a clean regression's search
+    assert aim_at(groups, mass, np.array([1.0, 0, 0, 4, 2]), 0.8) is None   # not likely enough yet
+    old = np.array([0.7, 0.05, 0.1, 0.1, 0.05])
+    assert aim_at(groups, old, np.array([1.0, 0, 0, 4, 2]), 0.5) is None    # the good build: one rate, old
+    # aimed, the planner soaks only the likeliest change point's build or the one below it
+    from soakmatrix.matrix.build_bisect.planner import choose
+    post = _posterior(8, {0: (1, 8 * 1800.0), 3: (1, 4 * 1800.0), 4: (2, 3600.0), 5: (3, 3600.0), 7: (3, 3600.0)})
+    groups, mass = post.group_probabilities()
+    for aimed in (2, 5, 6):
+        c = choose(groups, mass, post.passes(groups), post.group_pools(groups)[0], 1800.0, 600.0, 0.995,
+                   aimed=aimed)
+        assert c is not None and c.index in (aimed - 1, aimed)
+
+
+def test_the_newest_build_is_probed_when_its_rate_decides():
+    # b0 and b1 hang at one slow rate, b2 (the newest) hung twice in half an MTTF: "old" (one rate)
+    # against a rate change at b2 turns on b2's rate, which only a probe of b2 tells
+    from soakmatrix.matrix.build_bisect.planner import choose
+    m = 1800.0
+    post = _posterior(3, {0: (4, 16 * m), 1: (4, 16 * m), 2: (2, 0.5 * m)})
+    groups, mass = post.group_probabilities()
+    c = choose(groups, mass, post.passes(groups), post.group_pools(groups)[0], m, 600.0, 0.995)
+    assert c is not None and c.index == 2 and c.gain_bits > 0
 
 
 def test_the_virtual_oracle():

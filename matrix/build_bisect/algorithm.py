@@ -39,7 +39,7 @@ from dataclasses import dataclass, field, replace
 from soakmatrix.matrix.contracts.stats import mttf_estimate, mttf_lower_bound
 
 from .oracle import HANG, PASSED, UNTESTABLE, BuildOracle, BuildProbe, BuildProbeResult
-from .planner import Choice, choose, planning_mttf
+from .planner import Choice, aim_at, choose, planning_mttf
 from .posterior import ChangePointPosterior
 from .result import (
     BAD_UNTESTABLE,
@@ -107,7 +107,9 @@ class _Run:
         self.rounds = 0
         self.gpu_hours = 0.0
         self.by_role: dict[str, float] = {}
-        self.progress: dict[str | None, tuple[float, int]] = {}  # signature -> (best top mass, at probe)
+        self.progress: dict[
+            str | None, tuple[tuple[int, int] | None, float, int]
+        ] = {}  # signature -> (likeliest, its best mass, at probe)
 
     @property
     def post(self) -> ChangePointPosterior:
@@ -180,6 +182,7 @@ class _Run:
             self.s.confidence,
             target=signature == self.signature,
             crash=signature in self.book.crashes and signature not in self.book.hung,
+            named=signature == self.told,
         )
 
     def serve(self) -> str | None:
@@ -215,10 +218,13 @@ class _Run:
 
     def stalled(self) -> bool:
         """The served signature's likeliest answer has not gained for `Tuning.stall_probes` probes."""
-        top = float(self.post.group_probabilities()[1].max())
-        best, since = self.progress.get(self.signature, (-1.0, self.probes))
-        if top > best + 1e-3:
-            self.progress[self.signature] = (top, self.probes)
+        groups, mass = self.post.group_probabilities()
+        k = int(mass.argmax())
+        answer, best, since = self.progress.get(self.signature, (None, -1.0, self.probes))
+        if groups[k] != answer or mass[k] > best + 1e-3:
+            # a new likeliest answer starts its own count: a mass an answer since refuted reached
+            # (the good build's, after its first early hang) is no bar for the next one
+            self.progress[self.signature] = (groups[k], float(mass[k]), self.probes)
             return False
         return self.probes - since >= self.s.tuning.stall_probes
 
@@ -240,8 +246,9 @@ class _Run:
                 break  # the believed outcomes already stop: the rest would be spent on nothing
             mttf = planning_mttf(believed, groups, mass)
             pool_h, _ = believed.group_pools(groups)
+            aimed = aim_at(groups, mass, believed.hangs(), self.s.tuning.aim_mass)
             choice = choose(
-                groups, mass, believed.passes(groups), pool_h, mttf, self.s.startup_s, self.aim, self.s.gpus
+                groups, mass, believed.passes(groups), pool_h, mttf, self.s.startup_s, self.aim, self.s.gpus, aimed
             )
             if choice is None:
                 break

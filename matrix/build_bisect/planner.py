@@ -116,14 +116,20 @@ def choose(
     startup_s: float,
     confidence: float,
     gpus: int = 1,
+    aimed: int | None = None,
 ) -> Choice | None:
     """The next probe, or None when no probe can tell the groups apart. `passes`: the posterior's
     pass masses per group (`Passes`); `pool_hangs`: the hangs each group's clean regression pools;
-    `mttf_s`: the rate after the change point (sets the grid and the cost)."""
+    `mttf_s`: the rate after the change point (sets the grid and the cost); `aimed` (`aim_at`): the
+    likeliest group of a rate change, whose build and the one below are the only ones probed."""
     if len(groups) < 2 or not mttf_s > 0 or not math.isfinite(mttf_s):
         return None
     total_entropy = -float(_plogp(mass).sum())
-    cum_p = np.cumsum(mass)[:-1]
+    # a probe of group k's last build, k = 0..len - 1: groups 0..k call it bad; the newest build
+    # (k = len - 1) splits no hypothesis but tells the rate after the change point, which a rate
+    # change's hypotheses differ on (a clean regression's only through their pooled rates)
+    cum_p = np.cumsum(mass)
+    newest = np.arange(len(groups)) == len(groups) - 1
     best: Choice | None = None
     best_ratio = -math.inf
     survival = {0.0: (mass, mass)}
@@ -139,18 +145,20 @@ def choose(
             (np.maximum(survival[a][0] - survival[b][0], 0.0), np.maximum(survival[a][1] - survival[b][1], 0.0))
             for a, b in itertools.pairwise(times)
         ] + [survival[length]]
-        after = np.zeros(len(groups) - 1)  # expected entropy after the probe of group k's last build
+        after = np.zeros(len(groups))  # expected entropy after the probe of group k's last build
         for bad, good in outcomes:
             # a probe of group k's last build: groups 0..k call it bad, those above good
-            z = np.cumsum(bad)[:-1] + _suffix(good)
-            s_ = np.cumsum(_plogp(bad))[:-1] + _suffix(_plogp(good))
+            z = np.cumsum(bad) + _suffix(good)
+            s_ = np.cumsum(_plogp(bad)) + _suffix(_plogp(good))
             after += _plogp(z) - s_
         gain = total_entropy - after
         # expected load: the integral of the chance that it has not hung by t, over 0..length
-        alive = [np.cumsum(survival[t][0])[:-1] + _suffix(survival[t][1]) for t in times]
+        alive = [np.cumsum(survival[t][0]) + _suffix(survival[t][1]) for t in times]
         load = sum(0.5 * (b - a) * (alive[j] + alive[j + 1]) for j, (a, b) in enumerate(itertools.pairwise(times)))
         cost = gpus * (startup_s + load) / 3600.0
-        ratio = np.where((cum_p > 1e-12) & (cum_p < 1.0 - 1e-12), gain / cost, -math.inf)
+        ratio = np.where((cum_p > 1e-12) & ((cum_p < 1.0 - 1e-12) | newest), gain / cost, -math.inf)
+        if aimed is not None:
+            ratio = np.where(np.isin(np.arange(ratio.size), (aimed - 1, aimed)), ratio, -math.inf)
         k = int(np.argmax(ratio))
         if ratio[k] > best_ratio:
             best_ratio = float(ratio[k])
@@ -163,9 +171,21 @@ def choose(
     return _end_game(best, groups, mass, top, passes, pool_hangs, mttf_s, startup_s, confidence, gpus)
 
 
+def aim_at(groups: list[tuple[int, int]], mass: np.ndarray, hangs: np.ndarray, threshold: float) -> int | None:
+    """The group the search aims at, or None: the likeliest one when it holds `threshold` of the
+    posterior and the target hung below it (a rate change). Then only the build just below it (its
+    rate must be shown low) and its own first build (high) are probed: load on the build below
+    refutes every change point under it at once, and the builds further down tell only the old rate.
+    A clean regression never has a hang below its likeliest group, so its search is untouched."""
+    top = int(np.argmax(mass))
+    if top == 0 or mass[top] < threshold or not hangs[: groups[top][0]].sum():
+        return None
+    return top
+
+
 def _suffix(x: np.ndarray) -> np.ndarray:
-    """sum of x[k + 1:] for each k < len(x) - 1."""
-    return np.cumsum(x[::-1])[::-1][1:]
+    """sum of x[k + 1:] for each k < len(x) (0 for the last)."""
+    return np.append(np.cumsum(x[::-1])[::-1][1:], 0.0)
 
 
 def _end_game(
