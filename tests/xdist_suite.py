@@ -11,7 +11,7 @@ engines start side by side, never more: each `vllm serve` start is three sequent
 imports (one core), and a third would starve the simulated-engine tests on 2 cores. A module stays
 in one chain, so a module-scoped engine is started once. The order is a pure function of the node
 ids and the worker count, so every worker collects the same list (xdist refuses to run otherwise).
-Without workers the two chains simply run first.
+With one worker the two chains simply run first; without xdist the collection order stands.
 
 A crashed worker. A worker process that dies under a test (xdist: "node down: Not properly
 terminated") has given no verdict on it: the test's own assertions never ran. As the soak jobs do
