@@ -34,10 +34,11 @@ demo: install
 	  echo "JUnit: out/demo/junit.xml  dashboard: out/demo/dashboard/index.html  (exit $$code)"; \
 	  [ $$code -le 1 ]
 
-# three pytest-xdist workers stealing work from each other, the real engine's tests first on one of
-# them (tests/xdist_suite.py): on 2 cores the simulated-engine tests mostly wait (about a quarter of a
-# core each), so a third worker fills the idle CPU; TEST_WORKERS=0 runs one test after another
-TEST_WORKERS ?= 3
+# four pytest-xdist workers stealing work from each other (tests/xdist_suite.py): the real engine's tests
+# in two chains at the heads of two of them, the tests that mostly wait at the head of the third (they
+# cost the real engines nothing beside them), the Ray Client tests, which take turns, at the head of
+# the fourth; on 2 cores that keeps both cores busy to the end. TEST_WORKERS=0 runs one test after another
+TEST_WORKERS ?= 4
 test: install-test install-vllm chromium
 	$(BIN)/python -m pytest $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist worksteal) $(PYTEST_ARGS)
 

@@ -118,6 +118,7 @@ def soaked_bisection(folder: Path) -> tuple[str, ...]:
             "--mttf-cap", "20m", "--no-modifiers")
 
 
+@pytest.mark.ray_client
 @pytest.mark.slow
 def test_sim_engine_on_ray_stopped_then_resumed_through_a_ray_client_address_finds_the_planted_flag(tmp_path):
     """The bisection starts on the default local cluster and is stopped (SIGTERM, as CI runners and

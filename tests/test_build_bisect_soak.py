@@ -90,6 +90,7 @@ def assert_nothing_left(before: set[int], folder: Path) -> None:
     assert left() == []
 
 
+@pytest.mark.ray_client
 @pytest.mark.slow
 def test_parallel_probes_of_real_builds_over_a_ray_client_address_name_the_planted_first_bad_build(tmp_path):
     """One bisection for three paths (each alone took 2-3 minutes of soaks on 2 cores):

@@ -317,6 +317,7 @@ def test_the_test_clusters_ray_client_server_that_died_at_its_start_is_told_at_o
         wait_for_client_server(listening.getsockname()[1], tmp_path)
 
 
+@pytest.mark.ray_client
 @pytest.mark.slow
 def test_a_real_ray_client_session_that_fails_to_start_once_is_asked_again_and_connects():
     """Against a real Ray Client server: the first session start fails as CI once saw it fail

@@ -114,6 +114,7 @@ def cluster():
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 
+@pytest.mark.ray_client
 @pytest.mark.slow
 def test_a_ray_client_address_runs_the_matrix_on_the_cluster(tmp_path):
     """`--ray-address ray://host:port` (Ray Client, the address a laptop outside the cluster uses):

@@ -24,7 +24,7 @@ from soakmatrix.fixtures.sim_testing import SimProcess, load, read_hang_records
 from soakmatrix.jobs.sim.hangs import draw_time_to_hang
 from soakmatrix.matrix.contracts.hangmodel import STYLE_SIGNATURE, load_hang_model
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.waits]
 
 STATS = "Avg prompt throughput"
 ZERO = "Avg prompt throughput: 0.0 tokens/s, Avg generation throughput: 0.0 tokens/s"

@@ -14,7 +14,7 @@ import pytest
 
 from soakmatrix.fixtures.sim_testing import SimProcess, load
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.waits]
 
 # REFERENCE.md: the stats line, then optional parts
 STATS_LINE = re.compile(

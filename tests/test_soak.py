@@ -23,7 +23,7 @@ from soakmatrix.matrix.contracts.outcomes import Outcome
 from soakmatrix.matrix.contracts.workloads import Workload, params_of
 
 # every test here starts a server
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.waits]   # simulated servers' clocks: a tenth of a core
 
 FAKE = str(Path(__file__).resolve().parent / "fake_openai.py")
 QUICK = SoakOptions(watchdog=WatchdogConfig(tick_s=0.25, scrape_every_s=0.5, health_every_s=1.0),

@@ -1,7 +1,8 @@
 """How `make test` hands the suite to xdist workers (tests/xdist_suite.py): the real engine's tests in
 two chains by module, each at the head of its own worker's share, so that work stealing leaves two
-engines starting side by side, never more; a test whose worker dies under it runs once more on a new
-worker."""
+engines starting side by side, never more; the tests that mostly wait, and those that start a Ray
+Client server, each at the head of a share of their own; a test whose worker dies under it runs once
+more on a new worker."""
 
 from __future__ import annotations
 
@@ -13,16 +14,18 @@ from types import SimpleNamespace
 import pytest
 
 from tests.conftest import REPO
-from tests.xdist_suite import engine_starts, runs_the_real_engine, suite_order, two_chains
+from tests.xdist_suite import engine_starts, lanes, runs_the_real_engine, share_sizes, suite_order, two_chains
 
 pytestmark = pytest.mark.slow   # each test runs a small suite of its own on two xdist workers
 
 
 class Item:
-    def __init__(self, nodeid: str, starts: int | None = None):
-        self.nodeid, self.starts = nodeid, starts
+    def __init__(self, nodeid: str, starts: int | None = None, marks: tuple[str, ...] = ()):
+        self.nodeid, self.starts, self.marks = nodeid, starts, marks
 
     def get_closest_marker(self, name: str):
+        if name in self.marks:
+            return SimpleNamespace(name=name, kwargs={})
         if name != "vllm" or self.starts is None:
             return None
         return SimpleNamespace(name=name, kwargs={"starts": self.starts} if self.starts else {})
@@ -60,6 +63,33 @@ def test_each_chain_heads_its_own_workers_share_and_the_rest_keeps_its_order():
     single = [rest[0], a, *rest[1:10], b, *rest[10:]]
     suite_order(single, workers=1)          # one worker: both chains first
     assert ids(single[:2]) == ids([a, b]) and ids(single[2:]) == ids(rest)
+
+
+def test_share_sizes_are_worksteals_first_shares():
+    assert share_sizes(10, 3) == [3, 3, 4] and share_sizes(1201, 4) == [300, 300, 300, 301]
+    assert sum(share_sizes(7, 5)) == 7
+
+
+def test_waiting_and_ray_client_tests_head_shares_of_their_own_on_four_workers():
+    rest = [Item(f"tests/test_s.py::t{i}") for i in range(30)]
+    a, b = Item("tests/test_a.py::t", starts=3), Item("tests/test_b.py::t", starts=2)
+    waits = [Item(f"tests/test_w.py::t{i}", marks=("waits",)) for i in range(3)]
+    client = [Item("tests/test_c.py::t", marks=("ray_client",)),
+              Item("tests/test_wc.py::t", marks=("waits", "ray_client"))]     # a Ray Client test is in its lane
+    items = [rest[0], waits[0], a, *rest[1:10], client[0], b, waits[1], *rest[10:20], client[1], waits[2], *rest[20:]]
+    assert [ids(lane) for lane in lanes(items)] == [ids([a]), ids([b]), ids(waits), ids(client)]
+    suite_order(items, workers=4)
+    starts = [0, 9, 18, 27]                                              # share_sizes(37, 4)
+    assert share_sizes(len(items), 4) == [9, 9, 9, 10]
+    assert [items[i] for i in starts] == [a, b, waits[0], client[0]]
+    assert ids(items[19:21]) == ids(waits[1:]) and items[28] is client[1]
+    lane_items = {id(x) for x in (a, b, *waits, *client)}
+    assert ids([x for x in items if id(x) not in lane_items]) == ids(rest)   # the rest keeps its order
+    three = [rest[0], waits[0], a, *rest[1:10], client[0], b, *rest[10:]]
+    suite_order(three, workers=3)                                      # no fourth worker: its lane joins the third's
+    assert [three[i] for i in (0, len(three) // 3)] == [a, b]
+    third = share_sizes(len(three), 3)
+    assert ids(three[sum(third[:2]):sum(third[:2]) + 2]) == ids([waits[0], client[0]])
 
 
 DIES = '''

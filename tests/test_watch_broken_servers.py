@@ -24,7 +24,7 @@ from soakmatrix.jobs.watchdog import WatchdogConfig
 from soakmatrix.jobs.watch.target import Target
 
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.waits, pytest.mark.timeout(60)]
 
 FLOOR_S = 1.5
 SHORT = HttpLimits(connect_s=1.0, health_s=1.0, metrics_s=1.0, models_s=1.0, canary_s=6.0, evidence_metrics_s=1.0)

@@ -12,6 +12,8 @@ import pytest
 
 from soakmatrix.fixtures.sim_testing import SimProcess, load
 
+pytestmark = pytest.mark.waits   # the watch's interval and a simulated server's clock
+
 
 def test_usage_errors_exit_2():
     p = subprocess.run([sys.executable, "-m", "soakmatrix.matrix.cli", "watch", "not-a-url"],

@@ -17,7 +17,7 @@ from soakmatrix.jobs.watch.loop import LoopConfig
 from soakmatrix.jobs.watch.runner import Watcher, WatchOptions
 from soakmatrix.jobs.watch.target import Target
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.slow, pytest.mark.waits, pytest.mark.timeout(240)]
 
 
 def watch(url, tmp_path, seconds, every=1.0, **opts):

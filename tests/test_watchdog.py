@@ -10,6 +10,8 @@ from soakmatrix.jobs.load import LoadDriver
 from soakmatrix.jobs.watchdog import LogFollower, Watchdog, WatchdogConfig, http_get
 from soakmatrix.matrix.contracts.workloads import Workload, params_of
 
+pytestmark = pytest.mark.waits   # live servers' clocks: a tenth of a core
+
 FAST = WatchdogConfig(tick_s=0.2, scrape_every_s=0.5, health_every_s=0.5)
 
 

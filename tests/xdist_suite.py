@@ -1,17 +1,27 @@
-"""How the suite runs on pytest-xdist workers (`make test`: three of them, `--dist worksteal`), through
+"""How the suite runs on pytest-xdist workers (`make test`: four of them, `--dist worksteal`), through
 xdist's public hooks only: the order tests are handed out in, and what a worker that dies costs.
 
 Order. xdist's work-stealing scheduler gives each worker a contiguous share of the collection (the
 first worker the first len/workers tests, the next an equal share of the rest) and lets an idle
-worker steal from the *end* of a busy one's queue. The real-engine tests (marked `vllm`) are split
-by module into two chains of about equal cost, the cost being the `vllm serve` starts a module
-declares (`pytest.mark.vllm(starts=N)`, 0 when it only imports vLLM); one chain is put at the head
-of the first worker's share, the other at the head of the second's, where no steal reaches. So two
-engines start side by side, never more: each `vllm serve` start is three sequential interpreter
-imports (one core), and a third would starve the simulated-engine tests on 2 cores. A module stays
-in one chain, so a module-scoped engine is started once. The order is a pure function of the node
-ids and the worker count, so every worker collects the same list (xdist refuses to run otherwise).
-With one worker the two chains simply run first; without xdist the collection order stands.
+worker steal from the *end* of a busy one's queue, so what heads a share runs on that worker, first.
+Four lanes head the shares:
+
+1. and 2. The real-engine tests (marked `vllm`), split by module into two chains of about equal
+   cost, the cost being the `vllm serve` starts a module declares (`pytest.mark.vllm(starts=N)`, 0
+   when it only imports vLLM). Two engines start side by side, never more: each start is three
+   sequential interpreter imports (one core), and a third would starve everything else on 2 cores.
+   A module stays in one chain, so a module-scoped engine is started once.
+3. The tests that mostly wait (marked `waits`: a simulated server's clock, a watch's interval, at a
+   tenth of a core or less). They cost the real engines almost nothing beside them, and left for
+   later they would hold workers while the CPU idles.
+4. The tests that start a Ray Client server (marked `ray_client`): they take turns through a lock
+   (tests/conftest.py: ray_client_ports), so in one lane they run one after another instead of one
+   worker waiting idle for another's.
+
+With fewer workers than lanes the lanes that have no worker of their own join the last one's; with
+one worker (or without xdist) the lanes run first in that order. The rest follows in collection
+order, filling each share to its size. The order is a pure function of the node ids and the worker
+count, so every worker collects the same list (xdist refuses to run otherwise).
 
 A crashed worker. A worker process that dies under a test (xdist: "node down: Not properly
 terminated") has given no verdict on it: the test's own assertions never ran. As the soak jobs do
@@ -61,18 +71,45 @@ def two_chains(real: list) -> tuple[list, list]:
     return chains
 
 
-def suite_order(items: list, workers: int) -> None:
-    """In place: one chain of real-engine tests at the head of the first worker's share, the other at
-    the head of the second's (both first without workers); the rest in collection order."""
+def lanes(items: list) -> list[list]:
+    """The suite's four lanes (the module docstring), each in collection order but the chains."""
     real = [item for item in items if runs_the_real_engine(item)]
-    rest = [item for item in items if not runs_the_real_engine(item)]
     first, second = two_chains(real)
+    waiting = [item for item in items if not runs_the_real_engine(item) and marked(item, "waits")
+               and not marked(item, "ray_client")]
+    client = [item for item in items if not runs_the_real_engine(item) and marked(item, "ray_client")]
+    return [first, second, waiting, client]
+
+
+def marked(item, name: str) -> bool:
+    return item.get_closest_marker(name) is not None
+
+
+def share_sizes(count: int, workers: int) -> list[int]:
+    """The share of `count` tests worksteal hands each of `workers` workers at the start."""
+    sizes = []
+    for worker in range(workers):
+        sizes.append((count - sum(sizes)) // (workers - worker))
+    return sizes
+
+
+def suite_order(items: list, workers: int) -> None:
+    """In place: each lane at the head of its worker's share (the lanes past the last worker join its
+    lane), each share filled to its size with the rest in collection order."""
+    heads = lanes(items)
+    in_lanes = {id(item) for lane in heads for item in lane}
+    rest = [item for item in items if id(item) not in in_lanes]
     if workers < 2:
-        items[:] = first + second + rest
+        items[:] = [item for lane in heads for item in lane] + rest
         return
-    share = len(items) // workers                    # worksteal's first share
-    head = max(0, share - len(first))                # the rest that fills the first share
-    items[:] = first + rest[:head] + second + rest[head:]
+    heads = heads[: workers - 1] + [[item for lane in heads[workers - 1:] for item in lane]]
+    heads += [[] for _ in range(workers - len(heads))]
+    ordered: list = []
+    for lane, size in zip(heads, share_sizes(len(items), workers)):
+        fill = max(0, size - len(lane))
+        ordered += lane + rest[:fill]
+        rest = rest[fill:]
+    items[:] = ordered + rest
 
 
 @pytest.hookimpl(optionalhook=True)
