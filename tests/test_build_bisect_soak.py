@@ -144,6 +144,7 @@ def test_parallel_probes_of_real_builds_over_a_ray_client_address_name_the_plant
 
 
 @pytest.mark.slow
+@pytest.mark.waits   # five builds' soaks on the simulated engine: a fifth of a core
 def test_a_build_that_cannot_start_is_untestable_not_bad(tmp_path):
     before = {p.pid for p in psutil.process_iter()}
     builds = {f"b{i}": sys.executable for i in range(5)}
