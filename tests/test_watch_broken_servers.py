@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import subprocess
 import sys
 import time
@@ -24,7 +25,7 @@ from soakmatrix.jobs.watchdog import WatchdogConfig
 from soakmatrix.jobs.watch.target import Target
 
 
-pytestmark = [pytest.mark.waits, pytest.mark.timeout(60)]
+pytestmark = pytest.mark.timeout(60)
 
 FLOOR_S = 1.5
 SHORT = HttpLimits(connect_s=1.0, health_s=1.0, metrics_s=1.0, models_s=1.0, canary_s=6.0, evidence_metrics_s=1.0)
@@ -46,21 +47,25 @@ def watch(url: str, tmp_path: Path, seconds: float, **kw) -> tuple[Watcher, list
 
 @pytest.mark.parametrize("kind, latest", [("silent", "no answer within 1 s"),
                                           ("drip", "body unfinished after 1 s"),
-                                          ("endless", "over the 8 MB cap"),
+                                          # an endless body fails /metrics at its 8 MB cap and /health at
+                                          # its 64 KB cap; which of the two failed last depends on the load
+                                          ("endless", re.compile(r"over the (8 MB|64 KB) cap")),
                                           ("huge", "declaring 1073741824 bytes")])
 def test_a_server_that_takes_connections_and_gives_no_answer_is_a_hang_within_the_threshold(tmp_path, kind, latest):
     with BrokenServer(kind) as server:
         w, notes, wall = watch(server.url, tmp_path, 15)
     (incident,) = w.incidents
     v = incident.verdict
-    assert v.detector == "unanswered" and v.kind == "hang" and latest in v.message, v.message
+    said = latest.search(v.message) if isinstance(latest, re.Pattern) else latest in v.message
+    assert v.detector == "unanswered" and v.kind == "hang" and said, v.message
     # the threshold, then at most one request's deadline and a tick; the evidence is bounded too
     assert FLOOR_S < v.at - w.started_at <= FLOOR_S + SHORT.metrics_s + 1.0, notes
     assert wall <= FLOOR_S + SHORT.metrics_s + 1.0 + SHORT.evidence_metrics_s + 2.0, notes
     result = json.loads((incident.folder / "result.json").read_text())
     assert result["outcome"] == "hang" and result["detector"] == "unanswered"
     assert "metrics snapshot failed" in (incident.folder / "evidence-notes.txt").read_text()
-    assert any(latest.split(" ")[0] in n for n in notes if n.startswith("/metrics:")), notes
+    first_word = latest.pattern.split(" ")[0] if isinstance(latest, re.Pattern) else latest.split(" ")[0]
+    assert any(first_word in n for n in notes if n.startswith("/metrics:")), notes
 
 
 @pytest.mark.parametrize("kind, state, says", [("reset", "down", "/metrics: unreachable: connection reset"),
