@@ -47,25 +47,25 @@ def watch(url: str, tmp_path: Path, seconds: float, **kw) -> tuple[Watcher, list
 
 @pytest.mark.parametrize("kind, latest", [("silent", "no answer within 1 s"),
                                           ("drip", "body unfinished after 1 s"),
-                                          # an endless body fails /metrics at its 8 MB cap and /health at
-                                          # its 64 KB cap; which of the two failed last depends on the load
-                                          ("endless", re.compile(r"over the (8 MB|64 KB) cap")),
+                                          ("endless", "over the 8 MB cap"),
                                           ("huge", "declaring 1073741824 bytes")])
 def test_a_server_that_takes_connections_and_gives_no_answer_is_a_hang_within_the_threshold(tmp_path, kind, latest):
     with BrokenServer(kind) as server:
         w, notes, wall = watch(server.url, tmp_path, 15)
     (incident,) = w.incidents
     v = incident.verdict
-    said = latest.search(v.message) if isinstance(latest, re.Pattern) else latest in v.message
-    assert v.detector == "unanswered" and v.kind == "hang" and said, v.message
+    assert v.detector == "unanswered" and v.kind == "hang", v.message
+    # the verdict names the probe that failed last: /metrics, or /health, which the broken server fails
+    # too (an endless body at /health's own 64 KB cap) and which can be last on a loaded machine
+    last = re.search(r"latest: /(metrics|health): ", v.message)
+    assert last and (last.group(1) == "health" or latest in v.message), v.message
     # the threshold, then at most one request's deadline and a tick; the evidence is bounded too
     assert FLOOR_S < v.at - w.started_at <= FLOOR_S + SHORT.metrics_s + 1.0, notes
     assert wall <= FLOOR_S + SHORT.metrics_s + 1.0 + SHORT.evidence_metrics_s + 2.0, notes
     result = json.loads((incident.folder / "result.json").read_text())
     assert result["outcome"] == "hang" and result["detector"] == "unanswered"
     assert "metrics snapshot failed" in (incident.folder / "evidence-notes.txt").read_text()
-    first_word = latest.pattern.split(" ")[0] if isinstance(latest, re.Pattern) else latest.split(" ")[0]
-    assert any(first_word in n for n in notes if n.startswith("/metrics:")), notes
+    assert any(latest in n for n in notes if n.startswith("/metrics:")), notes
 
 
 @pytest.mark.parametrize("kind, state, says", [("reset", "down", "/metrics: unreachable: connection reset"),
