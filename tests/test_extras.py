@@ -9,7 +9,6 @@ tests/test_core_install.py checks the same in a real environment built without t
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import textwrap
@@ -169,9 +168,12 @@ def test_help_needs_no_extra_and_the_core_commands_run():
 
 
 def _first_demo_cell() -> str:
-    plan = subprocess.run([sys.executable, "-m", "soakmatrix.matrix.cli", "plan", "matrix/examples/demo.yaml", "--json"],
-                          capture_output=True, text=True, timeout=240, cwd=REPO)   # imports vLLM's parser: 11 s quiet
-    return json.loads(plan.stdout)["cells"][0]["id"]
+    """The demo's first cell id, planned in this process (`soakmatrix plan` would also import vLLM's
+    argument parser to check the flags: 10 CPU-seconds that these tests do not need)."""
+    from soakmatrix.matrix.plan import plan
+    from soakmatrix.matrix.spec import load_matrix
+
+    return plan(load_matrix(REPO / "matrix" / "examples" / "demo.yaml")).cells[0].id
 
 
 def test_flag_bisection_on_ray_without_it_says_so(tmp_path):
