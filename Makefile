@@ -17,9 +17,10 @@ $(VENV)/.core: $(BIN)/python pyproject.toml
 	$(BIN)/pip install -q -e '.[all]'
 	touch $@
 
-$(VENV)/.test: $(VENV)/.core
+# the test tools with every extra in one resolve (`make install` first and then this would resolve twice)
+$(VENV)/.test: $(BIN)/python pyproject.toml
 	$(BIN)/pip install -q -e '.[all,test]'
-	touch $@
+	touch $(VENV)/.core $@
 
 install: $(VENV)/.core
 install-test: $(VENV)/.test
