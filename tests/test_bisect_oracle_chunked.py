@@ -58,6 +58,28 @@ def test_a_hang_in_a_piece_ends_the_probe_with_the_load_before_it():
     assert s is not None and s.probe == short and "soaked_in_pieces" not in s.extra   # short: as it was
 
 
+class MeasuredShort(HangsAt):
+    """A real soak job: its pass measures the load it drove, a few milliseconds under the soak asked."""
+
+    def run(self, probes):
+        return [ProbeResult(r.probe, r.outcome, r.signature, r.exposure_s - 0.014, r.gpu_hours, r.message)
+                for r in super().run(probes)]
+
+
+def test_a_pass_measured_a_hair_under_its_soak_is_the_whole_soak_not_a_piece_short():
+    """A soak job that passed soaked what it was asked; the load it measured may fall milliseconds
+    short, and those milliseconds must not cost another server start (on the real engine that
+    start soaked 14 ms, completed no request and was an infra error, three times)."""
+    inner = MeasuredShort()
+    (r,) = ChunkedOracle(inner, 12 * HOUR).run([Probe({"mtp": 1}, 45.0, "baseline")])
+    assert [p.soak_s for p in inner.asked] == [45.0]
+    assert r.outcome == "passed" and r.exposure_s == pytest.approx(45.0 - 0.014)
+    inner = MeasuredShort()
+    (r,) = ChunkedOracle(inner, 12 * HOUR).run([Probe({"mtp": 1}, 30 * HOUR)])
+    assert [p.soak_s / HOUR for p in inner.asked] == [12, 12, 6]
+    assert r.exposure_s == pytest.approx(30 * HOUR - 3 * 0.014)
+
+
 def test_build_probes_are_cut_and_put_together_the_same_way():
     class Builds:
         def __init__(self):

@@ -6,7 +6,8 @@ hours at an MTTF of 2 h), the calibration soaks to the first hang (up to 24 h). 
 a crash of the driver loses all of it (the probe journal keeps answered probes only) and an
 infrastructure error retries it from the start. Here a probe longer than the cap is asked of the
 inner oracle as successive pieces: each piece that passes is an answered probe (journaled when the
-inner oracle is a `journal.JournalingOracle`) and the next asks for the load still missing; the
+inner oracle is a `journal.JournalingOracle`) and the next asks for the load still missing (by the
+loads the passed pieces were asked, not the load they measured, which may fall a hair short); the
 first piece that does not pass ends the probe. Exposure and GPU-hours add up over the pieces, each
 piece's start-up included (the inner oracle accounts it): the price is one start-up per cap of
 load, about 1.4 % at a 12 h cap and a 10 min start-up. Used for flag probes (`Probe`, here) and build
@@ -52,25 +53,24 @@ class ChunkedOracle:
         """Every probe to its end; the pieces of a batch's probes run together (in parallel where the
         inner oracle can)."""
         answers: list[list] = [[] for _ in probes]
+        soaked = [0.0] * len(probes)  # the load asked of the pieces that passed
         done: list[Any] = [None] * len(probes)
         todo = list(range(len(probes)))
         while todo:
-            asked = [
-                self.pieces.with_soak(probes[i], min(self._left(probes[i], answers[i]), self.max_soak_s)) for i in todo
-            ]
+            loads = [min(probes[i].soak_s - soaked[i], self.max_soak_s) for i in todo]
+            asked = [self.pieces.with_soak(probes[i], load) for i, load in zip(todo, loads, strict=True)]
             again = []
-            for i, result in zip(todo, self.inner.run(asked), strict=True):
+            for i, load, result in zip(todo, loads, self.inner.run(asked), strict=True):
                 answers[i].append(result)
-                if self.pieces.passed(result) and self._left(probes[i], answers[i]) > 0:
+                # a piece that passed soaked the load it was asked: the load a soak job measures may
+                # fall milliseconds short, and asking for those would cost a start-up for nothing
+                soaked[i] += load
+                if self.pieces.passed(result) and probes[i].soak_s - soaked[i] > 0:
                     again.append(i)
                 else:
                     done[i] = self.pieces.combine(probes[i], answers[i])
             todo = again
         return done
-
-    @staticmethod
-    def _left(probe: Any, answers: list) -> float:
-        return probe.soak_s - sum(a.exposure_s for a in answers)
 
 
 def _combine_flag(probe: Probe, pieces: list[ProbeResult]) -> ProbeResult:
